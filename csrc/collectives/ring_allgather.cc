@@ -1,0 +1,24 @@
+#include "ring_allgather.h"
+
+#include <cstdint>
+
+namespace horovodlike {
+
+void RingAllgatherv(Transport& transport, void* out, const std::vector<size_t>& block_bytes) {
+  const int n = transport.size();
+  if (n == 1) return;
+  const int rank = transport.rank();
+  const int right = (rank + 1) % n;
+  const int left = (rank - 1 + n) % n;
+  std::vector<size_t> offset(n + 1, 0);
+  for (int r = 0; r < n; ++r) offset[r + 1] = offset[r] + block_bytes[r];
+  auto* data = static_cast<uint8_t*>(out);
+  for (int step = 0; step < n - 1; ++step) {
+    int send_block = (rank - step + n) % n;
+    int recv_block = (rank - step - 1 + 2 * n) % n;
+    transport.sendrecv(right, data + offset[send_block], block_bytes[send_block], left,
+                       data + offset[recv_block], block_bytes[recv_block]);
+  }
+}
+
+}  // namespace horovodlike

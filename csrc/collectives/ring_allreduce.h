@@ -1,0 +1,23 @@
+// Ring allreduce: reduce-scatter then allgather around the ring, in place.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "../core/common.h"
+#include "../transport/transport.h"
+
+namespace horovodlike {
+
+class RingAllreduce {
+ public:
+  // Reduces `count` elements of `buf` across all ranks of `transport`; every rank ends with the
+  // result. Average is reduced as Sum; the caller scales.
+  void Run(Transport& transport, void* buf, size_t count, DataType dtype, ReduceOp op);
+
+ private:
+  std::vector<uint8_t> scratch_;  // reused across calls: one incoming segment
+};
+
+}  // namespace horovodlike

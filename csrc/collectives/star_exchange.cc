@@ -1,0 +1,72 @@
+#include "star_exchange.h"
+
+#include "../core/common.h"
+
+namespace horovodlike {
+namespace {
+// Control messages are small; a length above this means a corrupt or hostile stream.
+constexpr uint64_t kMaxControlBytes = 1ULL << 31;
+
+void SendMessage(Transport& t, int peer, const std::vector<uint8_t>& message) {
+  uint64_t n = message.size();
+  t.send(peer, &n, sizeof(n));
+  if (n > 0) t.send(peer, message.data(), n);
+}
+
+std::vector<uint8_t> RecvMessage(Transport& t, int peer) {
+  uint64_t n = 0;
+  t.recv(peer, &n, sizeof(n));
+  if (n > kMaxControlBytes) {
+    throw TransportError("control message of " + std::to_string(n) + " bytes from rank " +
+                         std::to_string(peer) + " is larger than any valid message");
+  }
+  std::vector<uint8_t> message(n);
+  if (n > 0) t.recv(peer, message.data(), n);
+  return message;
+}
+}  // namespace
+
+std::vector<std::vector<uint8_t>> GatherToRoot(Transport& transport,
+                                               const std::vector<uint8_t>& message, int root) {
+  std::vector<std::vector<uint8_t>> all;
+  if (transport.rank() != root) {
+    SendMessage(transport, root, message);
+    return all;
+  }
+  all.resize(transport.size());
+  for (int r = 0; r < transport.size(); ++r) {
+    all[r] = (r == root) ? message : RecvMessage(transport, r);
+  }
+  return all;
+}
+
+void BroadcastFromRoot(Transport& transport, std::vector<uint8_t>& message, int root) {
+  if (transport.rank() == root) {
+    for (int r = 0; r < transport.size(); ++r) {
+      if (r != root) SendMessage(transport, r, message);
+    }
+  } else {
+    message = RecvMessage(transport, root);
+  }
+}
+
+void BitwiseAndAllreduce(Transport& transport, std::vector<uint64_t>& bits, int root) {
+  if (transport.size() == 1) return;
+  const size_t bytes = bits.size() * sizeof(uint64_t);
+  if (transport.rank() == root) {
+    std::vector<uint64_t> other(bits.size());
+    for (int r = 0; r < transport.size(); ++r) {
+      if (r == root) continue;
+      transport.recv(r, other.data(), bytes);
+      for (size_t i = 0; i < bits.size(); ++i) bits[i] &= other[i];
+    }
+    for (int r = 0; r < transport.size(); ++r) {
+      if (r != root) transport.send(r, bits.data(), bytes);
+    }
+  } else {
+    transport.send(root, bits.data(), bytes);
+    transport.recv(root, bits.data(), bytes);
+  }
+}
+
+}  // namespace horovodlike

@@ -1,0 +1,20 @@
+// Small control messages between the coordinator and the other ranks of a set: gather to the
+// root, broadcast from it, and the bitwise AND of a bit vector (the response-cache fast path).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "../transport/transport.h"
+
+namespace horovodlike {
+
+// On the root returns every rank's message in rank order; elsewhere returns nothing.
+std::vector<std::vector<uint8_t>> GatherToRoot(Transport& transport,
+                                               const std::vector<uint8_t>& message, int root);
+// The root's `message` replaces every other rank's.
+void BroadcastFromRoot(Transport& transport, std::vector<uint8_t>& message, int root);
+// Every rank's `bits` becomes the AND of all ranks' (all have the same length).
+void BitwiseAndAllreduce(Transport& transport, std::vector<uint64_t>& bits, int root);
+
+}  // namespace horovodlike

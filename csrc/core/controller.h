@@ -1,0 +1,70 @@
+// Negotiation: agrees with the other ranks of a set on which tensors are ready everywhere, so
+// that every rank executes the same responses in the same order.
+//
+// Each round, every rank contributes one bit vector (AND-reduced): a bit per response-cache
+// slot it has ready, a bit per slot it found stale, and flags (uncached work, shutdown). Cached
+// tensors ready on all ranks run without any other message. Only when some rank has uncached
+// work do the ranks send their requests to the coordinator (rank 0 of the set), which checks
+// that all ranks asked for the same thing and answers with the responses to run.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "env_config.h"
+#include "message.h"
+#include "response_cache.h"
+#include "../transport/transport.h"
+
+namespace horovodlike {
+
+class Controller {
+ public:
+  Controller(Transport& transport, const Config& config);
+
+  struct Round {
+    std::vector<Response> responses;  // fused, in execution order; identical on every rank
+    bool shutdown = false;            // some rank asked to shut down
+  };
+  Round Negotiate(std::vector<Request> new_requests, bool shutdown_requested);
+
+  // Fuses compatible allreduces (same dtype, op, scaling, device) up to the threshold in
+  // bytes. Deterministic: every rank fuses the same list the same way.
+  static std::vector<Response> Fuse(const std::vector<Response>& responses, int64_t threshold);
+
+ private:
+  static constexpr int kCoordinator = 0;
+
+  // Coordinator only: records requests and returns the responses that became ready.
+  std::vector<Response> CoordinatorCollect(const std::vector<std::vector<uint8_t>>& messages);
+  Response BuildResponse(const std::string& name, const std::vector<Request>& requests) const;
+  void CheckForStalls();
+  void ToUncached(int slot);
+
+  Transport& transport_;
+  const Config& config_;
+  ResponseCache cache_;
+
+  // This rank's requests not yet executed, by name.
+  std::unordered_map<std::string, Request> local_;
+  std::vector<Request> uncached_;  // not yet sent to the coordinator
+  std::set<int> cached_ready_;     // cache slots this rank has ready
+
+  struct Pending {
+    std::vector<Request> by_rank;
+    std::vector<bool> present;
+    int count = 0;
+    std::chrono::steady_clock::time_point first_seen;
+  };
+  std::map<uint64_t, std::string> arrival_order_;  // coordinator: sequence -> name
+  std::unordered_map<std::string, std::pair<uint64_t, Pending>> table_;
+  uint64_t sequence_ = 0;
+  std::chrono::steady_clock::time_point last_stall_check_;
+};
+
+}  // namespace horovodlike

@@ -1,0 +1,90 @@
+#include "env_config.h"
+
+#include <cstdlib>
+#include <string>
+
+#include "common.h"
+
+namespace horovodlike {
+namespace {
+
+const char* Get(const char* name) {
+  const char* value = std::getenv(name);
+  return (value != nullptr && value[0] != '\0') ? value : nullptr;
+}
+
+int64_t GetInt(const char* name, int64_t fallback) {
+  const char* value = Get(name);
+  if (value == nullptr) return fallback;
+  char* end = nullptr;
+  long long parsed = std::strtoll(value, &end, 10);
+  if (*end != '\0') {
+    throw InvalidArgument(std::string(name) + "='" + value + "' is not an integer");
+  }
+  return parsed;
+}
+
+double GetDouble(const char* name, double fallback) {
+  const char* value = Get(name);
+  if (value == nullptr) return fallback;
+  char* end = nullptr;
+  double parsed = std::strtod(value, &end);
+  if (*end != '\0') {
+    throw InvalidArgument(std::string(name) + "='" + value + "' is not a number");
+  }
+  return parsed;
+}
+
+bool GetBool(const char* name, bool fallback) {
+  const char* value = Get(name);
+  if (value == nullptr) return fallback;
+  std::string v(value);
+  return !(v == "0" || v == "false" || v == "False" || v == "FALSE");
+}
+
+int ParseLogLevel(const char* value) {
+  if (value == nullptr) return 3;
+  std::string v(value);
+  for (auto& c : v) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  const char* names[] = {"TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL"};
+  for (int i = 0; i < 6; ++i) {
+    if (v == names[i]) return i;
+  }
+  throw InvalidArgument(std::string("HOROVOD_LOG_LEVEL='") + value +
+                        "' is not one of TRACE, DEBUG, INFO, WARNING, ERROR, FATAL");
+}
+
+}  // namespace
+
+Config Config::FromEnvironment() {
+  Config c;
+  c.rank = static_cast<int>(GetInt("HOROVOD_RANK", 0));
+  c.size = static_cast<int>(GetInt("HOROVOD_SIZE", 1));
+  c.local_rank = static_cast<int>(GetInt("HOROVOD_LOCAL_RANK", c.rank));
+  c.local_size = static_cast<int>(GetInt("HOROVOD_LOCAL_SIZE", c.size));
+  c.cross_rank = static_cast<int>(GetInt("HOROVOD_CROSS_RANK", 0));
+  c.cross_size = static_cast<int>(GetInt("HOROVOD_CROSS_SIZE", 1));
+  if (c.size < 1 || c.rank < 0 || c.rank >= c.size) {
+    throw InvalidArgument("HOROVOD_RANK=" + std::to_string(c.rank) + " and HOROVOD_SIZE=" +
+                          std::to_string(c.size) + " do not describe a rank of the job");
+  }
+  if (const char* addr = Get("HOROVOD_RENDEZVOUS_ADDR")) c.rendezvous_addr = addr;
+  c.rendezvous_port = static_cast<int>(GetInt("HOROVOD_RENDEZVOUS_PORT", 0));
+  if (const char* key = Get("HOROVOD_SECRET_KEY")) c.secret_key = key;
+  if (const char* iface = Get("HOROVOD_GLOO_IFACE")) c.network_interface = iface;
+  c.start_timeout_seconds = GetDouble("HOROVOD_START_TIMEOUT", c.start_timeout_seconds);
+
+  c.fusion_threshold_bytes = GetInt("HOROVOD_FUSION_THRESHOLD", c.fusion_threshold_bytes);
+  if (c.fusion_threshold_bytes < 0) throw InvalidArgument("HOROVOD_FUSION_THRESHOLD must be >= 0");
+  c.cycle_time_ms = GetDouble("HOROVOD_CYCLE_TIME", c.cycle_time_ms);
+  if (c.cycle_time_ms < 0) throw InvalidArgument("HOROVOD_CYCLE_TIME must be >= 0");
+  c.cache_capacity = static_cast<int>(GetInt("HOROVOD_CACHE_CAPACITY", c.cache_capacity));
+  if (c.cache_capacity < 0) throw InvalidArgument("HOROVOD_CACHE_CAPACITY must be >= 0");
+  c.stall_check_enabled = !GetBool("HOROVOD_STALL_CHECK_DISABLE", false);
+  c.stall_warning_seconds =
+      GetDouble("HOROVOD_STALL_CHECK_TIME_SECONDS", c.stall_warning_seconds);
+  c.log_level = ParseLogLevel(Get("HOROVOD_LOG_LEVEL"));
+  return c;
+}
+
+}  // namespace horovodlike

@@ -1,0 +1,50 @@
+#include "handle_table.h"
+
+namespace horovodlike {
+
+int64_t HandleTable::Create() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  int64_t id = next_++;
+  handles_.emplace(id, std::make_shared<HandleState>());
+  return id;
+}
+
+std::shared_ptr<HandleState> HandleTable::Get(int64_t handle) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = handles_.find(handle);
+  if (it == handles_.end()) {
+    throw InvalidArgument("unknown handle " + std::to_string(handle) +
+                          " (already synchronized or released)");
+  }
+  return it->second;
+}
+
+void HandleTable::Complete(const std::shared_ptr<HandleState>& state, Status status) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (state->done) return;
+    state->status = std::move(status);
+    state->done = true;
+  }
+  done_cv_.notify_all();
+}
+
+bool HandleTable::Poll(int64_t handle) {
+  auto state = Get(handle);
+  std::lock_guard<std::mutex> lock(mutex_);
+  return state->done;
+}
+
+std::shared_ptr<HandleState> HandleTable::Wait(int64_t handle) {
+  auto state = Get(handle);
+  std::unique_lock<std::mutex> lock(mutex_);
+  done_cv_.wait(lock, [&] { return state->done; });
+  return state;
+}
+
+void HandleTable::Release(int64_t handle) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  handles_.erase(handle);
+}
+
+}  // namespace horovodlike

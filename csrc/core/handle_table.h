@@ -1,0 +1,42 @@
+// Handles returned to the caller of an asynchronous collective: wait(), poll(), the status it
+// ended with, and for allgather the output the core allocated.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "common.h"
+
+namespace horovodlike {
+
+struct HandleState {
+  bool done = false;
+  Status status;
+  // Allgather only: the gathered bytes and their shape.
+  std::vector<uint8_t> output;
+  std::vector<int64_t> output_shape;
+  std::vector<int64_t> first_dims;  // each rank's first dimension, for the gradient
+};
+
+class HandleTable {
+ public:
+  int64_t Create();
+  std::shared_ptr<HandleState> Get(int64_t handle);
+  void Complete(const std::shared_ptr<HandleState>& state, Status status);
+  bool Poll(int64_t handle);
+  // Blocks until done; returns the state (kept alive for the caller to read the output).
+  std::shared_ptr<HandleState> Wait(int64_t handle);
+  void Release(int64_t handle);
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable done_cv_;
+  std::unordered_map<int64_t, std::shared_ptr<HandleState>> handles_;
+  int64_t next_ = 1;
+};
+
+}  // namespace horovodlike

@@ -1,0 +1,162 @@
+#include "message.h"
+
+#include <cstring>
+
+namespace horovodlike {
+namespace {
+// Bounds that no legitimate message comes near; anything above is a corrupt or hostile stream.
+constexpr int64_t kMaxStringBytes = 1 << 20;
+constexpr int64_t kMaxVectorItems = 1 << 20;
+constexpr int64_t kMaxListItems = 1 << 24;
+
+DataType CheckedDataType(int32_t v) {
+  if (!IsValidDataType(v)) throw TransportError("malformed message: bad dtype");
+  return static_cast<DataType>(v);
+}
+}  // namespace
+
+bool Request::SameParameters(const Request& other) const {
+  return op == other.op && dtype == other.dtype && shape == other.shape &&
+         reduce_op == other.reduce_op && prescale == other.prescale &&
+         postscale == other.postscale && root_rank == other.root_rank && device == other.device;
+}
+
+void WireWriter::Put(const void* p, size_t n) {
+  const auto* b = static_cast<const uint8_t*>(p);
+  bytes_.insert(bytes_.end(), b, b + n);
+}
+void WireWriter::PutI32(int32_t v) { Put(&v, sizeof(v)); }
+void WireWriter::PutI64(int64_t v) { Put(&v, sizeof(v)); }
+void WireWriter::PutF64(double v) { Put(&v, sizeof(v)); }
+void WireWriter::PutString(const std::string& s) {
+  PutI64(static_cast<int64_t>(s.size()));
+  Put(s.data(), s.size());
+}
+void WireWriter::PutI64Vector(const std::vector<int64_t>& v) {
+  PutI64(static_cast<int64_t>(v.size()));
+  Put(v.data(), v.size() * sizeof(int64_t));
+}
+
+void WireReader::Get(void* p, size_t n) {
+  if (n > size_ - pos_) throw TransportError("malformed message: truncated");
+  std::memcpy(p, data_ + pos_, n);
+  pos_ += n;
+}
+int32_t WireReader::GetI32() { int32_t v; Get(&v, sizeof(v)); return v; }
+int64_t WireReader::GetI64() { int64_t v; Get(&v, sizeof(v)); return v; }
+double WireReader::GetF64() { double v; Get(&v, sizeof(v)); return v; }
+std::string WireReader::GetString() {
+  int64_t n = GetI64();
+  if (n < 0 || n > kMaxStringBytes) throw TransportError("malformed message: bad string length");
+  std::string s(static_cast<size_t>(n), '\0');
+  Get(s.data(), s.size());
+  return s;
+}
+std::vector<int64_t> WireReader::GetI64Vector() {
+  int64_t n = GetI64();
+  if (n < 0 || n > kMaxVectorItems) throw TransportError("malformed message: bad vector length");
+  std::vector<int64_t> v(static_cast<size_t>(n));
+  Get(v.data(), v.size() * sizeof(int64_t));
+  return v;
+}
+
+void EncodeRequests(const std::vector<Request>& requests, WireWriter& out) {
+  out.PutI64(static_cast<int64_t>(requests.size()));
+  for (const Request& r : requests) {
+    out.PutI32(r.rank);
+    out.PutI32(static_cast<int32_t>(r.op));
+    out.PutString(r.name);
+    out.PutI32(static_cast<int32_t>(r.dtype));
+    out.PutI64Vector(r.shape);
+    out.PutI32(static_cast<int32_t>(r.reduce_op));
+    out.PutF64(r.prescale);
+    out.PutF64(r.postscale);
+    out.PutI32(r.root_rank);
+    out.PutI32(r.device);
+  }
+}
+
+std::vector<Request> DecodeRequests(const uint8_t* data, size_t size) {
+  WireReader in(data, size);
+  int64_t n = in.GetI64();
+  if (n < 0 || n > kMaxListItems) throw TransportError("malformed message: bad request count");
+  std::vector<Request> requests;
+  for (int64_t i = 0; i < n; ++i) {
+    Request r;
+    r.rank = in.GetI32();
+    int32_t op = in.GetI32();
+    if (op < 0 || op > static_cast<int32_t>(OpType::kBarrier)) {
+      throw TransportError("malformed message: bad op");
+    }
+    r.op = static_cast<OpType>(op);
+    r.name = in.GetString();
+    r.dtype = CheckedDataType(in.GetI32());
+    r.shape = in.GetI64Vector();
+    int32_t reduce = in.GetI32();
+    if (reduce < 0 || reduce > static_cast<int32_t>(ReduceOp::kProduct)) {
+      throw TransportError("malformed message: bad reduce op");
+    }
+    r.reduce_op = static_cast<ReduceOp>(reduce);
+    r.prescale = in.GetF64();
+    r.postscale = in.GetF64();
+    r.root_rank = in.GetI32();
+    r.device = in.GetI32();
+    requests.push_back(std::move(r));
+  }
+  if (!in.done()) throw TransportError("malformed message: trailing bytes");
+  return requests;
+}
+
+void EncodeResponses(const std::vector<Response>& responses, WireWriter& out) {
+  out.PutI64(static_cast<int64_t>(responses.size()));
+  for (const Response& r : responses) {
+    out.PutI32(static_cast<int32_t>(r.type));
+    out.PutI64(static_cast<int64_t>(r.names.size()));
+    for (const auto& name : r.names) out.PutString(name);
+    out.PutI32(static_cast<int32_t>(r.dtype));
+    out.PutI32(static_cast<int32_t>(r.reduce_op));
+    out.PutF64(r.prescale);
+    out.PutF64(r.postscale);
+    out.PutI32(r.root_rank);
+    out.PutI32(r.device);
+    out.PutI64Vector(r.first_dims);
+    out.PutI64(r.total_bytes);
+    out.PutString(r.error_message);
+  }
+}
+
+std::vector<Response> DecodeResponses(const uint8_t* data, size_t size) {
+  WireReader in(data, size);
+  int64_t n = in.GetI64();
+  if (n < 0 || n > kMaxListItems) throw TransportError("malformed message: bad response count");
+  std::vector<Response> responses;
+  for (int64_t i = 0; i < n; ++i) {
+    Response r;
+    int32_t type = in.GetI32();
+    if (type < 0 || type > static_cast<int32_t>(Response::Type::kError)) {
+      throw TransportError("malformed message: bad response type");
+    }
+    r.type = static_cast<Response::Type>(type);
+    int64_t names = in.GetI64();
+    if (names < 0 || names > kMaxListItems) throw TransportError("malformed message: bad names");
+    for (int64_t j = 0; j < names; ++j) r.names.push_back(in.GetString());
+    r.dtype = CheckedDataType(in.GetI32());
+    int32_t reduce = in.GetI32();
+    if (reduce < 0 || reduce > static_cast<int32_t>(ReduceOp::kProduct)) {
+      throw TransportError("malformed message: bad reduce op");
+    }
+    r.reduce_op = static_cast<ReduceOp>(reduce);
+    r.prescale = in.GetF64();
+    r.postscale = in.GetF64();
+    r.root_rank = in.GetI32();
+    r.device = in.GetI32();
+    r.first_dims = in.GetI64Vector();
+    r.total_bytes = in.GetI64();
+    r.error_message = in.GetString();
+    responses.push_back(std::move(r));
+  }
+  if (!in.done()) throw TransportError("malformed message: trailing bytes");
+  return responses;
+}
+
+}  // namespace horovodlike

@@ -1,0 +1,70 @@
+// The process-global state created by init() and torn down by shutdown(): configuration,
+// transport, tensor queue, handles, and the background thread that negotiates and executes.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "controller.h"
+#include "env_config.h"
+#include "executor.h"
+#include "handle_table.h"
+#include "tensor_queue.h"
+#include "../transport/transport.h"
+
+namespace horovodlike {
+
+struct EnqueueArgs {
+  OpType op = OpType::kAllreduce;
+  std::string name;
+  const void* input = nullptr;
+  void* output = nullptr;
+  DataType dtype = DataType::kFloat32;
+  std::vector<int64_t> shape;
+  ReduceOp reduce_op = ReduceOp::kSum;
+  double prescale = 1.0;
+  double postscale = 1.0;
+  int root_rank = 0;
+  int device = -1;
+};
+
+class Runtime {
+ public:
+  // Creates the global runtime; throws if already initialized or if set-up fails.
+  static void Init();
+  // Stops the loop (pending work on every rank fails), frees everything; init() may follow.
+  static void Shutdown();
+  static bool IsInitialized();
+  // Throws InvalidArgument("horovodlike has not been initialized...") when not initialized.
+  static Runtime& Get();
+
+  const Config& config() const { return config_; }
+  // Checks the arguments (InvalidArgument) and queues the work; returns a handle at once.
+  int64_t Enqueue(EnqueueArgs args);
+  HandleTable& handles() { return handles_; }
+
+  ~Runtime();
+
+ private:
+  Runtime(Config config, std::unique_ptr<Transport> transport);
+  void Loop();
+  void FailEverything(StatusCode code, const std::string& message);
+
+  Config config_;
+  std::unique_ptr<Transport> transport_;
+  TensorQueue queue_;
+  HandleTable handles_;
+  Controller controller_;
+  Executor executor_;
+  std::atomic<bool> shutdown_requested_{false};
+  std::atomic<bool> stopped_{false};
+  std::mutex stop_mutex_;
+  Status stop_status_;  // why the loop stopped; later work fails with it
+  std::thread loop_;
+};
+
+}  // namespace horovodlike

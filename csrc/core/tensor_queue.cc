@@ -1,0 +1,64 @@
+#include "tensor_queue.h"
+
+namespace horovodlike {
+
+void TensorQueue::Add(TensorEntry entry) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const std::string& name = entry.request.name;
+    if (entries_.count(name) != 0) {
+      throw InvalidArgument("a collective on a tensor named '" + name +
+                            "' is already in flight; wait for it or give each concurrent "
+                            "operation a unique name");
+    }
+    new_requests_.push_back(entry.request);
+    entries_.emplace(name, std::move(entry));
+  }
+  cv_.notify_one();
+}
+
+std::vector<Request> TensorQueue::PopNewRequests() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<Request> out;
+  out.swap(new_requests_);
+  return out;
+}
+
+void TensorQueue::WaitForWork(std::chrono::microseconds timeout) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  cv_.wait_for(lock, timeout, [&] { return !new_requests_.empty() || notified_; });
+  notified_ = false;
+}
+
+void TensorQueue::Notify() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    notified_ = true;
+  }
+  cv_.notify_one();
+}
+
+bool TensorQueue::Take(const std::string& name, TensorEntry* entry) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = entries_.find(name);
+  if (it == entries_.end()) return false;
+  *entry = std::move(it->second);
+  entries_.erase(it);
+  return true;
+}
+
+std::vector<TensorEntry> TensorQueue::TakeAll() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<TensorEntry> out;
+  for (auto& kv : entries_) out.push_back(std::move(kv.second));
+  entries_.clear();
+  new_requests_.clear();
+  return out;
+}
+
+size_t TensorQueue::InFlight() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return entries_.size();
+}
+
+}  // namespace horovodlike

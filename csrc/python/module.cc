@@ -1,0 +1,120 @@
+// horovodlike._core: the only file that includes pybind11. Frameworks hand raw pointers here;
+// nothing in the core knows a framework type.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "../core/runtime.h"
+
+namespace py = pybind11;
+using namespace horovodlike;
+
+namespace {
+
+#ifndef HOROVODLIKE_VERSION
+#define HOROVODLIKE_VERSION "0.0.0"
+#endif
+
+int64_t EnqueueCall(int op, const std::string& name, uintptr_t input, uintptr_t output, int dtype,
+                    std::vector<int64_t> shape, int reduce_op, double prescale, double postscale,
+                    int root_rank, int device) {
+  if (!IsValidDataType(dtype)) {
+    throw InvalidArgument("tensor '" + name + "' has an unsupported dtype code " +
+                          std::to_string(dtype));
+  }
+  if (reduce_op < 0 || reduce_op > static_cast<int>(ReduceOp::kProduct)) {
+    throw InvalidArgument("unknown reduce op " + std::to_string(reduce_op));
+  }
+  if (op < 0 || op > static_cast<int>(OpType::kBarrier)) {
+    throw InvalidArgument("unknown collective " + std::to_string(op));
+  }
+  EnqueueArgs args;
+  args.op = static_cast<OpType>(op);
+  args.name = name;
+  args.input = reinterpret_cast<const void*>(input);
+  args.output = reinterpret_cast<void*>(output);
+  args.dtype = static_cast<DataType>(dtype);
+  args.shape = std::move(shape);
+  args.reduce_op = static_cast<ReduceOp>(reduce_op);
+  args.prescale = prescale;
+  args.postscale = postscale;
+  args.root_rank = root_rank;
+  args.device = device;
+  return Runtime::Get().Enqueue(std::move(args));
+}
+
+py::tuple WaitCall(int64_t handle) {
+  std::shared_ptr<HandleState> state;
+  {
+    py::gil_scoped_release release;
+    state = Runtime::Get().handles().Wait(handle);
+  }
+  return py::make_tuple(static_cast<int>(state->status.code), state->status.message);
+}
+
+// The gathered bytes as a NumPy uint8 array that keeps the core's buffer alive (no copy).
+py::tuple AllgatherOutput(int64_t handle) {
+  auto state = Runtime::Get().handles().Get(handle);
+  auto* keep = new std::shared_ptr<HandleState>(state);
+  py::capsule owner(keep, [](void* p) { delete static_cast<std::shared_ptr<HandleState>*>(p); });
+  py::array_t<uint8_t> bytes({static_cast<py::ssize_t>(state->output.size())},
+                             {static_cast<py::ssize_t>(1)}, state->output.data(), owner);
+  return py::make_tuple(bytes, state->output_shape, state->first_dims);
+}
+
+const Config& CurrentConfig() { return Runtime::Get().config(); }
+
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "horovodlike native core";
+  m.def("init", [] {
+    py::gil_scoped_release release;
+    Runtime::Init();
+  });
+  m.def("shutdown", [] {
+    py::gil_scoped_release release;
+    Runtime::Shutdown();
+  });
+  m.def("is_initialized", &Runtime::IsInitialized);
+  m.def("rank", [] { return CurrentConfig().rank; });
+  m.def("size", [] { return CurrentConfig().size; });
+  m.def("local_rank", [] { return CurrentConfig().local_rank; });
+  m.def("local_size", [] { return CurrentConfig().local_size; });
+  m.def("cross_rank", [] { return CurrentConfig().cross_rank; });
+  m.def("cross_size", [] { return CurrentConfig().cross_size; });
+  m.def("enqueue", &EnqueueCall, py::arg("op"), py::arg("name"), py::arg("input"),
+        py::arg("output"), py::arg("dtype"), py::arg("shape"), py::arg("reduce_op") = 1,
+        py::arg("prescale") = 1.0, py::arg("postscale") = 1.0, py::arg("root_rank") = 0,
+        py::arg("device") = -1);
+  m.def("wait", &WaitCall, py::arg("handle"),
+        "Blocks (without the GIL) until the handle is done; returns (status code, message).");
+  m.def("poll", [](int64_t handle) { return Runtime::Get().handles().Poll(handle); });
+  m.def("release", [](int64_t handle) { Runtime::Get().handles().Release(handle); });
+  m.def("allgather_output", &AllgatherOutput);
+  m.def("build_info", [] {
+    py::dict info;
+    info["version"] = HOROVODLIKE_VERSION;
+    info["tcp"] = true;
+    info["shm"] = false;
+    info["mpi"] = false;
+    info["gloo"] = false;
+    info["nccl"] = false;
+#ifdef HOROVODLIKE_MPI_FOUND
+    info["mpi_found_at_build"] = true;
+#else
+    info["mpi_found_at_build"] = false;
+#endif
+#ifdef HOROVODLIKE_GLOO_FOUND
+    info["gloo_found_at_build"] = true;
+#else
+    info["gloo_found_at_build"] = false;
+#endif
+    return info;
+  });
+  m.attr("STATUS_OK") = static_cast<int>(StatusCode::kOk);
+  m.attr("STATUS_INVALID_ARGUMENT") = static_cast<int>(StatusCode::kInvalidArgument);
+  m.attr("STATUS_MISMATCH") = static_cast<int>(StatusCode::kMismatch);
+  m.attr("STATUS_INTERNAL") = static_cast<int>(StatusCode::kInternal);
+  m.attr("STATUS_SHUTDOWN") = static_cast<int>(StatusCode::kShutdown);
+}

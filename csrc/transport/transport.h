@@ -1,0 +1,22 @@
+// The interface every collective is written against. Blocking, point-to-point, full duplex.
+#pragma once
+
+#include <cstddef>
+
+namespace horovodlike {
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // Each call moves exactly n bytes or throws TransportError.
+  virtual void send(int peer, const void* buf, size_t n) = 0;
+  virtual void recv(int peer, void* buf, size_t n) = 0;
+  // Sends to `to` while receiving from `from`; never deadlocks when both sides call it at once.
+  virtual void sendrecv(int to, const void* sbuf, size_t sn, int from, void* rbuf, size_t rn) = 0;
+  // Closes every connection; pending and later calls throw TransportError.
+  virtual void abort() = 0;
+};
+
+}  // namespace horovodlike

@@ -1,0 +1,104 @@
+"""Train a small MLP on scikit-learn's digits with horovodlike, the way a Horovod user would.
+
+    horovodlikerun -np 2 python examples/pytorch_digits.py
+
+--batch-size is per rank and --lr is for the global batch (batch size x ranks), so
+`-np 2 --batch-size 16` takes the same steps as `-np 1 --batch-size 32`.
+"""
+
+import argparse
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from sklearn.datasets import load_digits
+from sklearn.model_selection import train_test_split
+from torch.utils.data import DataLoader, TensorDataset
+
+import horovodlike.torch as hvd
+from horovodlike.data import DistributedSampler
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--epochs", type=int, default=15)
+    parser.add_argument("--batch-size", type=int, default=32, help="batch size per rank")
+    parser.add_argument("--lr", type=float, default=0.05, help="learning rate for the global batch")
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--save-weights", metavar="PATH", help="rank 0 writes the final weights here (.npz)")
+    return parser.parse_args()
+
+
+def load_data():
+    digits = load_digits()
+    x = (digits.data / 16.0).astype(np.float32)  # pixels are 0..16
+    y = digits.target.astype(np.int64)
+    x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=0.2, random_state=0)
+    train = TensorDataset(torch.from_numpy(x_train), torch.from_numpy(y_train))
+    test = TensorDataset(torch.from_numpy(x_test), torch.from_numpy(y_test))
+    return train, test
+
+
+def build_model():
+    return nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
+
+
+def train_epoch(model, optimizer, loader):
+    model.train()
+    total = torch.zeros(())
+    for x, y in loader:
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+        total += loss.detach()
+    # Every rank has the same number of equal-size batches, so the average over ranks of each
+    # rank's mean is the mean over the global batches.
+    return hvd.allreduce(total / len(loader), name="train_loss", op=hvd.Average).item()
+
+
+def held_out_accuracy(model, test):
+    # Each rank scores every size-th test example; summing the counts gives the whole set.
+    model.eval()
+    x, y = test.tensors
+    x, y = x[hvd.rank() :: hvd.size()], y[hvd.rank() :: hvd.size()]
+    with torch.no_grad():
+        correct = (model(x).argmax(dim=1) == y).sum()
+    counts = torch.tensor([correct.item(), len(y)], dtype=torch.float64)
+    correct, total = hvd.allreduce(counts, name="test_counts", op=hvd.Sum).tolist()
+    return correct / total
+
+
+def main():
+    args = parse_args()
+    hvd.init()
+    torch.manual_seed(args.seed)
+
+    train, test = load_data()
+    # drop_last in the sampler and the loader: every rank runs the same number of steps on
+    # batches of the same size, so averaging the ranks' gradients equals one global batch.
+    sampler = DistributedSampler(
+        train, num_replicas=hvd.size(), rank=hvd.rank(), shuffle=True, seed=args.seed, drop_last=True
+    )
+    loader = DataLoader(train, batch_size=args.batch_size, sampler=sampler, drop_last=True)
+
+    model = build_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(), op=hvd.Average)
+
+    for epoch in range(1, args.epochs + 1):
+        sampler.set_epoch(epoch)
+        loss = train_epoch(model, optimizer, loader)
+        accuracy = held_out_accuracy(model, test)
+        if hvd.rank() == 0:
+            print(f"epoch {epoch}: loss {loss:.4f} test accuracy {100 * accuracy:.2f}%", flush=True)
+
+    if hvd.rank() == 0 and args.save_weights:
+        np.savez(args.save_weights, **{k: v.detach().cpu().numpy() for k, v in model.state_dict().items()})
+
+
+if __name__ == "__main__":
+    main()

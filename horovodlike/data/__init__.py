@@ -1,0 +1,5 @@
+"""Per-rank sharding of datasets for data-parallel training."""
+
+from horovodlike.data.sampler import DistributedSampler, samples_per_rank, shard_indices
+
+__all__ = ["DistributedSampler", "samples_per_rank", "shard_indices"]

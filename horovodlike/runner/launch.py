@@ -1,0 +1,231 @@
+"""horovodlikerun: `horovodlikerun -np N [-H host1:4,host2:4 | --hostfile F] [options] command`.
+
+Takes horovodrun's flags. Starts a rendezvous server, starts the ranks (directly on this machine,
+over ssh elsewhere), forwards their output and supervises them until they end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import sys
+
+from horovodlike.runner import network
+from horovodlike.runner.check_build import check_build
+from horovodlike.runner.environment import (JobSettings, horovod_environment,
+                                            local_rank_environment, remote_rank_environment)
+from horovodlike.runner.hosts import HostError, HostSlots, assign_ranks, parse_hostfile, parse_hosts
+from horovodlike.runner.job import Job
+from horovodlike.runner.output import Console
+from horovodlike.runner.rank_process import RankProcess
+from horovodlike.runner.rendezvous import RendezvousServer
+from horovodlike.runner.ssh import remote_shell_command, ssh_command
+
+DEFAULT_START_TIMEOUT_S = 30.0
+LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")
+
+
+def package_version() -> str:
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+        return version("horovodlike")
+    except (ImportError, PackageNotFoundError):
+        pass
+    try:
+        import horovodlike
+        return getattr(horovodlike, "__version__", "unknown")
+    except ImportError:
+        return "unknown"
+
+
+class _VersionAction(argparse.Action):
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(package_version())
+        parser.exit()
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="horovodlikerun",
+        description="Starts a horovodlike job: N copies of a command, one per rank.",
+        usage="%(prog)s -np N [-H host1:4,host2:4 | --hostfile FILE] [options] command ...")
+    parser.add_argument("-v", "--version", action=_VersionAction,
+                        help="print the version and exit")
+    parser.add_argument("-np", "--num-proc", dest="num_proc", type=int,
+                        help="total number of ranks")
+    parser.add_argument("-cb", "--check-build", dest="check_build", action="store_true",
+                        help="print the frameworks, controllers and tensor operations of this "
+                             "build and exit")
+    hosts = parser.add_mutually_exclusive_group()
+    hosts.add_argument("-H", "--hosts", dest="hosts",
+                       help="hosts and their slots: host1:4,host2:4 (default localhost:N)")
+    hosts.add_argument("-hostfile", "--hostfile", dest="hostfile",
+                       help="file with one host a line: 'host slots=N' or 'host:N'")
+    parser.add_argument("--start-timeout", dest="start_timeout", type=float,
+                        help="seconds the ranks have to join before the job is stopped "
+                             "(default: $HOROVOD_START_TIMEOUT, else 30)")
+    parser.add_argument("--output-filename", dest="output_filename",
+                        help="also write each rank's raw output to "
+                             "DIR/rank.<rank>/stdout and stderr")
+    parser.add_argument("--verbose", action="store_true",
+                        help="print the host assignment and the rendezvous address")
+    parser.add_argument("--network-interface", dest="network_interface",
+                        help="interface to listen on and communicate over (HOROVOD_GLOO_IFACE)")
+
+    tuning = parser.add_argument_group("tunable parameters (passed to the ranks)")
+    tuning.add_argument("--fusion-threshold-mb", dest="fusion_threshold_mb", type=float,
+                        help="fusion buffer size in MB (HOROVOD_FUSION_THRESHOLD, in bytes)")
+    tuning.add_argument("--cycle-time-ms", dest="cycle_time_ms", type=float,
+                        help="cycle time in ms (HOROVOD_CYCLE_TIME)")
+    tuning.add_argument("--cache-capacity", dest="cache_capacity", type=int,
+                        help="response cache capacity (HOROVOD_CACHE_CAPACITY)")
+    tuning.add_argument("--disable-cache", dest="disable_cache", action="store_true",
+                        help="disable the response cache (HOROVOD_CACHE_CAPACITY=0)")
+    tuning.add_argument("--log-level", dest="log_level", choices=LOG_LEVELS,
+                        help="core log level (HOROVOD_LOG_LEVEL)")
+
+    ssh = parser.add_argument_group("ssh")
+    ssh.add_argument("-p", "--ssh-port", dest="ssh_port", type=int, help="ssh port on all hosts")
+    ssh.add_argument("-i", "--ssh-identity-file", dest="ssh_identity_file",
+                     help="private key file for ssh")
+
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="the command each rank runs")
+    return parser
+
+
+def _start_timeout(args, parser) -> float:
+    if args.start_timeout is not None:
+        value = args.start_timeout
+    elif os.environ.get("HOROVOD_START_TIMEOUT"):
+        try:
+            value = float(os.environ["HOROVOD_START_TIMEOUT"])
+        except ValueError:
+            parser.error(f"HOROVOD_START_TIMEOUT must be a number of seconds, "
+                         f"got '{os.environ['HOROVOD_START_TIMEOUT']}'")
+    else:
+        value = DEFAULT_START_TIMEOUT_S
+    if not value > 0:
+        parser.error(f"the start timeout must be positive, got {value:g}")
+    return value
+
+
+def _validate(args, parser) -> None:
+    if args.num_proc is None:
+        parser.error("-np/--num-proc is required")
+    if args.command and args.command[0] == "--":
+        args.command = args.command[1:]
+    if not args.command:
+        parser.error("no command given: horovodlikerun -np N command ...")
+    if args.fusion_threshold_mb is not None and args.fusion_threshold_mb < 0:
+        parser.error("--fusion-threshold-mb must be >= 0")
+    if args.cycle_time_ms is not None and not args.cycle_time_ms > 0:
+        parser.error("--cycle-time-ms must be > 0")
+    if args.cache_capacity is not None and args.cache_capacity < 0:
+        parser.error("--cache-capacity must be >= 0")
+    if args.ssh_port is not None and not 0 < args.ssh_port < 65536:
+        parser.error(f"--ssh-port must be a port number, got {args.ssh_port}")
+    if args.ssh_identity_file is not None and not os.path.isfile(args.ssh_identity_file):
+        parser.error(f"--ssh-identity-file {args.ssh_identity_file} does not exist")
+    if args.network_interface is not None:
+        if args.network_interface not in network.interface_names():
+            parser.error(f"--network-interface {args.network_interface}: no such interface "
+                         f"(this machine has {', '.join(network.interface_names())})")
+
+
+def _hosts(args) -> list[HostSlots]:
+    if args.hosts:
+        return parse_hosts(args.hosts)
+    if args.hostfile:
+        return parse_hostfile(args.hostfile)
+    return [HostSlots("localhost", args.num_proc)]
+
+
+def _rendezvous_addresses(all_local: bool, interface: str | None, parser) -> tuple[str, str]:
+    """(address to bind, address the ranks connect to)."""
+    if all_local:
+        return "127.0.0.1", "127.0.0.1"
+    if interface is not None:
+        address = network.interface_ipv4(interface)
+        if address is None:
+            parser.error(f"--network-interface {interface} has no IPv4 address")
+        return address, address
+    return "0.0.0.0", network.guess_routable_address()
+
+
+def _job_settings(args, address: str, port: int, secret: str, timeout: float) -> JobSettings:
+    fusion = None
+    if args.fusion_threshold_mb is not None:
+        fusion = int(round(args.fusion_threshold_mb * 1024 * 1024))
+    cache = 0 if args.disable_cache else args.cache_capacity
+    return JobSettings(rendezvous_addr=address, rendezvous_port=port, secret_key=secret,
+                       start_timeout_s=timeout, fusion_threshold_bytes=fusion,
+                       cycle_time_ms=args.cycle_time_ms, cache_capacity=cache,
+                       log_level=args.log_level, network_interface=args.network_interface)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = make_parser()
+    args = parser.parse_args(argv)
+    if args.check_build:
+        return check_build()
+    _validate(args, parser)
+    try:
+        assignments = assign_ranks(_hosts(args), args.num_proc)
+    except HostError as error:
+        parser.error(str(error))
+    timeout = _start_timeout(args, parser)
+    local = {a.hostname: network.is_local_host(a.hostname) for a in assignments}
+    bind_address, connect_address = _rendezvous_addresses(
+        all(local.values()), args.network_interface, parser)
+
+    console = Console(sys.stdout.buffer, sys.stderr.buffer)
+    secret = secrets.token_hex(32)
+    server = RendezvousServer(secret, host=bind_address)
+    try:
+        server.start()
+    except OSError as error:
+        console.message(f"cannot start the rendezvous server on {bind_address}: {error}")
+        return 1
+    try:
+        job = _job_settings(args, connect_address, server.port, secret, timeout)
+        launcher_env = dict(os.environ)
+        cwd = os.getcwd()
+        processes = []
+        for assignment in assignments:
+            rank_env = horovod_environment(assignment, job)
+            if local[assignment.hostname]:
+                processes.append(RankProcess(assignment, list(args.command),
+                                             local_rank_environment(launcher_env, rank_env),
+                                             via_ssh=False))
+            else:
+                remote = remote_shell_command(
+                    cwd, remote_rank_environment(launcher_env, rank_env), args.command)
+                argv = ssh_command(assignment.hostname, remote, args.ssh_port,
+                                   args.ssh_identity_file)
+                processes.append(RankProcess(assignment, argv, launcher_env, via_ssh=True))
+        if args.verbose:
+            _print_plan(console, processes, bind_address, connect_address, server.port)
+        return Job(processes, server, console, timeout, output_dir=args.output_filename,
+                   verbose=args.verbose).run()
+    finally:
+        server.stop()
+
+
+def _print_plan(console: Console, processes: list[RankProcess], bind_address: str,
+                connect_address: str, port: int) -> None:
+    console.message(f"rendezvous server listening on {bind_address}:{port}; "
+                    f"ranks connect to {connect_address}:{port}", "stdout")
+    console.message("host assignment:", "stdout")
+    for p in processes:
+        a = p.assignment
+        console.message(f"  rank {a.rank} on {a.hostname} ({'ssh' if p.via_ssh else 'local'}): "
+                        f"local rank {a.local_rank} of {a.local_size}, "
+                        f"cross rank {a.cross_rank} of {a.cross_size}", "stdout")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""Broadcasting model and optimizer state, and Python objects, between ranks."""
+
+import io
+
+import cloudpickle
+import numpy as np
+import torch
+
+from horovodlike.common import basics
+from horovodlike.torch.mpi_ops import (allgather, broadcast_, broadcast_async_, synchronize)
+
+
+def broadcast_parameters(params, root_rank):
+    """Overwrites every rank's parameters with root_rank's, in place.
+
+    ``params`` is a ``state_dict()`` or an iterable of (name, tensor) such as
+    ``model.named_parameters()``.
+    """
+    if isinstance(params, dict):
+        items = sorted(params.items())
+    else:
+        items = list(params)
+        if items and not (isinstance(items[0], tuple) and len(items[0]) == 2):
+            raise ValueError("broadcast_parameters expects a state_dict or an iterable of "
+                             "(name, tensor) pairs such as model.named_parameters()")
+    handles = []
+    for name, tensor in items:
+        if tensor is None:
+            continue
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"broadcast_parameters: '{name}' is a {type(tensor).__name__}, "
+                            "not a tensor")
+        handles.append(broadcast_async_(tensor.data, root_rank, name=f"broadcast.{name}"))
+    for handle in handles:
+        synchronize(handle)
+
+
+def _strip_tensors(value, tensors):
+    """Replaces every tensor in a nested structure by a placeholder naming its slot."""
+    if isinstance(value, torch.Tensor):
+        tensors.append(value)
+        return ("__horovodlike_tensor__", len(tensors) - 1, tuple(value.shape), value.dtype)
+    if isinstance(value, dict):
+        return {k: _strip_tensors(v, tensors) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_strip_tensors(v, tensors) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_strip_tensors(v, tensors) for v in value)
+    return value
+
+
+def _fill_tensors(value, tensors):
+    if isinstance(value, tuple) and len(value) == 4 and value[0] == "__horovodlike_tensor__":
+        return tensors[value[1]]
+    if isinstance(value, dict):
+        return {k: _fill_tensors(v, tensors) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_fill_tensors(v, tensors) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_fill_tensors(v, tensors) for v in value)
+    return value
+
+
+def broadcast_optimizer_state(optimizer, root_rank):
+    """Makes every rank's optimizer state (hyper-parameters and per-parameter state) equal to
+    root_rank's. The structure travels pickled; the tensors travel as tensors."""
+    own = []
+    structure = _strip_tensors(optimizer.state_dict(), own)
+    structure = broadcast_object(structure, root_rank, name="broadcast_optimizer_state.structure")
+    placeholders = []
+    _strip_tensors_meta(structure, placeholders)
+    if basics.rank() == root_rank:
+        tensors = [t.detach().cpu().contiguous() for t in own]
+    else:
+        tensors = [torch.empty(shape, dtype=dtype) for shape, dtype in placeholders]
+    handles = [broadcast_async_(t, root_rank, name=f"broadcast_optimizer_state.{i}")
+               for i, t in enumerate(tensors)]
+    for handle in handles:
+        synchronize(handle)
+    if basics.rank() != root_rank:
+        optimizer.load_state_dict(_fill_tensors(structure, tensors))
+
+
+def _strip_tensors_meta(value, out):
+    if isinstance(value, tuple) and len(value) == 4 and value[0] == "__horovodlike_tensor__":
+        out.append((value[2], value[3]))
+    elif isinstance(value, dict):
+        for v in value.values():
+            _strip_tensors_meta(v, out)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _strip_tensors_meta(v, out)
+
+
+def _to_bytes_tensor(obj):
+    buffer = io.BytesIO()
+    cloudpickle.dump(obj, buffer)
+    return torch.from_numpy(np.frombuffer(buffer.getvalue(), dtype=np.uint8).copy())
+
+
+def broadcast_object(obj, root_rank=0, name=None):
+    """Returns root_rank's ``obj`` on every rank (any picklable object)."""
+    name = name or "broadcast_object"
+    if basics.rank() == root_rank:
+        payload = _to_bytes_tensor(obj)
+        length = torch.tensor([payload.numel()], dtype=torch.int64)
+    else:
+        length = torch.zeros(1, dtype=torch.int64)
+    broadcast_(length, root_rank, name=f"{name}.length")
+    if basics.rank() != root_rank:
+        payload = torch.empty(int(length.item()), dtype=torch.uint8)
+    broadcast_(payload, root_rank, name=f"{name}.payload")
+    if basics.rank() == root_rank:
+        return obj
+    return cloudpickle.loads(payload.numpy().tobytes())
+
+
+def allgather_object(obj, name=None):
+    """Returns the list of every rank's ``obj``, in rank order."""
+    name = name or "allgather_object"
+    payload = _to_bytes_tensor(obj)
+    lengths = allgather(torch.tensor([payload.numel()], dtype=torch.int64),
+                        name=f"{name}.length").tolist()
+    gathered = allgather(payload, name=f"{name}.payload").numpy()
+    out, offset = [], 0
+    for length in lengths:
+        out.append(cloudpickle.loads(gathered[offset:offset + length].tobytes()))
+        offset += length
+    return out
