@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+import horovodlike.runner
 from horovodlike.runner.check_build import format_report
 from horovodlike.runner.hosts import HostError, assign_ranks, parse_hostfile, parse_hosts
 from horovodlike.runner.output import rank_output_dir
@@ -22,13 +23,16 @@ from horovodlike.runner.rendezvous import MAX_LINE_BYTES, RendezvousServer
 
 REPO = Path(__file__).resolve().parents[1]
 HELPERS = REPO / "tests" / "helpers"
+# The launcher subprocesses import the same horovodlike as this process (installed or not).
+PACKAGE_PARENT = Path(horovodlike.runner.__file__).resolve().parents[2]
 RANK = str(HELPERS / "rank.py")
 SECRET = "ab" * 32
 
 
 def launcher_env(**extra) -> dict:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_PARENT),
+                                                      env.get("PYTHONPATH")]))
     env.pop("HOROVOD_START_TIMEOUT", None)
     env.update(extra)
     return env
@@ -66,6 +70,17 @@ def topology(record: dict) -> tuple:
     env = record["env"]
     return tuple(int(env[f"HOROVOD_{name}"]) for name in
                  ("RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE"))
+
+
+@pytest.fixture(autouse=True)
+def kill_leftover_ranks(tmp_path):
+    """When a test fails, the ranks it recorded must not outlive it."""
+    yield
+    for record_file in tmp_path.glob("rank.*.json"):
+        record = json.loads(record_file.read_text())
+        for pid in (record["pid"], record["child_pid"]):
+            if pid and pid_alive(pid):
+                os.kill(pid, signal.SIGKILL)
 
 
 @pytest.fixture
@@ -274,15 +289,20 @@ def test_signal_to_launcher_leaves_no_process_behind(tmp_path, signum, stubborn_
          "--record", str(tmp_path), "--join", "--child", "--ignore-term-ranks", stubborn_ranks,
          "--sleep", "60"],
         env=launcher_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 15
-    while not all((tmp_path / f"rank.{r}.json").exists() for r in range(2)):
-        assert time.monotonic() < deadline and launcher.poll() is None
-        time.sleep(0.05)
-    recs = records(tmp_path, 2)
-    pids = [r["pid"] for r in recs] + [r["child_pid"] for r in recs]
-    assert all(pid_alive(p) for p in pids)
-    launcher.send_signal(signum)
-    _, stderr = launcher.communicate(timeout=15)
+    try:
+        deadline = time.monotonic() + 15
+        while not all((tmp_path / f"rank.{r}.json").exists() for r in range(2)):
+            assert time.monotonic() < deadline and launcher.poll() is None
+            time.sleep(0.05)
+        recs = records(tmp_path, 2)
+        pids = [r["pid"] for r in recs] + [r["child_pid"] for r in recs]
+        assert all(pid_alive(p) for p in pids)
+        launcher.send_signal(signum)
+        _, stderr = launcher.communicate(timeout=15)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.communicate()
     assert launcher.returncode == 128 + signum
     assert f"horovodlikerun: received {signal.Signals(signum).name}; stopping the job" in stderr
     assert wait_until_dead(pids, timeout=2) == []
@@ -292,6 +312,14 @@ def test_missing_command_is_reported():
     result = launch(["-np", "2", sys.executable + "-no-such-binary"])
     assert result.returncode == 127
     assert "cannot start rank 0 (on localhost)" in result.stderr
+
+
+def test_bin_script_runs_a_job(tmp_path):
+    result = subprocess.run([sys.executable, str(REPO / "bin" / "horovodlikerun"), "-np", "2",
+                             sys.executable, "-c", "import os; print(os.environ['HOROVOD_RANK'])"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    assert sorted(result.stdout.splitlines()) == ["[0]<stdout>:0", "[1]<stdout>:1"]
 
 
 # ---------------------------------------------------------------- hosts

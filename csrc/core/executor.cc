@@ -19,6 +19,7 @@ void Executor::Execute(const Response& response) {
     entries.push_back(std::move(entry));
   }
   if (response.type == Response::Type::kError) {
+    ++errors_;
     for (auto& e : entries) {
       handles_.Complete(e.handle, Status::Error(StatusCode::kMismatch, response.error_message));
     }
@@ -44,6 +45,8 @@ void Executor::Execute(const Response& response) {
 void Executor::Allreduce(const Response& response, std::vector<TensorEntry>& entries) {
   const DataType dtype = response.dtype;
   const size_t elem = DataTypeSize(dtype);
+  ++allreduce_collectives_;
+  allreduce_tensors_ += static_cast<int64_t>(entries.size());
   double postscale = response.postscale;
   if (response.reduce_op == ReduceOp::kAverage) postscale /= transport_.size();
 

@@ -2,6 +2,7 @@
 // the collective, unpacks with postscaling, and completes the handles.
 #pragma once
 
+#include <atomic>
 #include <vector>
 
 #include "fusion_buffer.h"
@@ -21,6 +22,14 @@ class Executor {
   // Throws TransportError after failing the handles of this response.
   void Execute(const Response& response);
 
+  // Counters since init, for tests and tuning: collectives run and tensors they carried.
+  struct Stats {
+    int64_t allreduce_collectives = 0;
+    int64_t allreduce_tensors = 0;
+    int64_t errors = 0;
+  };
+  Stats stats() const { return {allreduce_collectives_.load(), allreduce_tensors_.load(), errors_.load()}; }
+
  private:
   void Allreduce(const Response& response, std::vector<TensorEntry>& entries);
   void Allgather(const Response& response, TensorEntry& entry);
@@ -31,6 +40,9 @@ class Executor {
   HandleTable& handles_;
   FusionBuffer fusion_;
   RingAllreduce ring_;
+  std::atomic<int64_t> allreduce_collectives_{0};
+  std::atomic<int64_t> allreduce_tensors_{0};
+  std::atomic<int64_t> errors_{0};
 };
 
 }  // namespace horovodlike

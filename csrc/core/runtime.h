@@ -46,6 +46,7 @@ class Runtime {
   // Checks the arguments (InvalidArgument) and queues the work; returns a handle at once.
   int64_t Enqueue(EnqueueArgs args);
   HandleTable& handles() { return handles_; }
+  Executor::Stats stats() const { return executor_.stats(); }
 
   ~Runtime();
 

@@ -92,6 +92,14 @@ PYBIND11_MODULE(_core, m) {
   m.def("poll", [](int64_t handle) { return Runtime::Get().handles().Poll(handle); });
   m.def("release", [](int64_t handle) { Runtime::Get().handles().Release(handle); });
   m.def("allgather_output", &AllgatherOutput);
+  m.def("stats", [] {
+    auto s = Runtime::Get().stats();
+    py::dict d;
+    d["allreduce_collectives"] = s.allreduce_collectives;
+    d["allreduce_tensors"] = s.allreduce_tensors;
+    d["errors"] = s.errors;
+    return d;
+  });
   m.def("build_info", [] {
     py::dict info;
     info["version"] = HOROVODLIKE_VERSION;

@@ -190,78 +190,156 @@ bool CpuHasAvx2() {
   return has;
 }
 
+#define HVDL_TARGET_AVX __attribute__((target("avx")))
+#define HVDL_TARGET_F16C __attribute__((target("f16c,avx")))
 #define HVDL_TARGET_AVX2 __attribute__((target("avx2")))
 
-// The bfloat16 conversions are plain integer code; compiled for AVX2 they run about 3x faster
-// than with the SSE2 baseline (wider lanes and packusdw for the 32 -> 16 bit narrowing).
+// The ops on 8 floats, same semantics as the scalar Apply (including which NaN is returned).
+// Selects are written with and/andnot/or rather than blendv: GCC 12 folds _mm256_blendv_ps into
+// a generic vector select that, in a function targeting plain AVX (no 256-bit integer
+// compares), it scalarises.
+HVDL_TARGET_AVX HVDL_INLINE __m256 Select(__m256 mask, __m256 if_set, __m256 if_clear) {
+  return _mm256_or_ps(_mm256_and_ps(mask, if_set), _mm256_andnot_ps(mask, if_clear));
+}
+HVDL_TARGET_AVX HVDL_INLINE __m256 VecApply(SumOp, __m256 a, __m256 b) {
+  return _mm256_add_ps(a, b);
+}
+HVDL_TARGET_AVX HVDL_INLINE __m256 VecApply(ProductOp, __m256 a, __m256 b) {
+  return _mm256_mul_ps(a, b);
+}
+HVDL_TARGET_AVX HVDL_INLINE __m256 VecApply(MinOp, __m256 a, __m256 b) {
+  const __m256 r = Select(_mm256_cmp_ps(a, b, _CMP_LE_OQ), a, b);  // b when b is NaN
+  return Select(_mm256_cmp_ps(a, a, _CMP_UNORD_Q), a, r);
+}
+HVDL_TARGET_AVX HVDL_INLINE __m256 VecApply(MaxOp, __m256 a, __m256 b) {
+  const __m256 r = Select(_mm256_cmp_ps(a, b, _CMP_GE_OQ), a, b);
+  return Select(_mm256_cmp_ps(a, a, _CMP_UNORD_Q), a, r);
+}
+
+// Runs Body(dst, src, n) on whole vectors of Width elements, and on the last partial vector
+// through zero-padded copies, so that the tail gets exactly the same arithmetic.
+template <size_t Width, typename Body>
+HVDL_INLINE void WithPaddedTail(uint16_t* dst, const uint16_t* src, size_t count, Body body) {
+  const size_t full = count - count % Width;
+  body(dst, src, full);
+  if (full < count) {
+    const size_t rest = count - full;
+    alignas(32) uint16_t d[Width] = {};
+    alignas(32) uint16_t s[Width] = {};
+    std::memcpy(d, dst + full, rest * sizeof(uint16_t));
+    std::memcpy(s, src + full, rest * sizeof(uint16_t));
+    body(d, s, Width);
+    std::memcpy(dst + full, d, rest * sizeof(uint16_t));
+  }
+}
+
+// float16 with F16C: 16 elements per iteration, hardware conversions (round to nearest even).
 template <typename Op>
-HVDL_TARGET_AVX2 void ReduceBFloat16Avx2(uint16_t* HVDL_RESTRICT dst,
-                                         const uint16_t* HVDL_RESTRICT src, size_t count) {
-  ReduceBlocked16Body<Op, BFloat16ToFloatInl, FloatToBFloat16Inl>(dst, src, count);
-}
-
-HVDL_TARGET_AVX2 void ScaleBFloat16Avx2(uint16_t* dst, const uint16_t* src, size_t count,
-                                        float factor) {
-  Scale16Body<BFloat16ToFloatInl, FloatToBFloat16Inl>(dst, src, count, factor);
-}
-
-#define HVDL_TARGET_F16C __attribute__((target("f16c,avx")))
-
-// Hardware float16 <-> float32 for a block of n elements (tail handled through a padded copy).
-HVDL_TARGET_F16C HVDL_INLINE void F16CLoad(const uint16_t* HVDL_RESTRICT in,
-                                           float* HVDL_RESTRICT out, size_t n) {
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i));
-    _mm256_store_ps(out + i, _mm256_cvtph_ps(h));
-  }
-  if (i < n) {
-    alignas(16) uint16_t tmp[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    std::memcpy(tmp, in + i, (n - i) * sizeof(uint16_t));
-    _mm256_store_ps(out + i, _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<__m128i*>(tmp))));
-  }
-}
-
-HVDL_TARGET_F16C HVDL_INLINE void F16CStore(const float* HVDL_RESTRICT in,
-                                            uint16_t* HVDL_RESTRICT out, size_t n) {
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    __m128i h = _mm256_cvtps_ph(_mm256_load_ps(in + i), _MM_FROUND_TO_NEAREST_INT);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), h);
-  }
-  if (i < n) {
-    alignas(16) uint16_t tmp[8];
-    _mm_store_si128(reinterpret_cast<__m128i*>(tmp),
-                    _mm256_cvtps_ph(_mm256_load_ps(in + i), _MM_FROUND_TO_NEAREST_INT));
-    std::memcpy(out + i, tmp, (n - i) * sizeof(uint16_t));
+HVDL_TARGET_F16C HVDL_INLINE void ReduceHalfF16CBody(uint16_t* dst, const uint16_t* src,
+                                                     size_t n) {  // n % 16 == 0
+  for (size_t i = 0; i < n; i += 16) {
+    const __m128i* d = reinterpret_cast<const __m128i*>(dst + i);
+    const __m128i* s = reinterpret_cast<const __m128i*>(src + i);
+    __m256 a0 = _mm256_cvtph_ps(_mm_loadu_si128(d));
+    __m256 a1 = _mm256_cvtph_ps(_mm_loadu_si128(d + 1));
+    __m256 b0 = _mm256_cvtph_ps(_mm_loadu_si128(s));
+    __m256 b1 = _mm256_cvtph_ps(_mm_loadu_si128(s + 1));
+    __m128i r0 = _mm256_cvtps_ph(VecApply(Op{}, a0, b0), _MM_FROUND_TO_NEAREST_INT);
+    __m128i r1 = _mm256_cvtps_ph(VecApply(Op{}, a1, b1), _MM_FROUND_TO_NEAREST_INT);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), r0);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i) + 1, r1);
   }
 }
 
 template <typename Op>
-HVDL_TARGET_F16C void ReduceHalfF16C(uint16_t* HVDL_RESTRICT dst,
-                                     const uint16_t* HVDL_RESTRICT src, size_t count) {
-  // Staging arrays are padded to a multiple of 8 floats (kBlock is one).
-  alignas(64) float a[kBlock];
-  alignas(64) float b[kBlock];
-  for (size_t base = 0; base < count; base += kBlock) {
-    const size_t n = std::min(kBlock, count - base);
-    const size_t n8 = (n + 7) & ~static_cast<size_t>(7);  // what F16CLoad filled
-    F16CLoad(dst + base, a, n);
-    F16CLoad(src + base, b, n);
-    for (size_t i = 0; i < n8; ++i) a[i] = Op::Apply(a[i], b[i]);
-    F16CStore(a, dst + base, n);
+HVDL_TARGET_F16C void ReduceHalfF16C(uint16_t* dst, const uint16_t* src, size_t count) {
+  WithPaddedTail<16>(dst, src, count, [](uint16_t* d, const uint16_t* s, size_t n)
+                                          HVDL_TARGET_F16C { ReduceHalfF16CBody<Op>(d, s, n); });
+}
+
+HVDL_TARGET_F16C HVDL_INLINE void ScaleHalfF16CBody(uint16_t* dst, const uint16_t* src,
+                                                    size_t n, __m256 f) {  // n % 8 == 0
+  for (size_t i = 0; i < n; i += 8) {
+    __m256 a = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
+                     _mm256_cvtps_ph(_mm256_mul_ps(a, f), _MM_FROUND_TO_NEAREST_INT));
   }
 }
 
 HVDL_TARGET_F16C void ScaleHalfF16C(uint16_t* dst, const uint16_t* src, size_t count,
                                     float factor) {
-  alignas(64) float a[kBlock];
-  for (size_t base = 0; base < count; base += kBlock) {
-    const size_t n = std::min(kBlock, count - base);
-    const size_t n8 = (n + 7) & ~static_cast<size_t>(7);
-    F16CLoad(src + base, a, n);
-    for (size_t i = 0; i < n8; ++i) a[i] *= factor;
-    F16CStore(a, dst + base, n);
+  const __m256 f = _mm256_set1_ps(factor);
+  // The padded-tail helper works on dst in place, so seed the tail of dst from src first.
+  const size_t full = count - count % 8;
+  ScaleHalfF16CBody(dst, src, full, f);
+  if (full < count) {
+    alignas(32) uint16_t t[8] = {};
+    std::memcpy(t, src + full, (count - full) * sizeof(uint16_t));
+    ScaleHalfF16CBody(t, t, 8, f);
+    std::memcpy(dst + full, t, (count - full) * sizeof(uint16_t));
+  }
+}
+
+// bfloat16 with AVX2: unpacking 16-bit lanes against zero gives exactly the float bits
+// (b << 16), and the rounded results are narrowed back with packus, which undoes the
+// unpack's in-lane element order.
+HVDL_TARGET_AVX2 HVDL_INLINE __m256i Bf16RoundAvx2(__m256 x) {
+  // ((u + 0x7fff + ((u >> 16) & 1)) >> 16), NaN -> 0x7fc0 (as torch's round_to_nearest_even).
+  const __m256i u = _mm256_castps_si256(x);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  __m256i r = _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb);
+  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+  r = _mm256_or_si256(_mm256_and_si256(nan, _mm256_set1_epi32(0x7fc00000)),
+                      _mm256_andnot_si256(nan, r));
+  return _mm256_srli_epi32(r, 16);
+}
+
+template <typename Op>
+HVDL_TARGET_AVX2 HVDL_INLINE void ReduceBFloat16Avx2Body(uint16_t* dst, const uint16_t* src,
+                                                         size_t n) {  // n % 16 == 0
+  const __m256i zero = _mm256_setzero_si256();
+  for (size_t i = 0; i < n; i += 16) {
+    const __m256i d = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(dst + i));
+    const __m256i s = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
+    const __m256 a0 = _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, d));
+    const __m256 a1 = _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, d));
+    const __m256 b0 = _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, s));
+    const __m256 b1 = _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, s));
+    const __m256i r = _mm256_packus_epi32(Bf16RoundAvx2(VecApply(Op{}, a0, b0)),
+                                          Bf16RoundAvx2(VecApply(Op{}, a1, b1)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), r);
+  }
+}
+
+template <typename Op>
+HVDL_TARGET_AVX2 void ReduceBFloat16Avx2(uint16_t* dst, const uint16_t* src, size_t count) {
+  WithPaddedTail<16>(dst, src, count, [](uint16_t* d, const uint16_t* s, size_t n)
+                                          HVDL_TARGET_AVX2 { ReduceBFloat16Avx2Body<Op>(d, s, n); });
+}
+
+HVDL_TARGET_AVX2 HVDL_INLINE void ScaleBFloat16Avx2Body(uint16_t* dst, const uint16_t* src,
+                                                        size_t n, __m256 f) {  // n % 16 == 0
+  const __m256i zero = _mm256_setzero_si256();
+  for (size_t i = 0; i < n; i += 16) {
+    const __m256i s = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
+    const __m256 a0 = _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, s));
+    const __m256 a1 = _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, s));
+    const __m256i r = _mm256_packus_epi32(Bf16RoundAvx2(_mm256_mul_ps(a0, f)),
+                                          Bf16RoundAvx2(_mm256_mul_ps(a1, f)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), r);
+  }
+}
+
+HVDL_TARGET_AVX2 void ScaleBFloat16Avx2(uint16_t* dst, const uint16_t* src, size_t count,
+                                        float factor) {
+  const __m256 f = _mm256_set1_ps(factor);
+  const size_t full = count - count % 16;
+  ScaleBFloat16Avx2Body(dst, src, full, f);
+  if (full < count) {
+    alignas(32) uint16_t t[16] = {};
+    std::memcpy(t, src + full, (count - full) * sizeof(uint16_t));
+    ScaleBFloat16Avx2Body(t, t, 16, f);
+    std::memcpy(dst + full, t, (count - full) * sizeof(uint16_t));
   }
 }
 
@@ -376,47 +454,56 @@ void ReduceBool(void* dst, const void* src, size_t count, ReduceOp op) {
 // ---------------------------------------------------------------------------------------------
 // Scaling.
 
-// double -> integer "as a C cast does" (truncation toward zero) for in-range values. Out of
-// range values, which a C cast leaves undefined, are given a defined result here: NaN -> 0,
-// the value is saturated to the int64 range, then narrowed modulo 2^n to T.
+// double -> integer, truncating toward zero as a C cast does. Results a C cast leaves undefined
+// get a defined value: NaN -> 0, and out-of-range values saturate to the int32 range for types
+// of up to 32 bits (then wrap modulo 2^n into T, like a C cast int32 -> int8) or to the int64
+// range for int64. Written with selects only, so the loops vectorise.
 template <typename T>
-HVDL_INLINE T DoubleToInt(double v) {
-  constexpr double kTwo63 = 9223372036854775808.0;
-  int64_t i = (v >= -kTwo63 && v < kTwo63) ? static_cast<int64_t>(v) : 0;
-  i = (v >= kTwo63) ? std::numeric_limits<int64_t>::max() : i;
-  i = (v < -kTwo63) ? std::numeric_limits<int64_t>::min() : i;
-  return static_cast<T>(static_cast<std::make_unsigned_t<T>>(static_cast<uint64_t>(i)));
+HVDL_INLINE T ScaleIntElem(T x, double factor) {
+  const double v = static_cast<double>(x) * factor;
+  if constexpr (sizeof(T) <= 4) {
+    constexpr double kLo = -2147483648.0;
+    constexpr double kHi = 2147483647.0;
+    double c = (v >= kLo) ? v : kLo;
+    c = (c <= kHi) ? c : kHi;
+    c = (v == v) ? c : 0.0;
+    return static_cast<T>(static_cast<std::make_unsigned_t<T>>(
+        static_cast<uint32_t>(static_cast<int32_t>(c))));
+  } else {
+    constexpr double kTwo63 = 9223372036854775808.0;
+    const double c = (v >= -kTwo63 && v < kTwo63) ? v : 0.0;
+    int64_t i = static_cast<int64_t>(c);
+    i = (v >= kTwo63) ? std::numeric_limits<int64_t>::max() : i;
+    i = (v < -kTwo63) ? std::numeric_limits<int64_t>::min() : i;
+    return static_cast<T>(i);
+  }
 }
 
-// Up to 32-bit integers: when every product of a block lies in the int32 range (always the
-// case for |factor| <= 1, as when averaging), double -> int32 truncation gives the C-cast result
-// and vectorises; a block with any product outside that range uses DoubleToInt instead.
+template <typename T>
+HVDL_INLINE void ScaleIntBody(T* HVDL_RESTRICT dst, const T* HVDL_RESTRICT src, size_t count,
+                              double factor) {
+  for (size_t i = 0; i < count; ++i) dst[i] = ScaleIntElem<T>(src[i], factor);
+}
+
+#if HVDL_HAVE_X86_DISPATCH
+// The int -> double -> int conversions are about twice as fast with 256-bit vectors.
+template <typename T>
+HVDL_TARGET_AVX2 void ScaleIntAvx2(T* HVDL_RESTRICT dst, const T* HVDL_RESTRICT src,
+                                   size_t count, double factor) {
+  ScaleIntBody<T>(dst, src, count, factor);
+}
+#endif
+
 template <typename T>
 void ScaleIntLoop(T* HVDL_RESTRICT dst, const T* HVDL_RESTRICT src, size_t count,
                   double factor) {
-  if constexpr (sizeof(T) <= 4) {
-    constexpr double kLo = -2147483648.0;
-    constexpr double kHi = 2147483648.0;
-    for (size_t base = 0; base < count; base += kBlock) {
-      const size_t n = std::min(kBlock, count - base);
-      const T* HVDL_RESTRICT s = src + base;
-      T* HVDL_RESTRICT d = dst + base;
-      bool in_range = true;
-      for (size_t i = 0; i < n; ++i) {
-        const double v = static_cast<double>(s[i]) * factor;
-        in_range &= (v > kLo - 1.0) & (v < kHi);  // NaN compares false
-      }
-      if (in_range) {
-        for (size_t i = 0; i < n; ++i) {
-          d[i] = static_cast<T>(static_cast<int32_t>(static_cast<double>(s[i]) * factor));
-        }
-      } else {
-        for (size_t i = 0; i < n; ++i) d[i] = DoubleToInt<T>(static_cast<double>(s[i]) * factor);
-      }
-    }
-  } else {
-    for (size_t i = 0; i < count; ++i) dst[i] = DoubleToInt<T>(static_cast<double>(src[i]) * factor);
+#if HVDL_HAVE_X86_DISPATCH
+  if (sizeof(T) <= 4 && CpuHasAvx2()) {  // no vector double -> int64 before AVX-512DQ
+    ScaleIntAvx2<T>(dst, src, count, factor);
+    return;
   }
+#endif
+  ScaleIntBody<T>(dst, src, count, factor);
 }
 
 template <typename T, typename F>
@@ -427,10 +514,10 @@ void ScaleFloatLoop(T* HVDL_RESTRICT dst, const T* HVDL_RESTRICT src, size_t cou
 // In-place variants: dst == src would break the __restrict promise of the loops above.
 template <typename T>
 void ScaleIntInPlace(T* buf, size_t count, double factor) {
-  // Process through a small stack block so the vectorised restrict loop can be reused.
-  alignas(64) T tmp[kBlock];
-  for (size_t base = 0; base < count; base += kBlock) {
-    const size_t n = std::min(kBlock, count - base);
+  // Through a small stack block (in L1), so that the restrict loop can be reused.
+  alignas(64) T tmp[4 * kBlock];
+  for (size_t base = 0; base < count; base += 4 * kBlock) {
+    const size_t n = std::min(4 * kBlock, count - base);
     ScaleIntLoop<T>(tmp, buf + base, n, factor);
     std::memcpy(buf + base, tmp, n * sizeof(T));
   }

@@ -592,19 +592,22 @@ void TestReduce(std::mt19937_64& rng) {
               sizeof(sizes) / sizeof(sizes[0]));
 }
 
-// Reference scale of one element.
+// Reference scale of one element: truncation toward zero; NaN -> 0; saturation to the int32
+// range for types of up to 32 bits (then wrapped into T) and to the int64 range for int64.
 template <typename T>
 T RefScaleInt(T x, double factor) {
   if (factor == 1.0) return x;  // documented no-op (matters for int64 beyond 2^53)
   const double v = static_cast<double>(x) * factor;
+  const double lo = sizeof(T) <= 4 ? -2147483648.0 : -9223372036854775808.0;
+  const double hi_excl = sizeof(T) <= 4 ? 2147483648.0 : 9223372036854775808.0;
   int64_t i;
   if (std::isnan(v)) i = 0;
-  else if (v >= 9223372036854775808.0) i = INT64_MAX;
-  else if (v < -9223372036854775808.0) i = INT64_MIN;
+  else if (v >= hi_excl) i = sizeof(T) <= 4 ? INT32_MAX : INT64_MAX;
+  else if (v < lo) i = sizeof(T) <= 4 ? INT32_MIN : INT64_MIN;
   else i = static_cast<int64_t>(std::trunc(v));
   const uint64_t u = static_cast<uint64_t>(i);
   T out;
-  std::memcpy(&out, &u, sizeof(T));  // low bytes (little endian)
+  std::memcpy(&out, &u, sizeof(T));  // low bytes (little endian): wraps modulo 2^n
   return out;
 }
 

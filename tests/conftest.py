@@ -1,0 +1,48 @@
+"""Runs worker scripts as real multi-process jobs through horovodlikerun."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import horovodlike
+
+REPO = Path(__file__).resolve().parents[1]
+WORKERS = REPO / "tests" / "workers"
+# Ranks import the same horovodlike as this process, installed or from a source tree.
+PACKAGE_PARENT = Path(horovodlike.__file__).resolve().parents[1]
+
+
+def job_env(extra=None):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_PARENT),
+                                                      env.get("PYTHONPATH")]))
+    for key in [k for k in env if k.startswith("HOROVOD_")]:
+        del env[key]
+    env["OMP_NUM_THREADS"] = "1"
+    env.update(extra or {})
+    return env
+
+
+def launch(np, script, *args, env=None, timeout=240, launcher_args=()):
+    """Runs `horovodlikerun -np N python script args` and returns the CompletedProcess."""
+    command = [sys.executable, "-m", "horovodlike.runner.launch", "-np", str(np),
+               *launcher_args, sys.executable, str(WORKERS / script), *map(str, args)]
+    return subprocess.run(command, env=job_env(env), capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO)
+
+
+def assert_all_ranks(result, np, marker):
+    """Every rank printed `marker` and the job exited 0; otherwise show what happened."""
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, f"job failed ({result.returncode}):\n{output[-6000:]}"
+    for rank in range(np):
+        assert f"[{rank}]<stdout>:rank {rank}: {marker}" in result.stdout, \
+            f"rank {rank} did not report '{marker}':\n{output[-6000:]}"
+
+
+@pytest.fixture
+def run_job():
+    return launch

@@ -1,0 +1,12 @@
+"""Autograd of the collectives, DistributedOptimizer against a single-process run on the global
+batch, and broadcast of parameters and optimizer state."""
+
+import pytest
+
+from conftest import assert_all_ranks, launch
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_training_matches_single_process(np_):
+    result = launch(np_, "training_worker.py")
+    assert_all_ranks(result, np_, "training OK")
