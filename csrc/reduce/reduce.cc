@@ -216,23 +216,6 @@ HVDL_TARGET_AVX HVDL_INLINE __m256 VecApply(MaxOp, __m256 a, __m256 b) {
   return Select(_mm256_cmp_ps(a, a, _CMP_UNORD_Q), a, r);
 }
 
-// Runs Body(dst, src, n) on whole vectors of Width elements, and on the last partial vector
-// through zero-padded copies, so that the tail gets exactly the same arithmetic.
-template <size_t Width, typename Body>
-HVDL_INLINE void WithPaddedTail(uint16_t* dst, const uint16_t* src, size_t count, Body body) {
-  const size_t full = count - count % Width;
-  body(dst, src, full);
-  if (full < count) {
-    const size_t rest = count - full;
-    alignas(32) uint16_t d[Width] = {};
-    alignas(32) uint16_t s[Width] = {};
-    std::memcpy(d, dst + full, rest * sizeof(uint16_t));
-    std::memcpy(s, src + full, rest * sizeof(uint16_t));
-    body(d, s, Width);
-    std::memcpy(dst + full, d, rest * sizeof(uint16_t));
-  }
-}
-
 // float16 with F16C: 16 elements per iteration, hardware conversions (round to nearest even).
 template <typename Op>
 HVDL_TARGET_F16C HVDL_INLINE void ReduceHalfF16CBody(uint16_t* dst, const uint16_t* src,
@@ -251,10 +234,21 @@ HVDL_TARGET_F16C HVDL_INLINE void ReduceHalfF16CBody(uint16_t* dst, const uint16
   }
 }
 
+// The last partial vector goes through zero-padded copies, so that it gets exactly the same
+// arithmetic as the rest.
 template <typename Op>
 HVDL_TARGET_F16C void ReduceHalfF16C(uint16_t* dst, const uint16_t* src, size_t count) {
-  WithPaddedTail<16>(dst, src, count, [](uint16_t* d, const uint16_t* s, size_t n)
-                                          HVDL_TARGET_F16C { ReduceHalfF16CBody<Op>(d, s, n); });
+  const size_t full = count - count % 16;
+  ReduceHalfF16CBody<Op>(dst, src, full);
+  if (full < count) {
+    const size_t rest = count - full;
+    alignas(32) uint16_t d[16] = {};
+    alignas(32) uint16_t s[16] = {};
+    std::memcpy(d, dst + full, rest * sizeof(uint16_t));
+    std::memcpy(s, src + full, rest * sizeof(uint16_t));
+    ReduceHalfF16CBody<Op>(d, s, 16);
+    std::memcpy(dst + full, d, rest * sizeof(uint16_t));
+  }
 }
 
 HVDL_TARGET_F16C HVDL_INLINE void ScaleHalfF16CBody(uint16_t* dst, const uint16_t* src,
@@ -269,7 +263,6 @@ HVDL_TARGET_F16C HVDL_INLINE void ScaleHalfF16CBody(uint16_t* dst, const uint16_
 HVDL_TARGET_F16C void ScaleHalfF16C(uint16_t* dst, const uint16_t* src, size_t count,
                                     float factor) {
   const __m256 f = _mm256_set1_ps(factor);
-  // The padded-tail helper works on dst in place, so seed the tail of dst from src first.
   const size_t full = count - count % 8;
   ScaleHalfF16CBody(dst, src, full, f);
   if (full < count) {
@@ -313,8 +306,17 @@ HVDL_TARGET_AVX2 HVDL_INLINE void ReduceBFloat16Avx2Body(uint16_t* dst, const ui
 
 template <typename Op>
 HVDL_TARGET_AVX2 void ReduceBFloat16Avx2(uint16_t* dst, const uint16_t* src, size_t count) {
-  WithPaddedTail<16>(dst, src, count, [](uint16_t* d, const uint16_t* s, size_t n)
-                                          HVDL_TARGET_AVX2 { ReduceBFloat16Avx2Body<Op>(d, s, n); });
+  const size_t full = count - count % 16;
+  ReduceBFloat16Avx2Body<Op>(dst, src, full);
+  if (full < count) {  // padded tail, as in ReduceHalfF16C
+    const size_t rest = count - full;
+    alignas(32) uint16_t d[16] = {};
+    alignas(32) uint16_t s[16] = {};
+    std::memcpy(d, dst + full, rest * sizeof(uint16_t));
+    std::memcpy(s, src + full, rest * sizeof(uint16_t));
+    ReduceBFloat16Avx2Body<Op>(d, s, 16);
+    std::memcpy(dst + full, d, rest * sizeof(uint16_t));
+  }
 }
 
 HVDL_TARGET_AVX2 HVDL_INLINE void ScaleBFloat16Avx2Body(uint16_t* dst, const uint16_t* src,

@@ -342,17 +342,20 @@ const char* OpName(ReduceOp op) {
 }
 
 // Integer reference: exact result in __int128, then reduced modulo 2^bits into T.
+__extension__ typedef __int128 Int128;
+__extension__ typedef unsigned __int128 UInt128;
+
 template <typename T>
 T RefIntOp(T a, T b, ReduceOp op) {
-  __int128 x = a, y = b, r = 0;
+  Int128 x = a, y = b, r = 0;
   switch (op) {
     case ReduceOp::kAverage: case ReduceOp::kSum: r = x + y; break;
     case ReduceOp::kProduct: r = x * y; break;
     case ReduceOp::kMin: r = x < y ? x : y; break;
     case ReduceOp::kMax: r = x > y ? x : y; break;
   }
-  unsigned __int128 m = static_cast<unsigned __int128>(r);
-  m &= (static_cast<unsigned __int128>(1) << (8 * sizeof(T))) - 1;
+  UInt128 m = static_cast<UInt128>(r);
+  m &= (static_cast<UInt128>(1) << (8 * sizeof(T))) - 1;
   std::make_unsigned_t<T> low = static_cast<std::make_unsigned_t<T>>(m);
   T out;
   std::memcpy(&out, &low, sizeof(T));
@@ -674,7 +677,9 @@ Expected RefScaleElem(DataType t, const uint8_t* a, double factor) {
 
 void TestScale(std::mt19937_64& rng) {
   const double factors[] = {1.0, 0.5, 0.25, 1.0 / 3, 1.0 / 7, 0.0, -1.0, -0.5, 2.0, 3.0,
-                            1e10, -1e20, 1e300, 1.0 / 65536};
+                            1e10, -1e20, 1e300, 1.0 / 65536,
+                            std::numeric_limits<double>::infinity(),
+                            std::numeric_limits<double>::quiet_NaN()};
   const size_t sizes[] = {0, 1, 5, 8, 255, 256, 257, 1000, 9999};
   for (DataType t : kAllTypes) {
     const size_t sz = SizeOf(t);
