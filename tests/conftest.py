@@ -39,7 +39,9 @@ def assert_all_ranks(result, np, marker):
     output = result.stdout + result.stderr
     assert result.returncode == 0, f"job failed ({result.returncode}):\n{output[-6000:]}"
     for rank in range(np):
-        assert f"[{rank}]<stdout>:rank {rank}: {marker}" in result.stdout, \
+        prefix = f"[{rank}]<stdout>:rank {rank}: "
+        assert any(line.startswith(prefix) and marker in line
+                   for line in result.stdout.splitlines()), \
             f"rank {rank} did not report '{marker}':\n{output[-6000:]}"
 
 

@@ -34,6 +34,16 @@ HVDL_HALF_INLINE float BitsFloat(uint32_t u) {
   return f;
 }
 
+// All-ones when cond holds, else zero. The conversions below combine their cases with these
+// masks instead of ?: so that no compiler turns them into branches: with -ftrapping-math (the
+// default) GCC refuses to if-convert a branch that contains a float operation, which would
+// keep the loops from vectorising.
+HVDL_HALF_INLINE uint32_t Mask(bool cond) { return 0u - static_cast<uint32_t>(cond); }
+
+HVDL_HALF_INLINE uint32_t Blend(uint32_t mask, uint32_t if_set, uint32_t if_clear) {
+  return (if_set & mask) | (if_clear & ~mask);
+}
+
 // float16 bits -> float32. Normals and inf/NaN are a rebias of the exponent; subnormals are
 // produced exactly with one float subtraction (the result is a normal float32, so it is exact
 // and unaffected by FTZ/DAZ).
@@ -46,8 +56,8 @@ HVDL_HALF_INLINE float HalfBitsToFloat(uint16_t h) {
   const uint32_t infnan = normal + ((128u - 16u) << 23);
   // zero/subnormal: m * 2^-24 == (2^-14 + m * 2^-24) - 2^-14, computed in float.
   const float sub = BitsFloat(normal + (1u << 23)) - BitsFloat(113u << 23);
-  uint32_t mag = (exp == 0x0f800000u) ? infnan : normal;
-  mag = (exp == 0) ? FloatBits(sub) : mag;
+  uint32_t mag = Blend(Mask(exp == 0x0f800000u), infnan, normal);
+  mag = Blend(Mask(exp == 0), FloatBits(sub), mag);
   return BitsFloat(mag | sign);
 }
 
@@ -59,7 +69,7 @@ HVDL_HALF_INLINE uint16_t FloatToHalfBits(float f) {
 
   // NaN: keep the top 10 payload bits, but stay NaN when they are all zero (as NumPy does).
   uint32_t nan = 0x7c00u | ((a & 0x007fffffu) >> 13);
-  nan = (nan == 0x7c00u) ? 0x7c01u : nan;
+  nan |= static_cast<uint32_t>(nan == 0x7c00u);
 
   // Normal half range: rebias and round to nearest even on the 13 dropped bits. A carry out of
   // the mantissa correctly bumps the exponent (up to 0x7c00 == inf for 65520 <= |f| < 65536).
@@ -67,13 +77,14 @@ HVDL_HALF_INLINE uint16_t FloatToHalfBits(float f) {
   const uint32_t norm = (a + 0xc8000fffu + odd) >> 13;  // 0xc8000000 == (15 - 127) << 23 (mod 2^32)
 
   // Subnormal (or zero) half: add 0.5 in float so that the FPU rounds the value to a multiple of
-  // 2^-24 (nearest even), then the low mantissa bits are the half bits.
+  // 2^-24 (nearest even), then the low mantissa bits are the half bits. For |f| >= 2^-14 this
+  // value is unused.
   const float magic = BitsFloat(126u << 23);  // 0.5
   const uint32_t sub = FloatBits(BitsFloat(a) + magic) - (126u << 23);
 
-  uint32_t r = (a < (113u << 23)) ? sub : norm;           // |f| < 2^-14
-  r = (a >= (143u << 23)) ? 0x7c00u : r;                   // |f| >= 65536 (and inf)
-  r = (a > 0x7f800000u) ? nan : r;                         // NaN
+  uint32_t r = Blend(Mask(a < (113u << 23)), sub, norm);  // |f| < 2^-14
+  r = Blend(Mask(a >= (143u << 23)), 0x7c00u, r);          // |f| >= 65536 (and inf)
+  r = Blend(Mask(a > 0x7f800000u), nan, r);                // NaN
   return static_cast<uint16_t>(r | sign);
 }
 
