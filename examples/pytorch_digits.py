@@ -22,9 +22,9 @@ from horovodlike.data import DistributedSampler
 
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--epochs", type=int, default=15)
+    parser.add_argument("--epochs", type=int, default=20)
     parser.add_argument("--batch-size", type=int, default=32, help="batch size per rank")
-    parser.add_argument("--lr", type=float, default=0.05, help="learning rate for the global batch")
+    parser.add_argument("--lr", type=float, default=0.2, help="learning rate for the global batch")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--save-weights", metavar="PATH", help="rank 0 writes the final weights here (.npz)")
     return parser.parse_args()

@@ -1,7 +1,7 @@
 // Standalone check program for csrc/reduce/reduce.cc. Not part of the product.
 //
 // Build and run (from the repository root):
-//   g++ -O3 -std=c++17 csrc/reduce/reduce.cc csrc/reduce/reduce_selftest.cc -o /tmp/reduce_selftest
+//   built and run by tests/test_reduce_kernels.py
 //   /tmp/reduce_selftest            # all checks + timings
 //   /tmp/reduce_selftest --quick    # skip the exhaustive 2^32 float sweeps and the timings
 //   /tmp/reduce_selftest --bench    # timings only
@@ -253,7 +253,8 @@ void TestBf16ToFloatAll() {
     CHECK(F2U(got) == F2U(want), "BFloat16ToFloat(0x%04x) = 0x%08x, want 0x%08x", b, F2U(got),
           F2U(want));
     const uint16_t back = FloatToBFloat16(got);
-    const uint16_t want_back = RefBf16IsNaN(static_cast<uint16_t>(b)) ? 0x7fc0 : b;
+    const uint16_t want_back =
+        RefBf16IsNaN(static_cast<uint16_t>(b)) ? uint16_t{0x7fc0} : static_cast<uint16_t>(b);
     CHECK(back == want_back, "bf16 round trip 0x%04x -> 0x%04x", b, back);
   }
 }
@@ -563,7 +564,7 @@ void TestReduce(std::mt19937_64& rng) {
       size_t elems = 0;
       int bad = 0;
       for (size_t n : sizes) {
-        for (size_t misalign : {0, 1}) {  // element offset to test unaligned starts
+        for (size_t misalign : {size_t{0}, size_t{1}}) {  // element offset to test unaligned starts
           std::vector<uint8_t> a((n + misalign) * sz + 1), b((n + misalign) * sz + 1);
           FillRandom(rng, t, a.data(), n + misalign);
           FillRandom(rng, t, b.data(), n + misalign);
@@ -594,6 +595,13 @@ void TestReduce(std::mt19937_64& rng) {
       CHECK(bad == 0, "ReduceInto %s %s: %d mismatches", TypeName(t), OpName(op), bad);
       (void)elems;
     }
+  }
+  // count == 0 touches nothing (null pointers allowed).
+  for (DataType t : kAllTypes) {
+    for (ReduceOp op : kAllOps) ReduceInto(nullptr, nullptr, 0, t, op);
+    ScaleInPlace(nullptr, 0, t, 0.5);
+    ScaleCopy(nullptr, nullptr, 0, t, 0.5);
+    ScaleCopy(nullptr, nullptr, 0, t, 1.0);
   }
   // dst == src (reducing a buffer with itself) must also work elementwise.
   {
@@ -796,7 +804,7 @@ void Bench() {
       best = std::min(best, NowSec() - t0);
     }
     std::printf("  %-9s %-8s %8.2f ms  %7.2f GB/s (memcpy of 64 MiB, 2 x bytes: baseline)\n",
-                "memcpy", "", best * 1e3, 2.0 * bytes / best / 1e9);
+                "memcpy", "", best * 1e3, 2.0 * static_cast<double>(bytes) / best / 1e9);
   }
   struct Case { DataType t; ReduceOp op; };
   std::vector<Case> cases = {
@@ -838,7 +846,8 @@ void Bench() {
       best = std::min(best, NowSec() - t0);
     }
     std::printf("  %-9s %-8s %8.2f ms  %7.2f GB/s  (%.2f Gelem/s)\n", TypeName(c.t),
-                OpName(c.op), best * 1e3, 3.0 * bytes / best / 1e9, n / best / 1e9);
+                OpName(c.op), best * 1e3, 3.0 * static_cast<double>(bytes) / best / 1e9,
+                static_cast<double>(n) / best / 1e9);
   }
   // Scaling (the Average division).
   for (DataType t : {DataType::kFloat32, DataType::kFloat16, DataType::kBFloat16,
@@ -855,9 +864,9 @@ void Bench() {
       best_copy = std::min(best_copy, NowSec() - t0);
     }
     std::printf("  %-9s %-8s %8.2f ms  %7.2f GB/s (ScaleInPlace, 2 x bytes)\n", TypeName(t),
-                "scale", best_in * 1e3, 2.0 * bytes / best_in / 1e9);
+                "scale", best_in * 1e3, 2.0 * static_cast<double>(bytes) / best_in / 1e9);
     std::printf("  %-9s %-8s %8.2f ms  %7.2f GB/s (ScaleCopy, 2 x bytes)\n", TypeName(t),
-                "scale", best_copy * 1e3, 2.0 * bytes / best_copy / 1e9);
+                "scale", best_copy * 1e3, 2.0 * static_cast<double>(bytes) / best_copy / 1e9);
   }
 }
 
