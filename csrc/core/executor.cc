@@ -59,7 +59,7 @@ void Executor::Allreduce(const Response& response, std::vector<TensorEntry>& ent
     } else {
       ScaleInPlace(e.output, count, dtype, response.prescale);
     }
-    ring_.Run(transport_, e.output, count, dtype, response.reduce_op);
+    Reduce(e.output, count, dtype, response.reduce_op);
     ScaleInPlace(e.output, count, dtype, postscale);
     return;
   }
@@ -72,12 +72,19 @@ void Executor::Allreduce(const Response& response, std::vector<TensorEntry>& ent
     ScaleCopy(buffer + offset * elem, e.input, count, dtype, response.prescale);
     offset += count;
   }
-  ring_.Run(transport_, buffer, total, dtype, response.reduce_op);
+  Reduce(buffer, total, dtype, response.reduce_op);
   offset = 0;
   for (auto& e : entries) {
     const size_t count = static_cast<size_t>(NumElements(e.request.shape));
     ScaleCopy(e.output, buffer + offset * elem, count, dtype, postscale);
     offset += count;
+  }
+}
+
+void Executor::Reduce(void* buf, size_t count, DataType dtype, ReduceOp op) {
+  if (transport_.size() == 1 || count == 0) return;
+  if (!transport_.NativeAllreduce(buf, count, dtype, op)) {
+    ring_.Run(transport_, buf, count, dtype, op);
   }
 }
 

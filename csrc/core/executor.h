@@ -33,6 +33,8 @@ class Executor {
  private:
   void Allreduce(const Response& response, std::vector<TensorEntry>& entries);
   void Allgather(const Response& response, TensorEntry& entry);
+  // In-place allreduce of a contiguous buffer: the backend's own algorithm, else the ring.
+  void Reduce(void* buf, size_t count, DataType dtype, ReduceOp op);
   void Broadcast(const Response& response, TensorEntry& entry);
 
   Transport& transport_;

@@ -3,7 +3,7 @@
 #include <chrono>
 
 #include "logging.h"
-#include "../transport/tcp.h"
+#include "../transport/factory.h"
 
 namespace horovodlike {
 namespace {
@@ -17,7 +17,7 @@ void Runtime::Init() {
   if (g_runtime) return;  // init() twice is harmless, as in Horovod
   Config config = Config::FromEnvironment();
   SetLogLevel(config.log_level, config.rank);
-  auto transport = TcpTransport::Connect(config, g_generation++);
+  auto transport = CreateTransport(config, g_generation++);
   g_runtime.reset(new Runtime(std::move(config), std::move(transport)));
 }
 

@@ -27,6 +27,7 @@ class TcpTransport : public Transport {
   void recv(int peer, void* buf, size_t n) override;
   void sendrecv(int to, const void* sbuf, size_t sn, int from, void* rbuf, size_t rn) override;
   void abort() override;
+  const char* name() const override { return "tcp"; }
 
  private:
   TcpTransport(int rank, int size, std::vector<int> fds, double timeout_seconds);

@@ -3,6 +3,8 @@
 
 #include <cstddef>
 
+#include "../core/common.h"
+
 namespace horovodlike {
 
 class Transport {
@@ -17,6 +19,14 @@ class Transport {
   virtual void sendrecv(int to, const void* sbuf, size_t sn, int from, void* rbuf, size_t rn) = 0;
   // Closes every connection; pending and later calls throw TransportError.
   virtual void abort() = 0;
+  // A backend's own allreduce algorithm (MPI_Allreduce, a shared-memory reduction...), in place
+  // over all ranks of this transport, Average reduced as Sum. Returns false when the backend
+  // has none for these arguments; the ring over send/recv is used then.
+  virtual bool NativeAllreduce(void* buf, size_t count, DataType dtype, ReduceOp op) {
+    return false;
+  }
+  // Short name for logs and --check-build ("tcp", "shm+tcp", "mpi", "gloo").
+  virtual const char* name() const { return "unknown"; }
 };
 
 }  // namespace horovodlike
