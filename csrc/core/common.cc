@@ -47,6 +47,11 @@ const char* OpTypeName(OpType op) {
     case OpType::kAllgather: return "allgather";
     case OpType::kBroadcast: return "broadcast";
     case OpType::kBarrier: return "barrier";
+    case OpType::kAlltoall: return "alltoall";
+    case OpType::kReducescatter: return "reducescatter";
+    case OpType::kJoin: return "join";
+    case OpType::kAddProcessSet: return "add_process_set";
+    case OpType::kRemoveProcessSet: return "remove_process_set";
   }
   return "unknown";
 }

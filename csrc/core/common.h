@@ -37,7 +37,13 @@ enum class OpType : int32_t {
   kAllgather = 1,
   kBroadcast = 2,
   kBarrier = 3,
+  kAlltoall = 4,
+  kReducescatter = 5,
+  kJoin = 6,
+  kAddProcessSet = 7,
+  kRemoveProcessSet = 8,
 };
+constexpr int kNumOpTypes = 9;
 
 size_t DataTypeSize(DataType dtype);
 const char* DataTypeName(DataType dtype);

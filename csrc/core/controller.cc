@@ -14,15 +14,15 @@ constexpr uint64_t kFlagNoUncached = 1;  // set: this rank has no uncached work
 constexpr uint64_t kFlagNoShutdown = 2;  // set: this rank is not shutting down
 
 // "rank 0: [2, 3]; ranks 1, 2: [3, 3]" for the values each rank reported.
-std::string DescribeByRank(const std::vector<std::string>& values) {
+std::string DescribeByRank(const std::vector<std::pair<int, std::string>>& values) {
   std::vector<std::pair<std::string, std::vector<int>>> groups;
-  for (int r = 0; r < static_cast<int>(values.size()); ++r) {
+  for (const auto& [rank, value] : values) {
     auto it = std::find_if(groups.begin(), groups.end(),
-                           [&](const auto& g) { return g.first == values[r]; });
+                           [&](const auto& g) { return g.first == value; });
     if (it == groups.end()) {
-      groups.push_back({values[r], {r}});
+      groups.push_back({value, {rank}});
     } else {
-      it->second.push_back(r);
+      it->second.push_back(rank);
     }
   }
   std::ostringstream out;
@@ -33,6 +33,21 @@ std::string DescribeByRank(const std::vector<std::string>& values) {
     out << ": " << groups[g].first;
   }
   return out.str();
+}
+
+// The request a rank would have made for a tensor it did not submit (a joined rank).
+Request RequestFromResponse(const Response& r) {
+  Request q;
+  q.op = static_cast<OpType>(r.type);
+  q.name = r.names.at(0);
+  q.dtype = r.dtype;
+  q.shape = r.shape;
+  q.reduce_op = r.reduce_op;
+  q.prescale = r.prescale;
+  q.postscale = r.postscale;
+  q.root_rank = r.root_rank;
+  q.device = r.device;
+  return q;
 }
 
 std::string FormatDouble(double v) {
@@ -56,8 +71,12 @@ void Controller::ToUncached(int slot) {
 Controller::Round Controller::Negotiate(std::vector<Request> new_requests,
                                         bool shutdown_requested) {
   for (Request& request : new_requests) {
+    if (request.op == OpType::kJoin) joined_ = true;
     int slot = -1;
-    auto lookup = cache_.enabled() ? cache_.Find(request, &slot) : ResponseCache::Lookup::kMiss;
+    // Grouped calls always go to the coordinator, which releases a group only when all of it
+    // is ready; a group split between cache and coordinator could never complete.
+    auto lookup = cache_.enabled() && request.group_id == 0 ? cache_.Find(request, &slot)
+                                                            : ResponseCache::Lookup::kMiss;
     local_[request.name] = request;
     if (lookup == ResponseCache::Lookup::kHit) {
       cached_ready_.insert(slot);
@@ -73,6 +92,14 @@ Controller::Round Controller::Negotiate(std::vector<Request> new_requests,
   bits[0] = (uncached_.empty() ? kFlagNoUncached : 0) |
             (shutdown_requested ? 0 : kFlagNoShutdown);
   for (int slot : cached_ready_) bits[1 + slot / 64] |= 1ULL << (slot % 64);
+  if (joined_) {
+    // A joined rank contributes zeros to any allreduce the others are ready for.
+    for (int slot = 0; slot < slots; ++slot) {
+      if (cache_.occupied(slot) && cache_.response(slot).type == Response::Type::kAllreduce) {
+        bits[1 + slot / 64] |= 1ULL << (slot % 64);
+      }
+    }
+  }
   for (size_t w = 0; w < words; ++w) bits[1 + words + w] = ~0ULL;
   for (const Request& request : uncached_) {
     int slot = -1;
@@ -117,20 +144,26 @@ Controller::Round Controller::Negotiate(std::vector<Request> new_requests,
   }
   if (transport_.rank() == kCoordinator && config_.stall_check_enabled) CheckForStalls();
 
-  // Every rank updates its cache with the same responses in the same order.
+  // Every rank updates its cache with the same responses in the same order, whether or not it
+  // had the tensor itself (a joined rank does not).
   for (const Response& response : ready) {
+    if (response.type == Response::Type::kJoin) joined_ = false;
     for (const std::string& name : response.names) {
       auto it = local_.find(name);
-      if (it == local_.end()) continue;
-      if (response.type != Response::Type::kError && cache_.enabled()) {
+      const bool cacheable = response.type != Response::Type::kError &&
+                             response.type != Response::Type::kJoin &&
+                             response.type != Response::Type::kAddProcessSet &&
+                             response.type != Response::Type::kRemoveProcessSet;
+      if (cacheable && cache_.enabled()) {
         Response single = response;
         single.names = {name};
+        Request request = it != local_.end() ? it->second : RequestFromResponse(single);
         std::string evicted;
-        int slot = cache_.Put(single, it->second, &evicted);
+        int slot = cache_.Put(single, request, &evicted);
         // The eviction took a slot this rank was waiting on: ask for that tensor the slow way.
         if (slot >= 0 && cached_ready_.erase(slot) > 0) uncached_.push_back(local_.at(evicted));
       }
-      local_.erase(it);
+      if (it != local_.end()) local_.erase(it);
     }
   }
   round.responses = Fuse(ready, config_.fusion_threshold_bytes);
@@ -143,6 +176,11 @@ std::vector<Response> Controller::CoordinatorCollect(
   const auto now = std::chrono::steady_clock::now();
   for (int r = 0; r < n; ++r) {
     for (Request& request : DecodeRequests(messages[r].data(), messages[r].size())) {
+      if (request.op == OpType::kJoin) {
+        joined_ranks_.insert(r);
+        last_joined_ = r;
+        continue;
+      }
       auto it = table_.find(request.name);
       if (it == table_.end()) {
         Pending pending;
@@ -164,30 +202,74 @@ std::vector<Response> Controller::CoordinatorCollect(
   std::vector<Response> responses;
   for (auto order = arrival_order_.begin(); order != arrival_order_.end();) {
     auto it = table_.find(order->second);
-    if (it->second.second.count < n) {
+    Pending& pending = it->second.second;
+    // Joined ranks stand in for the tensors they will never submit.
+    int absent_joined = 0;
+    for (int r : joined_ranks_) absent_joined += pending.present[r] ? 0 : 1;
+    if (pending.count + absent_joined < n) {
       ++order;
       continue;
     }
-    responses.push_back(BuildResponse(it->first, it->second.second.by_rank));
+    responses.push_back(BuildResponse(it->first, pending.by_rank, pending.present));
     table_.erase(it);
     order = arrival_order_.erase(order);
+  }
+  responses = ReleaseGroups(std::move(responses));
+  if (static_cast<int>(joined_ranks_.size()) == n) {
+    Response join;
+    join.type = Response::Type::kJoin;
+    join.names = {"join"};
+    join.first_dims = {last_joined_};
+    responses.push_back(std::move(join));
+    joined_ranks_.clear();
+    last_joined_ = -1;
   }
   return responses;
 }
 
-Response Controller::BuildResponse(const std::string& name,
-                                   const std::vector<Request>& requests) const {
+std::vector<Response> Controller::ReleaseGroups(std::vector<Response> responses) {
+  std::vector<Response> released;
+  for (Response& response : responses) {
+    if (response.group_id == 0 || response.type == Response::Type::kError) {
+      released.push_back(std::move(response));
+      continue;
+    }
+    const int64_t id = response.group_id;
+    auto& members = group_ready_[id];
+    members.push_back(std::move(response));
+    if (static_cast<int32_t>(members.size()) == members.front().group_size) {
+      for (Response& member : members) released.push_back(std::move(member));
+      group_ready_.erase(id);
+    }
+  }
+  return released;
+}
+
+Response Controller::BuildResponse(const std::string& name, const std::vector<Request>& all,
+                                   const std::vector<bool>& present) const {
+  // Only ranks that submitted the tensor are compared; joined ranks are absent.
+  std::vector<Request> requests;
+  std::vector<int> ranks;
+  for (int r = 0; r < static_cast<int>(all.size()); ++r) {
+    if (present[r]) {
+      requests.push_back(all[r]);
+      ranks.push_back(r);
+    }
+  }
   const Request& first = requests[0];
   Response response;
   response.names = {name};
+  auto fail = [&](const std::string& message) {
+    response.type = Response::Type::kError;
+    response.error_message = message;
+    return response;
+  };
   auto mismatch = [&](const std::string& what,
                       const std::function<std::string(const Request&)>& describe) {
-    std::vector<std::string> values;
-    for (const Request& r : requests) values.push_back(describe(r));
-    response.type = Response::Type::kError;
-    response.error_message = "Mismatched " + what + " for tensor '" + name +
-                             "' across ranks: " + DescribeByRank(values) + ".";
-    return response;
+    std::vector<std::pair<int, std::string>> values;
+    for (size_t i = 0; i < requests.size(); ++i) values.push_back({ranks[i], describe(requests[i])});
+    return fail("Mismatched " + what + " for tensor '" + name + "' across ranks: " +
+                DescribeByRank(values) + ".");
   };
   auto all_same = [&](const std::function<std::string(const Request&)>& describe) {
     for (const Request& r : requests) {
@@ -201,40 +283,68 @@ Response Controller::BuildResponse(const std::string& name,
   auto device = [](const Request& r) {
     return r.device < 0 ? std::string("cpu") : "cuda:" + std::to_string(r.device);
   };
+  auto reduce = [](const Request& r) { return std::string(ReduceOpName(r.reduce_op)); };
+  auto scale = [](const Request& r) {
+    return "prescale " + FormatDouble(r.prescale) + ", postscale " + FormatDouble(r.postscale);
+  };
+  auto trailing = [](const Request& r) {
+    return ShapeString(std::vector<int64_t>(r.shape.begin() + (r.shape.empty() ? 0 : 1),
+                                            r.shape.end()));
+  };
+  auto group = [](const Request& r) {
+    return r.group_id == 0 ? std::string("not grouped")
+                           : "a group of " + std::to_string(r.group_size);
+  };
   if (!all_same(op)) return mismatch("collective operations", op);
   if (!all_same(dtype)) return mismatch("data types", dtype);
   if (!all_same(device)) return mismatch("devices", device);
+  if (!all_same(group)) return mismatch("grouping", group);
+  if (requests.size() < all.size() && first.op != OpType::kAllreduce) {
+    std::vector<int> joined;
+    for (int r = 0; r < static_cast<int>(all.size()); ++r) if (!present[r]) joined.push_back(r);
+    std::string list;
+    for (size_t i = 0; i < joined.size(); ++i) list += (i ? ", " : "") + std::to_string(joined[i]);
+    return fail(std::string(OpTypeName(first.op)) + " of tensor '" + name + "' cannot proceed: " +
+                (joined.size() == 1 ? "rank " : "ranks ") + list +
+                " already called join(); only allreduce continues after a join");
+  }
 
   response.dtype = first.dtype;
   response.device = first.device;
+  response.shape = first.shape;
+  response.group_id = first.group_id;
+  response.group_size = first.group_size;
   switch (first.op) {
-    case OpType::kAllreduce: {
+    case OpType::kAllreduce:
+    case OpType::kReducescatter:
       if (!all_same(shape)) return mismatch("shapes", shape);
-      auto reduce = [](const Request& r) { return std::string(ReduceOpName(r.reduce_op)); };
       if (!all_same(reduce)) return mismatch("reduce operations", reduce);
-      auto scale = [](const Request& r) {
-        return "prescale " + FormatDouble(r.prescale) + ", postscale " + FormatDouble(r.postscale);
-      };
       if (!all_same(scale)) return mismatch("scale factors", scale);
-      response.type = Response::Type::kAllreduce;
+      response.type = first.op == OpType::kAllreduce ? Response::Type::kAllreduce
+                                                     : Response::Type::kReducescatter;
       response.reduce_op = first.reduce_op;
       response.prescale = first.prescale;
       response.postscale = first.postscale;
+      response.tensor_sizes = {NumElements(first.shape)};
       response.total_bytes = NumElements(first.shape) *
                              static_cast<int64_t>(DataTypeSize(first.dtype));
       break;
-    }
-    case OpType::kAllgather: {
+    case OpType::kAllgather:
+    case OpType::kAlltoall: {
       auto rank_of = [](const Request& r) { return std::to_string(r.shape.size()); };
       if (!all_same(rank_of)) return mismatch("numbers of dimensions", shape);
-      auto trailing = [](const Request& r) {
-        return ShapeString(std::vector<int64_t>(r.shape.begin() + 1, r.shape.end()));
-      };
       if (!all_same(trailing)) {
         return mismatch("shapes (all but the first dimension must agree)", shape);
       }
-      response.type = Response::Type::kAllgather;
-      for (const Request& r : requests) response.first_dims.push_back(r.shape[0]);
+      if (first.op == OpType::kAllgather) {
+        response.type = Response::Type::kAllgather;
+        for (const Request& r : requests) response.first_dims.push_back(r.shape[0]);
+      } else {
+        response.type = Response::Type::kAlltoall;
+        for (const Request& r : requests) {
+          response.first_dims.insert(response.first_dims.end(), r.splits.begin(), r.splits.end());
+        }
+      }
       break;
     }
     case OpType::kBroadcast: {
@@ -245,8 +355,17 @@ Response Controller::BuildResponse(const std::string& name,
       response.root_rank = first.root_rank;
       break;
     }
+    case OpType::kAddProcessSet:
+    case OpType::kRemoveProcessSet: {
+      auto members = [](const Request& r) { return ShapeString(r.splits); };
+      if (!all_same(members)) return mismatch("process set ranks", members);
+      response.type = static_cast<Response::Type>(first.op);
+      response.first_dims = first.splits;
+      break;
+    }
     case OpType::kBarrier:
-      response.type = Response::Type::kBarrier;
+    case OpType::kJoin:
+      response.type = static_cast<Response::Type>(first.op);
       break;
   }
   return response;
@@ -283,16 +402,27 @@ std::vector<Response> Controller::Fuse(const std::vector<Response>& responses,
     if (used[i]) continue;
     Response group = responses[i];
     used[i] = true;
-    if (group.type == Response::Type::kAllreduce) {
+    const bool allreduce = group.type == Response::Type::kAllreduce;
+    const bool grouped_gather = group.group_id != 0 &&
+                                (group.type == Response::Type::kAllgather ||
+                                 group.type == Response::Type::kReducescatter);
+    if (allreduce || grouped_gather) {
       for (size_t j = i + 1; j < responses.size(); ++j) {
         const Response& r = responses[j];
-        if (used[j] || r.type != Response::Type::kAllreduce || r.dtype != group.dtype ||
+        // Members of one group always fuse; other allreduces while under the threshold.
+        const bool same_group = group.group_id != 0 && r.group_id == group.group_id;
+        if (used[j] || r.type != group.type || r.dtype != group.dtype ||
             r.reduce_op != group.reduce_op || r.prescale != group.prescale ||
             r.postscale != group.postscale || r.device != group.device ||
-            group.total_bytes + r.total_bytes > threshold) {
+            (!same_group && (!allreduce || r.group_id != 0 ||
+                             group.total_bytes + r.total_bytes > threshold))) {
           continue;
         }
         group.names.insert(group.names.end(), r.names.begin(), r.names.end());
+        group.tensor_sizes.insert(group.tensor_sizes.end(), r.tensor_sizes.begin(),
+                                  r.tensor_sizes.end());
+        group.first_dims.insert(group.first_dims.end(), r.first_dims.begin(),
+                                r.first_dims.end());
         group.total_bytes += r.total_bytes;
         used[j] = true;
       }

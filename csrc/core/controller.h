@@ -42,7 +42,10 @@ class Controller {
 
   // Coordinator only: records requests and returns the responses that became ready.
   std::vector<Response> CoordinatorCollect(const std::vector<std::vector<uint8_t>>& messages);
-  Response BuildResponse(const std::string& name, const std::vector<Request>& requests) const;
+  Response BuildResponse(const std::string& name, const std::vector<Request>& requests,
+                         const std::vector<bool>& present) const;
+  // Holds back members of a group until the whole group is ready, then releases them together.
+  std::vector<Response> ReleaseGroups(std::vector<Response> responses);
   void CheckForStalls();
   void ToUncached(int slot);
 
@@ -54,6 +57,7 @@ class Controller {
   std::unordered_map<std::string, Request> local_;
   std::vector<Request> uncached_;  // not yet sent to the coordinator
   std::set<int> cached_ready_;     // cache slots this rank has ready
+  bool joined_ = false;            // this rank called join() and contributes zeros
 
   struct Pending {
     std::vector<Request> by_rank;
@@ -64,6 +68,9 @@ class Controller {
   std::map<uint64_t, std::string> arrival_order_;  // coordinator: sequence -> name
   std::unordered_map<std::string, std::pair<uint64_t, Pending>> table_;
   uint64_t sequence_ = 0;
+  std::set<int> joined_ranks_;  // coordinator: ranks waiting in join()
+  int last_joined_ = -1;
+  std::map<int64_t, std::vector<Response>> group_ready_;  // coordinator: group id -> members
   std::chrono::steady_clock::time_point last_stall_check_;
 };
 

@@ -3,43 +3,83 @@
 #include <cstring>
 
 #include "../collectives/chain_broadcast.h"
+#include "../collectives/pairwise_alltoall.h"
 #include "../collectives/ring_allgather.h"
 #include "../reduce/reduce.h"
 
 namespace horovodlike {
+namespace {
+
+size_t RowBytes(const std::vector<int64_t>& shape, DataType dtype) {
+  return static_cast<size_t>(
+             NumElements(std::vector<int64_t>(shape.begin() + 1, shape.end()))) *
+         DataTypeSize(dtype);
+}
+
+// Rows of a first dimension of `rows` that rank r of n receives in a reduce-scatter: as even
+// as possible, the first (rows % n) ranks one more.
+int64_t ScatterRows(int64_t rows, int r, int n) { return rows / n + (r < rows % n ? 1 : 0); }
+
+}  // namespace
 
 void Executor::Execute(const Response& response) {
   std::vector<TensorEntry> entries;
-  for (const std::string& name : response.names) {
+  for (size_t i = 0; i < response.names.size(); ++i) {
     TensorEntry entry;
-    if (!queue_.Take(name, &entry)) {
-      throw TransportError("internal error: negotiated tensor '" + name +
-                           "' has no local entry");
+    if (!queue_.Take(QueueKey(process_set_id_, response.names[i]), &entry)) {
+      if (response.type != Response::Type::kAllreduce) {
+        throw TransportError("internal error: negotiated tensor '" + response.names[i] +
+                             "' has no local entry");
+      }
+      // This rank has joined: it takes part with zeros and keeps nothing.
+      entry.request.name = response.names[i];
+      entry.request.shape = {response.tensor_sizes.at(i)};
     }
     entries.push_back(std::move(entry));
   }
+  auto complete = [&](Status status) {
+    for (auto& e : entries) {
+      if (e.handle) handles_.Complete(e.handle, status);
+    }
+  };
   if (response.type == Response::Type::kError) {
     ++errors_;
-    for (auto& e : entries) {
-      handles_.Complete(e.handle, Status::Error(StatusCode::kMismatch, response.error_message));
-    }
+    complete(Status::Error(StatusCode::kMismatch, response.error_message));
     return;
   }
   try {
     switch (response.type) {
       case Response::Type::kAllreduce: Allreduce(response, entries); break;
-      case Response::Type::kAllgather: Allgather(response, entries.at(0)); break;
+      case Response::Type::kAllgather: Allgather(response, entries); break;
+      case Response::Type::kReducescatter: Reducescatter(response, entries); break;
+      case Response::Type::kAlltoall: Alltoall(response, entries.at(0)); break;
       case Response::Type::kBroadcast: Broadcast(response, entries.at(0)); break;
+      case Response::Type::kJoin:
+        entries.at(0).handle->first_dims = response.first_dims;
+        break;
+      case Response::Type::kAddProcessSet:
+      case Response::Type::kRemoveProcessSet:
+        entries.at(0).handle->first_dims = {on_process_set_change_(response)};
+        break;
       case Response::Type::kBarrier:
-      case Response::Type::kError: break;
+      case Response::Type::kError:
+        break;
     }
   } catch (const TransportError& e) {
-    for (auto& entry : entries) {
-      handles_.Complete(entry.handle, Status::Error(StatusCode::kInternal, e.what()));
-    }
+    complete(Status::Error(StatusCode::kInternal, e.what()));
     throw;
+  } catch (const InvalidArgument& e) {
+    complete(Status::Error(StatusCode::kInvalidArgument, e.what()));
+    return;
   }
-  for (auto& entry : entries) handles_.Complete(entry.handle, Status::Ok());
+  complete(Status::Ok());
+}
+
+void Executor::Reduce(void* buf, size_t count, DataType dtype, ReduceOp op) {
+  if (transport_.size() == 1 || count == 0) return;
+  if (!transport_.NativeAllreduce(buf, count, dtype, op)) {
+    ring_.Run(transport_, buf, count, dtype, op);
+  }
 }
 
 void Executor::Allreduce(const Response& response, std::vector<TensorEntry>& entries) {
@@ -50,7 +90,7 @@ void Executor::Allreduce(const Response& response, std::vector<TensorEntry>& ent
   double postscale = response.postscale;
   if (response.reduce_op == ReduceOp::kAverage) postscale /= transport_.size();
 
-  if (entries.size() == 1) {
+  if (entries.size() == 1 && entries[0].output != nullptr) {
     // One tensor: reduce straight in its output, no fusion-buffer copies.
     TensorEntry& e = entries[0];
     const size_t count = static_cast<size_t>(NumElements(e.request.shape));
@@ -69,47 +109,147 @@ void Executor::Allreduce(const Response& response, std::vector<TensorEntry>& ent
   size_t offset = 0;
   for (auto& e : entries) {
     const size_t count = static_cast<size_t>(NumElements(e.request.shape));
-    ScaleCopy(buffer + offset * elem, e.input, count, dtype, response.prescale);
+    if (e.input != nullptr) {
+      ScaleCopy(buffer + offset * elem, e.input, count, dtype, response.prescale);
+    } else {
+      std::memset(buffer + offset * elem, 0, count * elem);  // a joined rank's share
+    }
     offset += count;
   }
   Reduce(buffer, total, dtype, response.reduce_op);
   offset = 0;
   for (auto& e : entries) {
     const size_t count = static_cast<size_t>(NumElements(e.request.shape));
-    ScaleCopy(e.output, buffer + offset * elem, count, dtype, postscale);
+    if (e.output != nullptr) ScaleCopy(e.output, buffer + offset * elem, count, dtype, postscale);
     offset += count;
   }
 }
 
-void Executor::Reduce(void* buf, size_t count, DataType dtype, ReduceOp op) {
-  if (transport_.size() == 1 || count == 0) return;
-  if (!transport_.NativeAllreduce(buf, count, dtype, op)) {
-    ring_.Run(transport_, buf, count, dtype, op);
+void Executor::Allgather(const Response& response, std::vector<TensorEntry>& entries) {
+  const int n = transport_.size();
+  const int rank = transport_.rank();
+  const size_t k = entries.size();
+  // first_dims is tensor-major: first_dims[t * n + r] is rank r's rows of tensor t.
+  auto rows = [&](size_t t, int r) { return static_cast<size_t>(response.first_dims[t * n + r]); };
+  std::vector<size_t> row_bytes(k), block_bytes(n, 0);
+  for (size_t t = 0; t < k; ++t) {
+    row_bytes[t] = RowBytes(entries[t].request.shape, response.dtype);
+    for (int r = 0; r < n; ++r) block_bytes[r] += rows(t, r) * row_bytes[t];
+  }
+  for (size_t t = 0; t < k; ++t) {
+    HandleState& state = *entries[t].handle;
+    size_t total_rows = 0;
+    for (int r = 0; r < n; ++r) total_rows += rows(t, r);
+    state.output.resize(total_rows * row_bytes[t]);
+    state.output_shape = entries[t].request.shape;
+    state.output_shape[0] = static_cast<int64_t>(total_rows);
+    state.first_dims.assign(response.first_dims.begin() + t * n,
+                            response.first_dims.begin() + (t + 1) * n);
+  }
+  if (k == 1) {
+    // Straight into the output: blocks are already in rank order.
+    HandleState& state = *entries[0].handle;
+    size_t offset = 0;
+    for (int r = 0; r < rank; ++r) offset += block_bytes[r];
+    if (block_bytes[rank] > 0) {
+      std::memcpy(state.output.data() + offset, entries[0].input, block_bytes[rank]);
+    }
+    RingAllgatherv(transport_, state.output.data(), block_bytes);
+    return;
+  }
+  // Fused: each rank's block holds its rows of every tensor in turn.
+  size_t total = 0;
+  std::vector<size_t> block_offset(n + 1, 0);
+  for (int r = 0; r < n; ++r) block_offset[r + 1] = block_offset[r] + block_bytes[r];
+  total = block_offset[n];
+  uint8_t* buffer = fusion_.Reserve(total);
+  size_t offset = block_offset[rank];
+  for (size_t t = 0; t < k; ++t) {
+    const size_t bytes = rows(t, rank) * row_bytes[t];
+    if (bytes > 0) std::memcpy(buffer + offset, entries[t].input, bytes);
+    offset += bytes;
+  }
+  RingAllgatherv(transport_, buffer, block_bytes);
+  std::vector<size_t> out_offset(k, 0);
+  for (int r = 0; r < n; ++r) {
+    size_t in = block_offset[r];
+    for (size_t t = 0; t < k; ++t) {
+      const size_t bytes = rows(t, r) * row_bytes[t];
+      if (bytes > 0) std::memcpy(entries[t].handle->output.data() + out_offset[t], buffer + in, bytes);
+      in += bytes;
+      out_offset[t] += bytes;
+    }
   }
 }
 
-void Executor::Allgather(const Response& response, TensorEntry& entry) {
-  const auto& shape = entry.request.shape;
-  const size_t row_bytes =
-      static_cast<size_t>(NumElements(std::vector<int64_t>(shape.begin() + 1, shape.end()))) *
-      DataTypeSize(response.dtype);
+void Executor::Reducescatter(const Response& response, std::vector<TensorEntry>& entries) {
   const int n = transport_.size();
-  std::vector<size_t> block_bytes(n);
-  size_t offset = 0, total_rows = 0;
+  const int rank = transport_.rank();
+  const DataType dtype = response.dtype;
+  const size_t elem = DataTypeSize(dtype);
+  const size_t k = entries.size();
+  double postscale = response.postscale;
+  if (response.reduce_op == ReduceOp::kAverage) postscale /= n;
+  std::vector<size_t> row_elems(k), block_counts(n, 0);
+  size_t total = 0;
+  for (size_t t = 0; t < k; ++t) {
+    const auto& shape = entries[t].request.shape;
+    row_elems[t] = RowBytes(shape, dtype) / elem;
+    for (int r = 0; r < n; ++r) {
+      block_counts[r] += static_cast<size_t>(ScatterRows(shape[0], r, n)) * row_elems[t];
+    }
+    total += static_cast<size_t>(NumElements(shape));
+  }
+  // Work buffer laid out rank-major: block r holds rank r's rows of every tensor in turn.
+  uint8_t* buffer = fusion_.Reserve(total * elem);
+  size_t offset = 0;
+  std::vector<size_t> consumed(k, 0);  // elements of tensor t already packed
   for (int r = 0; r < n; ++r) {
-    block_bytes[r] = static_cast<size_t>(response.first_dims[r]) * row_bytes;
-    if (r < transport_.rank()) offset += block_bytes[r];
-    total_rows += static_cast<size_t>(response.first_dims[r]);
+    for (size_t t = 0; t < k; ++t) {
+      const size_t count =
+          static_cast<size_t>(ScatterRows(entries[t].request.shape[0], r, n)) * row_elems[t];
+      ScaleCopy(buffer + offset * elem,
+                static_cast<const uint8_t*>(entries[t].input) + consumed[t] * elem, count, dtype,
+                response.prescale);
+      offset += count;
+      consumed[t] += count;
+    }
+  }
+  reducescatter_.Run(transport_, buffer, block_counts, dtype, response.reduce_op);
+  offset = 0;
+  for (int r = 0; r < rank; ++r) offset += block_counts[r];
+  for (size_t t = 0; t < k; ++t) {
+    HandleState& state = *entries[t].handle;
+    const int64_t my_rows = ScatterRows(entries[t].request.shape[0], rank, n);
+    const size_t count = static_cast<size_t>(my_rows) * row_elems[t];
+    state.output.resize(count * elem);
+    state.output_shape = entries[t].request.shape;
+    state.output_shape[0] = my_rows;
+    if (count > 0) ScaleCopy(state.output.data(), buffer + offset * elem, count, dtype, postscale);
+    offset += count;
+  }
+}
+
+void Executor::Alltoall(const Response& response, TensorEntry& entry) {
+  const int n = transport_.size();
+  const int rank = transport_.rank();
+  const size_t row_bytes = RowBytes(entry.request.shape, response.dtype);
+  // first_dims is the n x n matrix: row i lists the rows rank i sends to each rank.
+  std::vector<size_t> send_bytes(n), recv_bytes(n);
+  std::vector<int64_t> received(n);
+  int64_t total_rows = 0;
+  for (int j = 0; j < n; ++j) {
+    send_bytes[j] = static_cast<size_t>(response.first_dims[rank * n + j]) * row_bytes;
+    received[j] = response.first_dims[j * n + rank];
+    recv_bytes[j] = static_cast<size_t>(received[j]) * row_bytes;
+    total_rows += received[j];
   }
   HandleState& state = *entry.handle;
-  state.output.resize(total_rows * row_bytes);
-  state.output_shape = shape;
-  state.output_shape[0] = static_cast<int64_t>(total_rows);
-  state.first_dims = response.first_dims;
-  if (block_bytes[transport_.rank()] > 0) {
-    std::memcpy(state.output.data() + offset, entry.input, block_bytes[transport_.rank()]);
-  }
-  RingAllgatherv(transport_, state.output.data(), block_bytes);
+  state.output.resize(static_cast<size_t>(total_rows) * row_bytes);
+  state.output_shape = entry.request.shape;
+  state.output_shape[0] = total_rows;
+  state.first_dims = received;
+  PairwiseAlltoall(transport_, entry.input, send_bytes, state.output.data(), recv_bytes);
 }
 
 void Executor::Broadcast(const Response& response, TensorEntry& entry) {

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "fusion_buffer.h"
@@ -10,14 +12,20 @@
 #include "message.h"
 #include "tensor_queue.h"
 #include "../collectives/ring_allreduce.h"
+#include "../collectives/ring_reducescatter.h"
 #include "../transport/transport.h"
 
 namespace horovodlike {
 
 class Executor {
  public:
-  Executor(Transport& transport, TensorQueue& queue, HandleTable& handles)
-      : transport_(transport), queue_(queue), handles_(handles) {}
+  // Applies an add/remove_process_set response; returns the set's id.
+  using ProcessSetChange = std::function<int64_t(const Response&)>;
+
+  Executor(Transport& transport, TensorQueue& queue, HandleTable& handles, int process_set_id,
+           ProcessSetChange on_process_set_change = nullptr)
+      : transport_(transport), queue_(queue), handles_(handles), process_set_id_(process_set_id),
+        on_process_set_change_(std::move(on_process_set_change)) {}
 
   // Throws TransportError after failing the handles of this response.
   void Execute(const Response& response);
@@ -28,20 +36,27 @@ class Executor {
     int64_t allreduce_tensors = 0;
     int64_t errors = 0;
   };
-  Stats stats() const { return {allreduce_collectives_.load(), allreduce_tensors_.load(), errors_.load()}; }
+  Stats stats() const {
+    return {allreduce_collectives_.load(), allreduce_tensors_.load(), errors_.load()};
+  }
 
  private:
   void Allreduce(const Response& response, std::vector<TensorEntry>& entries);
-  void Allgather(const Response& response, TensorEntry& entry);
+  void Allgather(const Response& response, std::vector<TensorEntry>& entries);
+  void Reducescatter(const Response& response, std::vector<TensorEntry>& entries);
+  void Alltoall(const Response& response, TensorEntry& entry);
+  void Broadcast(const Response& response, TensorEntry& entry);
   // In-place allreduce of a contiguous buffer: the backend's own algorithm, else the ring.
   void Reduce(void* buf, size_t count, DataType dtype, ReduceOp op);
-  void Broadcast(const Response& response, TensorEntry& entry);
 
   Transport& transport_;
   TensorQueue& queue_;
   HandleTable& handles_;
+  int process_set_id_;
+  ProcessSetChange on_process_set_change_;
   FusionBuffer fusion_;
   RingAllreduce ring_;
+  RingReducescatter reducescatter_;
   std::atomic<int64_t> allreduce_collectives_{0};
   std::atomic<int64_t> allreduce_tensors_{0};
   std::atomic<int64_t> errors_{0};

@@ -18,7 +18,8 @@ DataType CheckedDataType(int32_t v) {
 bool Request::SameParameters(const Request& other) const {
   return op == other.op && dtype == other.dtype && shape == other.shape &&
          reduce_op == other.reduce_op && prescale == other.prescale &&
-         postscale == other.postscale && root_rank == other.root_rank && device == other.device;
+         postscale == other.postscale && root_rank == other.root_rank && device == other.device &&
+         splits == other.splits;
 }
 
 void WireWriter::Put(const void* p, size_t n) {
@@ -73,6 +74,9 @@ void EncodeRequests(const std::vector<Request>& requests, WireWriter& out) {
     out.PutF64(r.postscale);
     out.PutI32(r.root_rank);
     out.PutI32(r.device);
+    out.PutI64Vector(r.splits);
+    out.PutI64(r.group_id);
+    out.PutI32(r.group_size);
   }
 }
 
@@ -85,7 +89,7 @@ std::vector<Request> DecodeRequests(const uint8_t* data, size_t size) {
     Request r;
     r.rank = in.GetI32();
     int32_t op = in.GetI32();
-    if (op < 0 || op > static_cast<int32_t>(OpType::kBarrier)) {
+    if (op < 0 || op >= kNumOpTypes) {
       throw TransportError("malformed message: bad op");
     }
     r.op = static_cast<OpType>(op);
@@ -101,6 +105,9 @@ std::vector<Request> DecodeRequests(const uint8_t* data, size_t size) {
     r.postscale = in.GetF64();
     r.root_rank = in.GetI32();
     r.device = in.GetI32();
+    r.splits = in.GetI64Vector();
+    r.group_id = in.GetI64();
+    r.group_size = in.GetI32();
     requests.push_back(std::move(r));
   }
   if (!in.done()) throw TransportError("malformed message: trailing bytes");
@@ -120,7 +127,11 @@ void EncodeResponses(const std::vector<Response>& responses, WireWriter& out) {
     out.PutI32(r.root_rank);
     out.PutI32(r.device);
     out.PutI64Vector(r.first_dims);
+    out.PutI64Vector(r.shape);
+    out.PutI64Vector(r.tensor_sizes);
     out.PutI64(r.total_bytes);
+    out.PutI64(r.group_id);
+    out.PutI32(r.group_size);
     out.PutString(r.error_message);
   }
 }
@@ -151,7 +162,11 @@ std::vector<Response> DecodeResponses(const uint8_t* data, size_t size) {
     r.root_rank = in.GetI32();
     r.device = in.GetI32();
     r.first_dims = in.GetI64Vector();
+    r.shape = in.GetI64Vector();
+    r.tensor_sizes = in.GetI64Vector();
     r.total_bytes = in.GetI64();
+    r.group_id = in.GetI64();
+    r.group_size = in.GetI32();
     r.error_message = in.GetString();
     responses.push_back(std::move(r));
   }

@@ -21,14 +21,19 @@ struct Request {
   double postscale = 1.0;
   int32_t root_rank = 0;
   int32_t device = -1;  // -1: host memory
+  std::vector<int64_t> splits;  // alltoall: rows sent to each rank; add_process_set: its ranks
+  int64_t group_id = 0;         // grouped ops: members share an id (0: not grouped)
+  int32_t group_size = 0;
 
   // True when the two requests ask for the same collective with the same parameters.
   bool SameParameters(const Request& other) const;
 };
 
 struct Response {
+  // The same numbering as OpType, plus kError.
   enum class Type : int32_t { kAllreduce = 0, kAllgather = 1, kBroadcast = 2, kBarrier = 3,
-                              kError = 4 };
+                              kAlltoall = 4, kReducescatter = 5, kJoin = 6,
+                              kAddProcessSet = 7, kRemoveProcessSet = 8, kError = 9 };
   Type type = Type::kAllreduce;
   std::vector<std::string> names;  // several when fused
   DataType dtype = DataType::kFloat32;
@@ -37,8 +42,14 @@ struct Response {
   double postscale = 1.0;
   int32_t root_rank = 0;
   int32_t device = -1;
-  std::vector<int64_t> first_dims;  // allgather: the first dimension of each rank's tensor
-  int64_t total_bytes = 0;          // allreduce: bytes of all its tensors, for fusion
+  // allgather: each rank's first dimension; alltoall: the n x n matrix of rows rank i sends
+  // to rank j (row-major); join: the last rank to join; add/remove_process_set: the set's ranks.
+  std::vector<int64_t> first_dims;
+  std::vector<int64_t> shape;         // a single tensor's shape (all ranks agree on it)
+  std::vector<int64_t> tensor_sizes;  // allreduce: elements of each tensor in `names`
+  int64_t total_bytes = 0;            // allreduce: bytes of all its tensors, for fusion
+  int64_t group_id = 0;   // members of a grouped call run together, fused
+  int32_t group_size = 0;
   std::string error_message;
 };
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "controller.h"
+#include "process_set.h"
 #include "env_config.h"
 #include "executor.h"
 #include "handle_table.h"
@@ -30,6 +31,10 @@ struct EnqueueArgs {
   double postscale = 1.0;
   int root_rank = 0;
   int device = -1;
+  int process_set = 0;
+  std::vector<int64_t> splits;  // alltoall: rows per destination; add_process_set: ranks
+  int64_t group_id = 0;
+  int group_size = 0;
 };
 
 class Runtime {
@@ -46,21 +51,24 @@ class Runtime {
   // Checks the arguments (InvalidArgument) and queues the work; returns a handle at once.
   int64_t Enqueue(EnqueueArgs args);
   HandleTable& handles() { return handles_; }
-  Executor::Stats stats() const { return executor_.stats(); }
+  Executor::Stats stats() { return process_sets_.TotalStats(); }
+  // Ranks of a process set; throws InvalidArgument when it does not exist.
+  std::vector<int> ProcessSetRanks(int id);
+  std::vector<int> ProcessSetIds() { return process_sets_.Ids(); }
 
   ~Runtime();
 
  private:
   Runtime(Config config, std::unique_ptr<Transport> transport);
   void Loop();
+  int64_t ChangeProcessSets(const Response& response);
   void FailEverything(StatusCode code, const std::string& message);
 
   Config config_;
   std::unique_ptr<Transport> transport_;
   TensorQueue queue_;
   HandleTable handles_;
-  Controller controller_;
-  Executor executor_;
+  ProcessSetTable process_sets_;
   std::atomic<bool> shutdown_requested_{false};
   std::atomic<bool> stopped_{false};
   std::mutex stop_mutex_;

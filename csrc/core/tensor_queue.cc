@@ -2,24 +2,28 @@
 
 namespace horovodlike {
 
+std::string QueueKey(int process_set_id, const std::string& name) {
+  return std::to_string(process_set_id) + ":" + name;
+}
+
 void TensorQueue::Add(TensorEntry entry) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    const std::string& name = entry.request.name;
-    if (entries_.count(name) != 0) {
-      throw InvalidArgument("a collective on a tensor named '" + name +
+    entry.key = QueueKey(entry.process_set_id, entry.request.name);
+    if (entries_.count(entry.key) != 0) {
+      throw InvalidArgument("a collective on a tensor named '" + entry.request.name +
                             "' is already in flight; wait for it or give each concurrent "
                             "operation a unique name");
     }
-    new_requests_.push_back(entry.request);
-    entries_.emplace(name, std::move(entry));
+    new_requests_.emplace_back(entry.process_set_id, entry.request);
+    entries_.emplace(entry.key, std::move(entry));
   }
   cv_.notify_one();
 }
 
-std::vector<Request> TensorQueue::PopNewRequests() {
+std::vector<std::pair<int, Request>> TensorQueue::PopNewRequests() {
   std::lock_guard<std::mutex> lock(mutex_);
-  std::vector<Request> out;
+  std::vector<std::pair<int, Request>> out;
   out.swap(new_requests_);
   return out;
 }
@@ -53,6 +57,20 @@ std::vector<TensorEntry> TensorQueue::TakeAll() {
   for (auto& kv : entries_) out.push_back(std::move(kv.second));
   entries_.clear();
   new_requests_.clear();
+  return out;
+}
+
+std::vector<TensorEntry> TensorQueue::TakeProcessSet(int process_set_id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<TensorEntry> out;
+  for (auto it = entries_.begin(); it != entries_.end();) {
+    if (it->second.process_set_id == process_set_id) {
+      out.push_back(std::move(it->second));
+      it = entries_.erase(it);
+    } else {
+      ++it;
+    }
+  }
   return out;
 }
 

@@ -15,7 +15,12 @@
 
 namespace horovodlike {
 
+// Entries are keyed by process set and name: one name may be in flight in several sets.
+std::string QueueKey(int process_set_id, const std::string& name);
+
 struct TensorEntry {
+  std::string key;  // QueueKey(process set, request.name)
+  int process_set_id = 0;
   Request request;
   const void* input = nullptr;
   void* output = nullptr;  // allreduce and broadcast write here; may equal input
@@ -26,13 +31,16 @@ class TensorQueue {
  public:
   // Throws InvalidArgument when an entry of the same name is still in flight.
   void Add(TensorEntry entry);
-  std::vector<Request> PopNewRequests();
+  // New requests since the last call, with the process set each belongs to.
+  std::vector<std::pair<int, Request>> PopNewRequests();
   // Blocks up to `timeout` for new requests or a Notify(); returns at once if some are queued.
   void WaitForWork(std::chrono::microseconds timeout);
   void Notify();
   // Removes and returns the entry; false when no such entry exists.
   bool Take(const std::string& name, TensorEntry* entry);
   std::vector<TensorEntry> TakeAll();
+  // Removes and returns every entry of one process set.
+  std::vector<TensorEntry> TakeProcessSet(int process_set_id);
   size_t InFlight();
 
  private:
@@ -40,7 +48,7 @@ class TensorQueue {
   std::condition_variable cv_;
   bool notified_ = false;
   std::unordered_map<std::string, TensorEntry> entries_;
-  std::vector<Request> new_requests_;
+  std::vector<std::pair<int, Request>> new_requests_;
 };
 
 }  // namespace horovodlike

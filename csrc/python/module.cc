@@ -17,7 +17,8 @@ namespace {
 
 int64_t EnqueueCall(int op, const std::string& name, uintptr_t input, uintptr_t output, int dtype,
                     std::vector<int64_t> shape, int reduce_op, double prescale, double postscale,
-                    int root_rank, int device) {
+                    int root_rank, int device, int process_set, std::vector<int64_t> splits,
+                    int64_t group_id, int group_size) {
   if (!IsValidDataType(dtype)) {
     throw InvalidArgument("tensor '" + name + "' has an unsupported dtype code " +
                           std::to_string(dtype));
@@ -25,7 +26,7 @@ int64_t EnqueueCall(int op, const std::string& name, uintptr_t input, uintptr_t 
   if (reduce_op < 0 || reduce_op > static_cast<int>(ReduceOp::kProduct)) {
     throw InvalidArgument("unknown reduce op " + std::to_string(reduce_op));
   }
-  if (op < 0 || op > static_cast<int>(OpType::kBarrier)) {
+  if (op < 0 || op >= kNumOpTypes) {
     throw InvalidArgument("unknown collective " + std::to_string(op));
   }
   EnqueueArgs args;
@@ -40,6 +41,10 @@ int64_t EnqueueCall(int op, const std::string& name, uintptr_t input, uintptr_t 
   args.postscale = postscale;
   args.root_rank = root_rank;
   args.device = device;
+  args.process_set = process_set;
+  args.splits = std::move(splits);
+  args.group_id = group_id;
+  args.group_size = group_size;
   return Runtime::Get().Enqueue(std::move(args));
 }
 
@@ -52,8 +57,11 @@ py::tuple WaitCall(int64_t handle) {
   return py::make_tuple(static_cast<int>(state->status.code), state->status.message);
 }
 
-// The gathered bytes as a NumPy uint8 array that keeps the core's buffer alive (no copy).
-py::tuple AllgatherOutput(int64_t handle) {
+// An output the core allocated (allgather, alltoall, reducescatter) as a NumPy uint8 array that
+// keeps the core's buffer alive (no copy), its shape, and the op's integers: each rank's first
+// dimension (allgather), the received splits (alltoall), the last rank to join (join), the new
+// process set's id (add_process_set).
+py::tuple Output(int64_t handle) {
   auto state = Runtime::Get().handles().Get(handle);
   auto* keep = new std::shared_ptr<HandleState>(state);
   py::capsule owner(keep, [](void* p) { delete static_cast<std::shared_ptr<HandleState>*>(p); });
@@ -86,12 +94,17 @@ PYBIND11_MODULE(_core, m) {
   m.def("enqueue", &EnqueueCall, py::arg("op"), py::arg("name"), py::arg("input"),
         py::arg("output"), py::arg("dtype"), py::arg("shape"), py::arg("reduce_op") = 1,
         py::arg("prescale") = 1.0, py::arg("postscale") = 1.0, py::arg("root_rank") = 0,
-        py::arg("device") = -1);
+        py::arg("device") = -1, py::arg("process_set") = 0,
+        py::arg("splits") = std::vector<int64_t>(), py::arg("group_id") = 0,
+        py::arg("group_size") = 0);
   m.def("wait", &WaitCall, py::arg("handle"),
         "Blocks (without the GIL) until the handle is done; returns (status code, message).");
   m.def("poll", [](int64_t handle) { return Runtime::Get().handles().Poll(handle); });
   m.def("release", [](int64_t handle) { Runtime::Get().handles().Release(handle); });
-  m.def("allgather_output", &AllgatherOutput);
+  m.def("output", &Output);
+  m.def("allgather_output", &Output);
+  m.def("process_set_ranks", [](int id) { return Runtime::Get().ProcessSetRanks(id); });
+  m.def("process_set_ids", [] { return Runtime::Get().ProcessSetIds(); });
   m.def("stats", [] {
     auto s = Runtime::Get().stats();
     py::dict d;

@@ -1,0 +1,24 @@
+// Ring reduce-scatter: after it, rank r holds the reduction over all ranks of block r.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "../core/common.h"
+#include "../transport/transport.h"
+
+namespace horovodlike {
+
+class RingReducescatter {
+ public:
+  // `buf` holds the blocks in rank order, block_counts[r] elements each; it is used as work
+  // space, and on return block `rank` of it is fully reduced (Average reduced as Sum).
+  void Run(Transport& transport, void* buf, const std::vector<size_t>& block_counts,
+           DataType dtype, ReduceOp op);
+
+ private:
+  std::vector<uint8_t> scratch_;
+};
+
+}  // namespace horovodlike

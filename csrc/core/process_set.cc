@@ -1,0 +1,118 @@
+#include "process_set.h"
+
+#include <algorithm>
+
+#include "../transport/subset.h"
+
+namespace horovodlike {
+
+ProcessSetTable::ProcessSetTable(Transport& transport, const Config& config, TensorQueue& queue,
+                                 HandleTable& handles, Executor::ProcessSetChange on_change)
+    : transport_(transport), config_(config), queue_(queue), handles_(handles),
+      on_change_(std::move(on_change)) {
+  auto global = std::make_unique<ProcessSet>();
+  global->id = 0;
+  for (int r = 0; r < transport.size(); ++r) global->ranks.push_back(r);
+  global->controller = std::make_unique<Controller>(transport_, config_);
+  global->executor = std::make_unique<Executor>(transport_, queue_, handles_, 0, on_change_);
+  sets_[0] = std::move(global);
+}
+
+int ProcessSetTable::Add(const std::vector<int>& ranks) {
+  std::vector<int> sorted(ranks);
+  std::sort(sorted.begin(), sorted.end());
+  if (sorted.empty()) throw InvalidArgument("a process set needs at least one rank");
+  if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {
+    throw InvalidArgument("a process set lists a rank twice: " +
+                          ShapeString(std::vector<int64_t>(ranks.begin(), ranks.end())));
+  }
+  if (sorted.front() < 0 || sorted.back() >= transport_.size()) {
+    throw InvalidArgument("process set " +
+                          ShapeString(std::vector<int64_t>(ranks.begin(), ranks.end())) +
+                          " names a rank outside 0.." + std::to_string(transport_.size() - 1));
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const auto& [id, set] : sets_) {
+    if (set->ranks == sorted) {
+      throw InvalidArgument("a process set with ranks " +
+                            ShapeString(std::vector<int64_t>(sorted.begin(), sorted.end())) +
+                            " already exists (id " + std::to_string(id) + ")");
+    }
+  }
+  auto set = std::make_unique<ProcessSet>();
+  set->id = next_id_++;
+  set->ranks = sorted;
+  if (std::binary_search(sorted.begin(), sorted.end(), transport_.rank())) {
+    set->view = std::make_unique<SubsetTransport>(transport_, sorted);
+    set->controller = std::make_unique<Controller>(*set->view, config_);
+    set->executor = std::make_unique<Executor>(*set->view, queue_, handles_, set->id);
+  }
+  const int id = set->id;
+  sets_[id] = std::move(set);
+  return id;
+}
+
+void ProcessSetTable::Remove(int id) {
+  if (id == 0) throw InvalidArgument("the global process set cannot be removed");
+  std::unique_ptr<ProcessSet> removed;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = sets_.find(id);
+    if (it == sets_.end()) {
+      throw InvalidArgument("process set " + std::to_string(id) + " does not exist");
+    }
+    removed = std::move(it->second);
+    sets_.erase(it);
+  }
+  for (TensorEntry& entry : queue_.TakeProcessSet(id)) {
+    handles_.Complete(entry.handle,
+                      Status::Error(StatusCode::kInvalidArgument,
+                                    "process set " + std::to_string(id) + " was removed while '" +
+                                        entry.request.name + "' was pending"));
+  }
+}
+
+std::vector<int> ProcessSetTable::MemberIds() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<int> out;
+  for (auto& [id, set] : sets_) {
+    if (set->controller) out.push_back(id);
+  }
+  return out;
+}
+
+ProcessSet* ProcessSetTable::Member(int id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = sets_.find(id);
+  return (it == sets_.end() || !it->second->controller) ? nullptr : it->second.get();
+}
+
+bool ProcessSetTable::Ranks(int id, std::vector<int>* ranks) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = sets_.find(id);
+  if (it == sets_.end()) return false;
+  *ranks = it->second->ranks;
+  return true;
+}
+
+std::vector<int> ProcessSetTable::Ids() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<int> ids;
+  for (auto& [id, set] : sets_) ids.push_back(id);
+  return ids;
+}
+
+Executor::Stats ProcessSetTable::TotalStats() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Executor::Stats total;
+  for (auto& [id, set] : sets_) {
+    if (!set->executor) continue;
+    auto s = set->executor->stats();
+    total.allreduce_collectives += s.allreduce_collectives;
+    total.allreduce_tensors += s.allreduce_tensors;
+    total.errors += s.errors;
+  }
+  return total;
+}
+
+}  // namespace horovodlike

@@ -1,0 +1,35 @@
+#include "subset.h"
+
+#include <algorithm>
+#include <string>
+
+namespace horovodlike {
+
+SubsetTransport::SubsetTransport(Transport& parent, std::vector<int> members)
+    : parent_(parent), members_(std::move(members)) {
+  auto it = std::find(members_.begin(), members_.end(), parent_.rank());
+  if (it == members_.end()) throw InvalidArgument("this rank is not a member of the set");
+  rank_ = static_cast<int>(it - members_.begin());
+}
+
+int SubsetTransport::Global(int peer) const {
+  if (peer < 0 || peer >= size()) {
+    throw TransportError("rank " + std::to_string(peer) + " is not in the process set");
+  }
+  return members_[peer];
+}
+
+void SubsetTransport::send(int peer, const void* buf, size_t n) {
+  parent_.send(Global(peer), buf, n);
+}
+
+void SubsetTransport::recv(int peer, void* buf, size_t n) {
+  parent_.recv(Global(peer), buf, n);
+}
+
+void SubsetTransport::sendrecv(int to, const void* sbuf, size_t sn, int from, void* rbuf,
+                               size_t rn) {
+  parent_.sendrecv(Global(to), sbuf, sn, Global(from), rbuf, rn);
+}
+
+}  // namespace horovodlike
