@@ -74,6 +74,8 @@ def main():
     args = parse_args()
     hvd.init()
     torch.manual_seed(args.seed)
+    # Ranks share the host's cores; one thread each avoids oversubscribing them.
+    torch.set_num_threads(1)
 
     train, test = load_data()
     # drop_last in the sampler and the loader: every rank runs the same number of steps on

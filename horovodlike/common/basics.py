@@ -11,18 +11,27 @@ _atexit_registered = False
 def init(comm=None, process_sets=None):
     """Starts the runtime: connects to the other ranks of the job started by horovodlikerun.
 
-    ``comm`` and ``process_sets`` are accepted for Horovod compatibility; only their default
-    (all ranks) is supported by this version.
+    ``process_sets``: ProcessSet objects (or lists of ranks) to register at start-up; every rank
+    passes the same ones. ``comm`` (an mpi4py communicator) is not supported.
     """
     global _atexit_registered
     if comm is not None:
-        raise ValueError("init(comm=...) needs the MPI transport, which this build does not have")
-    if process_sets is not None:
-        raise ValueError("init(process_sets=...) is not supported by this version")
+        raise ValueError("init(comm=...) is not supported; start the job with horovodlikerun")
+    if process_sets is not None and not isinstance(process_sets, (list, tuple)):
+        raise TypeError("process_sets must be a list of ProcessSet objects or lists of ranks")
     try:
         _core.init()
     except RuntimeError as e:
         raise HorovodInternalError(f"horovodlike.init() failed: {e}") from None
+    from horovodlike.common import process_sets as _sets
+    _sets.global_process_set.ranks = list(range(_core.size()))
+    for process_set in process_sets or []:
+        if not isinstance(process_set, _sets.ProcessSet):
+            process_set = _sets.ProcessSet(process_set)
+        if process_set.ranks == list(range(_core.size())):
+            process_set.process_set_id = 0  # the global set itself
+        else:
+            _sets._register(process_set)
     if not _atexit_registered:
         atexit.register(_core.shutdown)
         _atexit_registered = True

@@ -14,11 +14,19 @@ from horovodlike.common.basics import (init, shutdown, is_initialized, rank, siz
 from horovodlike.common.exceptions import (HorovodInternalError, HostsUpdatedInterrupt,
                                            TensorMismatchError)
 from horovodlike.torch.compression import Compression
+from horovodlike.common.process_sets import (ProcessSet, global_process_set, add_process_set,
+                                             remove_process_set)
 from horovodlike.torch.mpi_ops import (Average, Sum, Min, Max, Product, Adasum,
                                        allreduce, allreduce_, allreduce_async, allreduce_async_,
-                                       allgather, allgather_async,
+                                       grouped_allreduce, grouped_allreduce_,
+                                       grouped_allreduce_async, grouped_allreduce_async_,
+                                       allgather, allgather_async, grouped_allgather,
+                                       grouped_allgather_async,
                                        broadcast, broadcast_, broadcast_async, broadcast_async_,
-                                       synchronize, poll, barrier)
+                                       alltoall, alltoall_async,
+                                       reducescatter, reducescatter_async, grouped_reducescatter,
+                                       grouped_reducescatter_async,
+                                       synchronize, poll, barrier, join)
 from horovodlike.torch.functions import (broadcast_parameters, broadcast_optimizer_state,
                                          broadcast_object, allgather_object)
 from horovodlike.torch.optimizer import DistributedOptimizer

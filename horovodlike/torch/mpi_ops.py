@@ -12,6 +12,7 @@ import torch
 from horovodlike import _core
 from horovodlike.common import basics
 from horovodlike.common.exceptions import HorovodInternalError, TensorMismatchError
+from horovodlike.common.process_sets import global_process_set, set_id, set_ranks
 
 # Reduce ops, numbered as in the core.
 Average = 0
@@ -21,7 +22,8 @@ Max = 3
 Product = 4
 Adasum = -1  # named for compatibility; rejected when used
 
-_OP_ALLREDUCE, _OP_ALLGATHER, _OP_BROADCAST, _OP_BARRIER = 0, 1, 2, 3
+(_OP_ALLREDUCE, _OP_ALLGATHER, _OP_BROADCAST, _OP_BARRIER, _OP_ALLTOALL, _OP_REDUCESCATTER,
+ _OP_JOIN) = range(7)
 
 _DTYPES = {
     torch.uint8: 0,
@@ -37,8 +39,9 @@ _DTYPES = {
 }
 
 _lock = threading.Lock()
-_handle_map = {}  # handle -> (output or None, objects to keep alive, op)
+_handle_map = {}  # handle -> (result, objects to keep alive, op)
 _name_counters = {}
+_group_ids = itertools.count(1)
 
 
 def _auto_name(prefix):
@@ -83,11 +86,11 @@ def _resolve_op(average, op, what):
     return op
 
 
-def _enqueue(op, name, tensor, output, result, keep, **kwargs):
-    """Queues the collective; synchronize() will return ``result``."""
+def _enqueue(op, name, tensor, output, result, keep, process_set, **kwargs):
+    """Queues the collective; synchronize() will return ``result`` (or the core's output)."""
     handle = _core.enqueue(op, name, tensor.data_ptr(), 0 if output is None else output.data_ptr(),
                            _DTYPES[tensor.dtype], list(tensor.shape), device=_device(tensor),
-                           **kwargs)
+                           process_set=set_id(process_set), **kwargs)
     with _lock:
         _handle_map[handle] = (result, keep, op)
     return handle
@@ -96,72 +99,145 @@ def _enqueue(op, name, tensor, output, result, keep, **kwargs):
 def _raise_for(code, message):
     if code == _core.STATUS_MISMATCH:
         raise TensorMismatchError(message)
+    if code == _core.STATUS_INVALID_ARGUMENT:
+        raise ValueError(message)
     raise HorovodInternalError(message)
+
+
+class _GroupHandle:
+    """The handle of a grouped operation: synchronize() returns the list of outputs."""
+
+    def __init__(self, handles):
+        self.handles = handles
 
 
 # ---------------------------------------------------------------------------------- allreduce
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
-                    postscale_factor=1.0):
+                    postscale_factor=1.0, process_set=global_process_set, _group=(0, 0)):
     """Starts an allreduce of ``tensor`` into a new tensor; returns a handle for synchronize()."""
     name = name or _auto_name("allreduce")
     _check_tensor(tensor, "allreduce", name)
     op = _resolve_op(average, op, f"allreduce '{name}'")
     source = tensor.detach().contiguous()
     output = torch.empty_like(source, memory_format=torch.contiguous_format)
-    return _enqueue(_OP_ALLREDUCE, name, source, output, output, (source,), reduce_op=op,
-                    prescale=float(prescale_factor), postscale=float(postscale_factor))
+    return _enqueue(_OP_ALLREDUCE, name, source, output, output, (source,), process_set,
+                    reduce_op=op, prescale=float(prescale_factor),
+                    postscale=float(postscale_factor), group_id=_group[0], group_size=_group[1])
 
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
-                     postscale_factor=1.0):
+                     postscale_factor=1.0, process_set=global_process_set, _group=(0, 0)):
     """Starts an in-place allreduce of ``tensor``; returns a handle for synchronize()."""
     name = name or _auto_name("allreduce")
     _check_tensor(tensor, "allreduce", name)
     _check_inplace(tensor, "allreduce", name)
     op = _resolve_op(average, op, f"allreduce '{name}'")
     data = tensor.detach()
-    return _enqueue(_OP_ALLREDUCE, name, data, data, tensor, (tensor,), reduce_op=op,
-                    prescale=float(prescale_factor), postscale=float(postscale_factor))
+    return _enqueue(_OP_ALLREDUCE, name, data, data, tensor, (tensor,), process_set,
+                    reduce_op=op, prescale=float(prescale_factor),
+                    postscale=float(postscale_factor), group_id=_group[0], group_size=_group[1])
 
 
 class _AllreduceFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor):
-        ctx.op = op
-        ctx.scales = (prescale_factor, postscale_factor)
+    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor, process_set):
+        ctx.args = (op, prescale_factor, postscale_factor, process_set)
         return synchronize(allreduce_async(tensor, name=name, op=op,
                                            prescale_factor=prescale_factor,
-                                           postscale_factor=postscale_factor))
+                                           postscale_factor=postscale_factor,
+                                           process_set=process_set))
 
     @staticmethod
     def backward(ctx, grad_output):
-        grad = allreduce(grad_output, op=ctx.op, prescale_factor=ctx.scales[0],
-                         postscale_factor=ctx.scales[1])
-        return grad, None, None, None, None
+        op, pre, post, process_set = ctx.args
+        grad = allreduce(grad_output, op=op, prescale_factor=pre, postscale_factor=post,
+                         process_set=process_set)
+        return grad, None, None, None, None, None
 
 
 def allreduce(tensor, average=None, name=None, compression=None, op=None, prescale_factor=1.0,
-              postscale_factor=1.0):
+              postscale_factor=1.0, process_set=global_process_set):
     """Returns the reduction of ``tensor`` over all ranks (differentiable)."""
     from horovodlike.torch.compression import Compression
     compression = compression or Compression.none
     op = _resolve_op(average, op, f"allreduce '{name}'")
     compressed, ctx = compression.compress(tensor)
-    reduced = _AllreduceFunction.apply(compressed, name, op, prescale_factor, postscale_factor)
+    reduced = _AllreduceFunction.apply(compressed, name, op, prescale_factor, postscale_factor,
+                                       process_set)
     return compression.decompress(reduced, ctx)
 
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
-               postscale_factor=1.0):
+               postscale_factor=1.0, process_set=global_process_set):
     """Reduces ``tensor`` over all ranks in place and returns it."""
     return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor,
-                                        postscale_factor))
+                                        postscale_factor, process_set))
+
+
+def _new_group(tensors, what):
+    if not isinstance(tensors, (list, tuple)) or not tensors:
+        raise ValueError(f"{what} expects a non-empty list of tensors")
+    return next(_group_ids), len(tensors)
+
+
+def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                            postscale_factor=1.0, process_set=global_process_set):
+    """Starts one fused allreduce of all ``tensors``; synchronize() returns the list."""
+    group = _new_group(tensors, "grouped_allreduce")
+    name = name or _auto_name("grouped_allreduce")
+    return _GroupHandle([allreduce_async(t, average, f"{name}.{i}", op, prescale_factor,
+                                         postscale_factor, process_set, _group=group)
+                         for i, t in enumerate(tensors)])
+
+
+def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                             postscale_factor=1.0, process_set=global_process_set):
+    group = _new_group(tensors, "grouped_allreduce_")
+    name = name or _auto_name("grouped_allreduce")
+    return _GroupHandle([allreduce_async_(t, average, f"{name}.{i}", op, prescale_factor,
+                                          postscale_factor, process_set, _group=group)
+                         for i, t in enumerate(tensors)])
+
+
+class _GroupedAllreduceFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, op, prescale_factor, postscale_factor, process_set, *tensors):
+        ctx.args = (op, prescale_factor, postscale_factor, process_set)
+        return tuple(synchronize(grouped_allreduce_async(
+            list(tensors), name=name, op=op, prescale_factor=prescale_factor,
+            postscale_factor=postscale_factor, process_set=process_set)))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        op, pre, post, process_set = ctx.args
+        reduced = grouped_allreduce([g.contiguous() for g in grads], op=op, prescale_factor=pre,
+                                    postscale_factor=post, process_set=process_set)
+        return (None, None, None, None, None, *reduced)
+
+
+def grouped_allreduce(tensors, average=None, name=None, compression=None, op=None,
+                      prescale_factor=1.0, postscale_factor=1.0,
+                      process_set=global_process_set):
+    """Reduces every tensor of the list as one fused operation (differentiable)."""
+    from horovodlike.torch.compression import Compression
+    compression = compression or Compression.none
+    op = _resolve_op(average, op, f"grouped_allreduce '{name}'")
+    pairs = [compression.compress(t) for t in tensors]
+    reduced = _GroupedAllreduceFunction.apply(name, op, prescale_factor, postscale_factor,
+                                              process_set, *[c for c, _ in pairs])
+    return [compression.decompress(r, ctx) for r, (_, ctx) in zip(reduced, pairs)]
+
+
+def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                       postscale_factor=1.0, process_set=global_process_set):
+    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
+                                                postscale_factor, process_set))
 
 
 # ---------------------------------------------------------------------------------- allgather
 
-def allgather_async(tensor, name=None):
+def allgather_async(tensor, name=None, process_set=global_process_set, _group=(0, 0)):
     """Starts an allgather along the first dimension (which may differ across ranks)."""
     name = name or _auto_name("allgather")
     _check_tensor(tensor, "allgather", name)
@@ -169,119 +245,322 @@ def allgather_async(tensor, name=None):
         raise ValueError(f"allgather '{name}': a scalar cannot be gathered; "
                          "reshape it to one dimension first")
     source = tensor.detach().contiguous()
-    return _enqueue(_OP_ALLGATHER, name, source, None, None, (source,))
+    return _enqueue(_OP_ALLGATHER, name, source, None, None, (source,), process_set,
+                    group_id=_group[0], group_size=_group[1])
+
+
+def _slice_own_rows(grad, first_dims, process_set):
+    """This rank's rows of the summed gradient of a gather."""
+    summed = allreduce(grad.contiguous(), op=Sum, process_set=process_set)
+    me = set_ranks(process_set).index(basics.rank())
+    start = sum(first_dims[:me])
+    return summed[start:start + first_dims[me]]
 
 
 class _AllgatherFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, name):
-        handle = allgather_async(tensor, name=name)
-        output, first_dims = _synchronize(handle, want_first_dims=True)
-        ctx.first_dims = first_dims
+    def forward(ctx, tensor, name, process_set):
+        output, first_dims = _synchronize(allgather_async(tensor, name, process_set),
+                                          want_extra=True)
+        ctx.first_dims, ctx.process_set = first_dims, process_set
         return output
 
     @staticmethod
     def backward(ctx, grad_output):
         # d(sum of all ranks' losses)/d(my rows) = sum over ranks of the gradient at my rows.
-        summed = allreduce(grad_output.contiguous(), op=Sum)
-        start = sum(ctx.first_dims[:basics.rank()])
-        return summed[start:start + ctx.first_dims[basics.rank()]], None
+        return _slice_own_rows(grad_output, ctx.first_dims, ctx.process_set), None, None
 
 
-def allgather(tensor, name=None):
+def allgather(tensor, name=None, process_set=global_process_set):
     """Concatenates every rank's ``tensor`` along the first dimension (differentiable)."""
-    return _AllgatherFunction.apply(tensor, name)
+    return _AllgatherFunction.apply(tensor, name, process_set)
+
+
+def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
+    group = _new_group(tensors, "grouped_allgather")
+    name = name or _auto_name("grouped_allgather")
+    return _GroupHandle([allgather_async(t, f"{name}.{i}", process_set, _group=group)
+                         for i, t in enumerate(tensors)])
+
+
+class _GroupedAllgatherFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, process_set, *tensors):
+        results = _synchronize(grouped_allgather_async(list(tensors), name, process_set),
+                               want_extra=True)
+        ctx.first_dims = [dims for _, dims in results]
+        ctx.process_set = process_set
+        return tuple(out for out, _ in results)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return (None, None, *[_slice_own_rows(g, dims, ctx.process_set)
+                              for g, dims in zip(grads, ctx.first_dims)])
+
+
+def grouped_allgather(tensors, name=None, process_set=global_process_set):
+    """Gathers every tensor of the list as one fused operation (differentiable)."""
+    return list(_GroupedAllgatherFunction.apply(name, process_set, *tensors))
 
 
 # ---------------------------------------------------------------------------------- broadcast
 
-def _check_root(root_rank, name):
+def _relative_root(root_rank, name, process_set):
+    """Root ranks are global ranks (as in Horovod); the core wants the rank within the set."""
     if not isinstance(root_rank, int) or isinstance(root_rank, bool):
         raise TypeError(f"broadcast '{name}': root_rank must be an int, got {root_rank!r}")
-    if not 0 <= root_rank < basics.size():
-        raise ValueError(f"broadcast '{name}': root_rank {root_rank} is not a rank of this job "
-                         f"(ranks 0 to {basics.size() - 1})")
+    ranks = set_ranks(process_set)
+    if root_rank not in ranks:
+        where = "this job" if set_id(process_set) == 0 else f"process set {ranks}"
+        raise ValueError(f"broadcast '{name}': root_rank {root_rank} is not a rank of {where} "
+                         f"(ranks {ranks[0]} to {ranks[-1]})" if set_id(process_set) == 0 else
+                         f"broadcast '{name}': root_rank {root_rank} is not in {where}")
+    return ranks.index(root_rank)
 
 
-def broadcast_async(tensor, root_rank, name=None):
+def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
     """Starts a broadcast of root_rank's ``tensor`` into a new tensor on every rank."""
     name = name or _auto_name("broadcast")
     _check_tensor(tensor, "broadcast", name)
-    _check_root(root_rank, name)
+    root = _relative_root(root_rank, name, process_set)
     source = tensor.detach().contiguous()
     output = torch.empty_like(source, memory_format=torch.contiguous_format)
-    return _enqueue(_OP_BROADCAST, name, source, output, output, (source,), root_rank=root_rank)
+    return _enqueue(_OP_BROADCAST, name, source, output, output, (source,), process_set,
+                    root_rank=root)
 
 
-def broadcast_async_(tensor, root_rank, name=None):
+def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
     """Starts an in-place broadcast of root_rank's ``tensor``."""
     name = name or _auto_name("broadcast")
     _check_tensor(tensor, "broadcast", name)
     _check_inplace(tensor, "broadcast", name)
-    _check_root(root_rank, name)
+    root = _relative_root(root_rank, name, process_set)
     data = tensor.detach()
-    return _enqueue(_OP_BROADCAST, name, data, data, tensor, (tensor,), root_rank=root_rank)
+    return _enqueue(_OP_BROADCAST, name, data, data, tensor, (tensor,), process_set,
+                    root_rank=root)
 
 
 class _BroadcastFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, root_rank, name):
-        ctx.root_rank = root_rank
-        return synchronize(broadcast_async(tensor, root_rank, name=name))
+    def forward(ctx, tensor, root_rank, name, process_set):
+        ctx.root_rank, ctx.process_set = root_rank, process_set
+        return synchronize(broadcast_async(tensor, root_rank, name, process_set))
 
     @staticmethod
     def backward(ctx, grad_output):
         # Only the root's input reaches the outputs: it gets the sum of all ranks' gradients.
-        summed = allreduce(grad_output.contiguous(), op=Sum)
+        summed = allreduce(grad_output.contiguous(), op=Sum, process_set=ctx.process_set)
         if basics.rank() != ctx.root_rank:
             summed = torch.zeros_like(summed)
-        return summed, None, None
+        return summed, None, None, None
 
 
-def broadcast(tensor, root_rank, name=None):
+def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
     """Returns root_rank's ``tensor`` on every rank (differentiable)."""
-    return _BroadcastFunction.apply(tensor, root_rank, name)
+    return _BroadcastFunction.apply(tensor, root_rank, name, process_set)
 
 
-def broadcast_(tensor, root_rank, name=None):
+def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
     """Overwrites ``tensor`` with root_rank's in place and returns it."""
-    return synchronize(broadcast_async_(tensor, root_rank, name))
+    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+
+
+# ---------------------------------------------------------------------------------- alltoall
+
+def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
+    """Starts an alltoall: rows splits[j] of ``tensor`` go to rank j of the set (equal parts
+    when splits is None). synchronize() returns (output, received_splits)."""
+    name = name or _auto_name("alltoall")
+    _check_tensor(tensor, "alltoall", name)
+    if tensor.dim() == 0:
+        raise ValueError(f"alltoall '{name}': a scalar cannot be split; give it a dimension")
+    n = len(set_ranks(process_set))
+    if splits is None:
+        if tensor.shape[0] % n != 0:
+            raise ValueError(f"alltoall '{name}': the first dimension {tensor.shape[0]} does "
+                             f"not divide evenly among {n} ranks; pass splits")
+        splits = [tensor.shape[0] // n] * n
+    elif isinstance(splits, torch.Tensor):
+        splits = splits.tolist()
+    splits = [int(s) for s in splits]
+    if len(splits) != n or any(s < 0 for s in splits) or sum(splits) != tensor.shape[0]:
+        raise ValueError(f"alltoall '{name}': splits {splits} must be {n} non-negative counts "
+                         f"adding up to the first dimension {tensor.shape[0]}")
+    source = tensor.detach().contiguous()
+    return _enqueue(_OP_ALLTOALL, name, source, None, None, (source,), process_set,
+                    splits=splits)
+
+
+class _AlltoallFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, splits, name, process_set):
+        output, received = synchronize(alltoall_async(tensor, splits, name, process_set))
+        ctx.received, ctx.process_set = received, process_set
+        ctx.mark_non_differentiable(received)
+        return output, received
+
+    @staticmethod
+    def backward(ctx, grad_output, _):
+        # Each row goes back where it came from.
+        grad, _ = synchronize(alltoall_async(grad_output.contiguous(), ctx.received,
+                                             process_set=ctx.process_set))
+        return grad, None, None, None
+
+
+def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
+    """Scatters rows of ``tensor`` to the ranks and gathers theirs (differentiable). Returns
+    the output, and also the received splits when ``splits`` is given."""
+    output, received = _AlltoallFunction.apply(tensor, splits, name, process_set)
+    return output if splits is None else (output, received)
+
+
+# ---------------------------------------------------------------------------------- reducescatter
+
+def _check_reducescatter_op(op, name):
+    op = Average if op is None else op
+    if op not in (Average, Sum, Min, Max, Product):
+        raise ValueError(f"reducescatter '{name}': unknown reduce op {op!r}")
+    return op
+
+
+def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set,
+                        prescale_factor=1.0, postscale_factor=1.0, _group=(0, 0)):
+    """Starts a reduce-scatter: the reduction over ranks, split along the first dimension (the
+    first ranks get one more row when it does not divide evenly)."""
+    name = name or _auto_name("reducescatter")
+    _check_tensor(tensor, "reducescatter", name)
+    if tensor.dim() == 0:
+        raise ValueError(f"reducescatter '{name}': a scalar cannot be scattered")
+    op = _check_reducescatter_op(op, name)
+    source = tensor.detach().contiguous()
+    return _enqueue(_OP_REDUCESCATTER, name, source, None, None, (source,), process_set,
+                    reduce_op=op, prescale=float(prescale_factor),
+                    postscale=float(postscale_factor), group_id=_group[0], group_size=_group[1])
+
+
+def _reducescatter_grad(grad, op, pre, post, process_set):
+    gathered = allgather(grad.contiguous(), process_set=process_set)
+    scale = pre * post / (len(set_ranks(process_set)) if op == Average else 1.0)
+    return gathered * scale if scale != 1.0 else gathered
+
+
+class _ReducescatterFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, name, op, process_set, prescale_factor, postscale_factor):
+        ctx.args = (op, prescale_factor, postscale_factor, process_set)
+        return synchronize(reducescatter_async(tensor, name, op, process_set, prescale_factor,
+                                               postscale_factor))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        op, pre, post, process_set = ctx.args
+        return _reducescatter_grad(grad_output, op, pre, post, process_set), None, None, None, \
+            None, None
+
+
+def reducescatter(tensor, name=None, compression=None, op=Average,
+                  process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
+    """This rank's part of the reduction over ranks (differentiable)."""
+    from horovodlike.torch.compression import Compression
+    compression = compression or Compression.none
+    compressed, ctx = compression.compress(tensor)
+    out = _ReducescatterFunction.apply(compressed, name, op, process_set, prescale_factor,
+                                       postscale_factor)
+    return compression.decompress(out, ctx)
+
+
+def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
+                                prescale_factor=1.0, postscale_factor=1.0):
+    group = _new_group(tensors, "grouped_reducescatter")
+    name = name or _auto_name("grouped_reducescatter")
+    return _GroupHandle([reducescatter_async(t, f"{name}.{i}", op, process_set, prescale_factor,
+                                             postscale_factor, _group=group)
+                         for i, t in enumerate(tensors)])
+
+
+class _GroupedReducescatterFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, op, process_set, pre, post, *tensors):
+        ctx.args = (op, pre, post, process_set)
+        return tuple(synchronize(grouped_reducescatter_async(list(tensors), name, op,
+                                                             process_set, pre, post)))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        op, pre, post, process_set = ctx.args
+        return (None, None, None, None, None,
+                *[_reducescatter_grad(g, op, pre, post, process_set) for g in grads])
+
+
+def grouped_reducescatter(tensors, name=None, compression=None, op=Average,
+                          process_set=global_process_set, prescale_factor=1.0,
+                          postscale_factor=1.0):
+    """Reduce-scatters every tensor of the list as one fused operation (differentiable)."""
+    from horovodlike.torch.compression import Compression
+    compression = compression or Compression.none
+    pairs = [compression.compress(t) for t in tensors]
+    outs = _GroupedReducescatterFunction.apply(name, _check_reducescatter_op(op, name),
+                                               process_set, prescale_factor, postscale_factor,
+                                               *[c for c, _ in pairs])
+    return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, pairs)]
 
 
 # ---------------------------------------------------------------------------------- handles
 
 def poll(handle):
     """True when the operation behind ``handle`` has finished (synchronize() will not block)."""
+    if isinstance(handle, _GroupHandle):
+        return all(_core.poll(h) for h in handle.handles)
     return _core.poll(handle)
 
 
-def _synchronize(handle, want_first_dims=False):
+def _synchronize(handle, want_extra=False):
+    if isinstance(handle, _GroupHandle):
+        return [_synchronize(h, want_extra) for h in handle.handles]
     with _lock:
         if handle not in _handle_map:
             raise ValueError(f"unknown handle {handle}: it was already synchronized")
     code, message = _core.wait(handle)
     with _lock:
         result, keep, op = _handle_map.pop(handle)
-    first_dims = None
+    extra = None
     try:
         if code != _core.STATUS_OK:
             _raise_for(code, message)
-        if op == _OP_ALLGATHER:
-            raw, shape, first_dims = _core.allgather_output(handle)
-            result = torch.from_numpy(raw).view(keep[0].dtype).reshape(shape)
+        if op in (_OP_ALLGATHER, _OP_ALLTOALL, _OP_REDUCESCATTER, _OP_JOIN):
+            raw, shape, extra = _core.output(handle)
+            if op != _OP_JOIN:
+                dtype = keep[0].dtype
+                result = torch.from_numpy(raw).view(dtype).reshape(shape) if raw.size else \
+                    torch.empty(shape, dtype=dtype)
+            if op == _OP_ALLTOALL:
+                result = (result, torch.tensor(extra, dtype=torch.int32))
+            elif op == _OP_JOIN:
+                result = extra[0]
     finally:
         _core.release(handle)
-    return (result, first_dims) if want_first_dims else result
+    return (result, extra) if want_extra else result
 
 
 def synchronize(handle):
-    """Waits for an asynchronous operation and returns its output tensor."""
+    """Waits for an asynchronous operation and returns its output (a list for grouped ops;
+    (output, received_splits) for alltoall)."""
     return _synchronize(handle)
 
 
-def barrier():
-    """Blocks until every rank has called barrier()."""
-    handle = _core.enqueue(_OP_BARRIER, "barrier", 0, 0, _DTYPES[torch.uint8], [0])
+def barrier(process_set=global_process_set):
+    """Blocks until every rank of the set has called barrier()."""
+    handle = _core.enqueue(_OP_BARRIER, "barrier", 0, 0, _DTYPES[torch.uint8], [0],
+                           process_set=set_id(process_set))
     with _lock:
         _handle_map[handle] = (None, (), _OP_BARRIER)
     _synchronize(handle)
+
+
+def join(device=-1):
+    """Declares that this rank has no more data. Until every rank has joined, the others'
+    allreduces go on with this rank contributing zeros. Returns the last rank to join."""
+    handle = _core.enqueue(_OP_JOIN, "join", 0, 0, _DTYPES[torch.uint8], [0])
+    with _lock:
+        _handle_map[handle] = (None, (), _OP_JOIN)
+    return _synchronize(handle)

@@ -7,7 +7,9 @@ import torch
 import horovodlike.torch as hvd
 from common import check
 
-hvd.init()
+# A process set known at start-up, registered by init() on every rank.
+pair = hvd.ProcessSet([0, 1])
+hvd.init(process_sets=[pair])
 rank, size = hvd.rank(), hvd.size()
 assert size >= 2, "run with at least 2 ranks"
 
@@ -96,4 +98,10 @@ expect_raise(TypeError, lambda: hvd.allreduce([1, 2, 3], name="list"), "torch.Te
 out = hvd.allreduce(strided, op=hvd.Sum, name="strided.ok")
 check(torch.equal(out, torch.full((4, 4), float(size))), "non-contiguous out-of-place wrong")
 works("end")
+# The static set works; adding sets at run time needs HOROVOD_DYNAMIC_PROCESS_SETS.
+check(pair.process_set_id == 1 and pair.size() == 2, f"static process set: {pair}")
+if pair.included():
+    out = hvd.allreduce(torch.tensor([float(rank)]), op=hvd.Sum, name="pair", process_set=pair)
+    check(out.item() == 1.0, "allreduce on the static set wrong")
+expect_raise(ValueError, lambda: hvd.add_process_set([0]), "HOROVOD_DYNAMIC_PROCESS_SETS")
 print(f"rank {rank}: errors OK", flush=True)

@@ -1,0 +1,366 @@
+"""Allreduce latency and bandwidth: horovodlike on each transport beside the libraries a user would
+pick instead, measured in the same run on the same machine.
+
+    python benchmarks/allreduce.py --np 2
+
+launches every job itself (horovodlike through its launcher, MPI_Allreduce through mpirun and
+mpi4py, torch.distributed with Gloo through its own rendezvous, Horovod through horovodrun when
+it is installed), skips what is not installed, and prints one table: the median time of one
+float32 allreduce (Sum, in place) per message size, algbw = bytes / time,
+busbw = algbw x 2(N-1)/N, and each peer's time divided by horovodlike's (above 1: horovodlike is
+faster). Libraries run in turns (--repeat rounds, each library once a round) and the median over
+the rounds is reported, so that load from other processes on the machine hits all of them alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_SIZES = "4K,16K,64K,256K,1M,4M,16M,64M"
+
+
+def parse_size(text: str) -> int:
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    text = text.strip().upper().rstrip("IB")
+    if text and text[-1] in units:
+        return int(float(text[:-1]) * units[text[-1]])
+    return int(text)
+
+
+def format_size(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale} {unit}"
+    return f"{n} B"
+
+
+def iterations(nbytes: int, scale: float) -> tuple[int, int]:
+    """(warm-up, timed) iterations: many for small messages, at least 20 for large ones."""
+    timed = max(20, min(2000, (1 << 30) // nbytes))
+    timed = max(10, int(timed * scale))
+    return max(3, timed // 10), timed
+
+
+# --------------------------------------------------------------------------------- workers
+# Each worker runs every size on its library and writes {size: [seconds per iteration...]} from
+# rank 0 to --out. Every worker times the same thing: one in-place float32 Sum allreduce of an
+# already allocated buffer, back to back, each iteration timed on its own.
+
+def _time_loop(allreduce, warmup, timed):
+    for _ in range(warmup):
+        allreduce()
+    samples = []
+    clock = time.perf_counter
+    for _ in range(timed):
+        start = clock()
+        allreduce()
+        samples.append(clock() - start)
+    return samples
+
+
+def _check(value, expected, what):
+    if abs(value - expected) > 1e-3 * max(1.0, abs(expected)):
+        raise SystemExit(f"{what}: wrong result {value}, expected {expected}")
+
+
+def worker_horovodlike(args):
+    import torch
+    import horovodlike.torch as hvd
+    torch.set_num_threads(1)
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    results = {}
+    for nbytes in args.sizes:
+        count = nbytes // 4
+        buf = torch.full((count,), float(rank + 1))
+        hvd.allreduce_(buf, op=hvd.Sum, name="bench.check")
+        _check(float(buf[0]), size * (size + 1) / 2, f"horovodlike {nbytes} B first element")
+        _check(float(buf[-1]), size * (size + 1) / 2, f"horovodlike {nbytes} B last element")
+        buf.zero_()
+        warmup, timed = iterations(nbytes, args.iter_scale)
+        results[nbytes] = _time_loop(lambda: hvd.allreduce_(buf, op=hvd.Sum, name="bench"),
+                                     warmup, timed)
+    info = {"transport": os.environ.get("HOROVOD_CPU_OPERATIONS", "")}
+    if hasattr(hvd, "mpi_ops") and hasattr(hvd.mpi_ops._core, "transport_name"):
+        info["transport"] = hvd.mpi_ops._core.transport_name()
+    if rank == 0:
+        _write(args.out, results, info)
+    hvd.shutdown()
+
+
+def worker_mpi(args):
+    import numpy as np
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    results = {}
+    for nbytes in args.sizes:
+        buf = np.full(nbytes // 4, rank + 1, dtype=np.float32)
+        comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+        _check(float(buf[0]), size * (size + 1) / 2, f"MPI {nbytes} B")
+        buf[:] = 0
+        warmup, timed = iterations(nbytes, args.iter_scale)
+        results[nbytes] = _time_loop(lambda: comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM),
+                                     warmup, timed)
+    if rank == 0:
+        _write(args.out, results, {"library": MPI.Get_library_version().splitlines()[0]})
+
+
+def worker_gloo(args):
+    import torch
+    import torch.distributed as dist
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank, size = dist.get_rank(), dist.get_world_size()
+    results = {}
+    for nbytes in args.sizes:
+        buf = torch.full((nbytes // 4,), float(rank + 1))
+        dist.all_reduce(buf)
+        _check(float(buf[0]), size * (size + 1) / 2, f"torch.distributed gloo {nbytes} B")
+        buf.zero_()
+        warmup, timed = iterations(nbytes, args.iter_scale)
+        results[nbytes] = _time_loop(lambda: dist.all_reduce(buf), warmup, timed)
+    if rank == 0:
+        _write(args.out, results, {"torch": torch.__version__})
+    dist.destroy_process_group()
+
+
+def worker_horovod(args):
+    import torch
+    import horovod.torch as hvd
+    torch.set_num_threads(1)
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    results = {}
+    for nbytes in args.sizes:
+        buf = torch.full((nbytes // 4,), float(rank + 1))
+        hvd.allreduce_(buf, op=hvd.Sum, name="bench.check")
+        _check(float(buf[0]), size * (size + 1) / 2, f"Horovod {nbytes} B")
+        buf.zero_()
+        warmup, timed = iterations(nbytes, args.iter_scale)
+        results[nbytes] = _time_loop(lambda: hvd.allreduce_(buf, op=hvd.Sum, name="bench"),
+                                     warmup, timed)
+    if rank == 0:
+        _write(args.out, results, {})
+    hvd.shutdown()
+
+
+WORKERS = {"horovodlike": worker_horovodlike, "mpi": worker_mpi, "gloo": worker_gloo,
+           "horovod": worker_horovod}
+
+
+def _write(path, results, info):
+    with open(path, "w") as f:
+        json.dump({"samples": {str(k): v for k, v in results.items()}, "info": info}, f)
+
+
+# --------------------------------------------------------------------------------- the driver
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _base_env() -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_")}
+    env["OMP_NUM_THREADS"] = "1"
+    # An explicit PYTHONPATH (another build of horovodlike) wins over this source tree.
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), REPO]))
+    return env
+
+
+def _module_available(name: str) -> bool:
+    probe = subprocess.run([sys.executable, "-c", f"import {name}"], env=_base_env(),
+                           capture_output=True)
+    return probe.returncode == 0
+
+
+def _horovodlike_build_info() -> dict:
+    probe = subprocess.run([sys.executable, "-c",
+                            "import json, horovodlike._core as c; print(json.dumps(dict(c.build_info())))"],
+                           env=_base_env(), capture_output=True, text=True)
+    return json.loads(probe.stdout) if probe.returncode == 0 else {}
+
+
+class Library:
+    """One column of the table: how to start its job."""
+
+    def __init__(self, label, worker, command, env=None):
+        self.label, self.worker, self.command, self.env = label, worker, command, env or {}
+
+
+def libraries(np_: int, wanted: set[str]) -> tuple[list[Library], list[str]]:
+    """The libraries to run, and a note for each one skipped."""
+    py = sys.executable
+    me = os.path.abspath(__file__)
+    launch = [py, "-m", "horovodlike.runner.launch", "-np", str(np_)]
+    found, skipped = [], []
+    info = _horovodlike_build_info()
+    if not info:
+        skipped.append("horovodlike: the core does not load (build it first)")
+    else:
+        found.append(Library("hvdl-shm" if info.get("shm") else "hvdl", "horovodlike",
+                             launch + [py, me]))
+        if info.get("shm"):
+            found.append(Library("hvdl-tcp", "horovodlike", launch + [py, me],
+                                 {"HOROVOD_SHM_DISABLE": "1"}))
+        for backend in ("gloo", "mpi"):
+            if info.get(backend):
+                found.append(Library(f"hvdl-{backend}", "horovodlike", launch + [py, me],
+                                     {"HOROVOD_CPU_OPERATIONS": backend}))
+    mpirun = shutil.which("mpirun")
+    if mpirun and _module_available("mpi4py"):
+        found.append(Library("MPI", "mpi", [mpirun, "--allow-run-as-root", "--oversubscribe",
+                                            "-np", str(np_), py, me]))
+    else:
+        skipped.append("MPI: needs mpirun and mpi4py (pip install mpi4py)")
+    if _module_available("torch.distributed"):
+        found.append(Library("torch-gloo", "gloo", None))
+    else:
+        skipped.append("torch.distributed Gloo: torch is not installed")
+    if _module_available("horovod.torch") and shutil.which("horovodrun"):
+        found.append(Library("Horovod", "horovod",
+                             [shutil.which("horovodrun"), "-np", str(np_), py, me]))
+    else:
+        skipped.append("Horovod: not installed (`pip install horovod` does not build against "
+                       "this PyTorch)")
+    if wanted:
+        found = [lib for lib in found if lib.label in wanted or lib.worker in wanted]
+    return found, skipped
+
+
+def run_job(lib: Library, np_: int, worker_args: list[str], timeout: float) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "result.json")
+        args = ["--worker", lib.worker, "--out", out] + worker_args
+        env = _base_env()
+        env.update(lib.env)
+        if lib.command is not None:
+            procs = [subprocess.Popen(lib.command + args, env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True)]
+        else:  # torch.distributed: the ranks meet through TCPStore on a free port
+            env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
+                        "WORLD_SIZE": str(np_)})
+            procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__)] + args,
+                                      env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True)
+                     for r in range(np_)]
+        outputs = []
+        deadline = time.time() + timeout
+        for p in procs:
+            try:
+                outputs.append(p.communicate(timeout=max(1.0, deadline - time.time()))[0])
+            except subprocess.TimeoutExpired:
+                for q in procs:
+                    q.kill()
+                raise RuntimeError(f"{lib.label}: timed out after {timeout:.0f} s")
+        if any(p.returncode != 0 for p in procs) or not os.path.exists(out):
+            raise RuntimeError(f"{lib.label} failed:\n" + "\n".join(outputs)[-3000:])
+        with open(out) as f:
+            return json.load(f)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--np", type=int, default=2, help="ranks (default 2)")
+    parser.add_argument("--sizes", default=DEFAULT_SIZES,
+                        help=f"message sizes in bytes, K/M/G suffixes (default {DEFAULT_SIZES})")
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="rounds; each library runs once per round (default 3)")
+    parser.add_argument("--iter-scale", type=float, default=1.0,
+                        help="multiplies the number of timed iterations")
+    parser.add_argument("--only", default="",
+                        help="comma-separated labels or workers to run (e.g. hvdl-shm,MPI)")
+    parser.add_argument("--json", help="also write all results to this file")
+    parser.add_argument("--timeout", type=float, default=600)
+    parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
+    if args.worker:
+        args.sizes = sizes
+        WORKERS[args.worker](args)
+        return
+
+    wanted = {w.strip() for w in args.only.split(",") if w.strip()}
+    libs, skipped = libraries(args.np, wanted)
+    for note in skipped:
+        print(f"skipped: {note}", flush=True)
+    worker_args = ["--sizes", ",".join(map(str, sizes)), "--iter-scale", str(args.iter_scale)]
+    # medians[label][size] = per-round medians
+    medians = {lib.label: {n: [] for n in sizes} for lib in libs}
+    infos = {}
+    for round_ in range(args.repeat):
+        for lib in libs:
+            start = time.time()
+            try:
+                result = run_job(lib, args.np, worker_args, args.timeout)
+            except RuntimeError as error:
+                print(f"round {round_ + 1}: {error}", flush=True)
+                continue
+            infos[lib.label] = result["info"]
+            for n in sizes:
+                medians[lib.label][n].append(statistics.median(result["samples"][str(n)]))
+            print(f"round {round_ + 1}/{args.repeat}: {lib.label} done in "
+                  f"{time.time() - start:.1f} s", flush=True)
+    table = {label: {n: statistics.median(v) for n, v in per.items() if v}
+             for label, per in medians.items()}
+    print_table(table, sizes, args.np)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"np": args.np, "median_seconds": table, "per_round": medians,
+                       "info": infos}, f, indent=1, default=str)
+
+
+def _fmt_time(seconds: float) -> str:
+    us = seconds * 1e6
+    if us < 1000:
+        return f"{us:.1f} us"
+    return f"{us / 1000:.2f} ms"
+
+
+def print_table(table: dict, sizes: list[int], np_: int) -> None:
+    labels = [label for label in table if table[label]]
+    ours = [label for label in labels if label.startswith("hvdl")]
+    peers = [label for label in labels if not label.startswith("hvdl")]
+    reference = ours[0] if ours else None
+    print()
+    print(f"float32 allreduce (Sum, in place), {np_} ranks, median time per call; "
+          f"busbw = size / time x 2(N-1)/N")
+    header = ["size"] + labels
+    if reference:
+        header += [f"{reference} busbw"] + [f"{p}/{reference}" for p in peers + ours[1:]]
+    rows = [header]
+    for n in sizes:
+        row = [format_size(n)]
+        for label in labels:
+            t = table[label].get(n)
+            row.append(_fmt_time(t) if t else "-")
+        if reference:
+            t = table[reference].get(n)
+            row.append(f"{n / t * 2 * (np_ - 1) / np_ / 1e9:.2f} GB/s" if t else "-")
+            for p in peers + ours[1:]:
+                tp = table[p].get(n)
+                row.append(f"{tp / t:.2f}x" if t and tp else "-")
+        rows.append(row)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    for i, row in enumerate(rows):
+        print("| " + " | ".join(c.rjust(w) for c, w in zip(row, widths)) + " |")
+        if i == 0:
+            print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""horovodlike for Keras 3: the API of ``horovod.keras`` and ``horovod.tensorflow.keras``.
+
+    import horovodlike.keras as hvd       # or horovodlike.tensorflow.keras
+    hvd.init()
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.01 * hvd.size())),
+                  loss=...)
+    model.fit(x, y, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+                               hvd.callbacks.MetricAverageCallback()],
+              verbose=1 if hvd.rank() == 0 else 0)
+
+Keras 3 runs on several backends; horovodlike uses its TensorFlow one (KERAS_BACKEND=tensorflow,
+the default).
+"""
+
+import keras
+
+if keras.backend.backend() != "tensorflow":
+    raise ImportError(f"horovodlike.keras needs Keras' TensorFlow backend, but Keras uses "
+                      f"'{keras.backend.backend()}'; set KERAS_BACKEND=tensorflow (with PyTorch "
+                      "models use horovodlike.torch)")
+
+import tensorflow as tf  # noqa: E402
+
+from horovodlike.common.basics import (init, shutdown, is_initialized, rank, size,  # noqa: E402
+                                       local_rank, local_size, cross_rank, cross_size,
+                                       is_homogeneous, mpi_built, gloo_built, nccl_built,
+                                       ddl_built, ccl_built, cuda_built, rocm_built, mpi_enabled,
+                                       gloo_enabled, mpi_threads_supported)
+from horovodlike.common.exceptions import (HorovodInternalError, HostsUpdatedInterrupt,  # noqa
+                                           TensorMismatchError)
+from horovodlike.tensorflow import mpi_ops as _ops  # noqa: E402
+from horovodlike.tensorflow.compression import Compression  # noqa: E402
+from horovodlike.tensorflow.functions import broadcast_object, allgather_object  # noqa: E402
+from horovodlike.tensorflow.mpi_ops import Average, Sum, Min, Max, Product, Adasum  # noqa: E402
+from horovodlike.keras.optimizer import DistributedOptimizer, wrap_in_place  # noqa: E402
+from horovodlike.keras import callbacks  # noqa: E402,F401
+
+__all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
+           "cross_rank", "cross_size", "is_homogeneous", "mpi_built", "gloo_built", "nccl_built",
+           "ddl_built", "ccl_built", "cuda_built", "rocm_built", "mpi_enabled", "gloo_enabled",
+           "mpi_threads_supported", "HorovodInternalError", "HostsUpdatedInterrupt",
+           "TensorMismatchError", "Compression", "Average", "Sum", "Min", "Max", "Product",
+           "Adasum", "DistributedOptimizer", "allreduce", "allgather", "broadcast",
+           "broadcast_object", "allgather_object", "load_model", "callbacks"]
+
+
+def allreduce(value, name=None, average=None, prescale_factor=1.0, postscale_factor=1.0, op=None,
+              compression=Compression.none):
+    """Reduces a tensor-compatible value (tensor, NumPy array, number) over all ranks; returns a
+    tensor."""
+    return _ops.allreduce(tf.convert_to_tensor(value), average=average, name=name,
+                          prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                          op=op, compression=compression)
+
+
+def allgather(value, name=None):
+    """Concatenates every rank's value along the first dimension; returns a tensor."""
+    return _ops.allgather(tf.convert_to_tensor(value), name=name)
+
+
+def broadcast(value, root_rank, name=None):
+    """Returns root_rank's value on every rank, as a tensor."""
+    return _ops.broadcast(tf.convert_to_tensor(value), root_rank, name=name)
+
+
+def load_model(filepath, custom_optimizers=None, custom_objects=None,
+               compression=Compression.none):
+    """Loads a model saved with ``model.save`` and makes its optimizer, with the state it was
+    saved with, a DistributedOptimizer.
+
+    ``custom_optimizers`` lists optimizer classes the saved model uses that Keras does not know.
+    """
+    objects = dict(custom_objects or {})
+    for cls in custom_optimizers or []:
+        objects.setdefault(cls.__name__, cls)
+    model = keras.models.load_model(filepath, custom_objects=objects)
+    if getattr(model, "optimizer", None) is not None:
+        wrap_in_place(model.optimizer, compression)
+    return model

@@ -1,0 +1,60 @@
+"""horovodlike for TensorFlow 2: the API of ``horovod.tensorflow``.
+
+    import horovodlike.tensorflow as hvd
+    hvd.init()
+
+    @tf.function
+    def train_step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        tape = hvd.DistributedGradientTape(tape)
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+
+    hvd.broadcast_variables(model.variables, root_rank=0)
+
+Every collective works eagerly and inside tf.function (not XLA-compiled functions), and has a
+gradient. Eagerly, a mismatch between ranks raises TensorMismatchError and a failed peer
+HorovodInternalError; inside tf.function TensorFlow reports them as
+tf.errors.FailedPreconditionError and tf.errors.InternalError, with the same message.
+"""
+
+from horovodlike.common.basics import (init, shutdown, is_initialized, rank, size, local_rank,
+                                       local_size, cross_rank, cross_size, is_homogeneous,
+                                       mpi_built, gloo_built, nccl_built, ddl_built, ccl_built,
+                                       cuda_built, rocm_built, mpi_enabled, gloo_enabled,
+                                       mpi_threads_supported)
+from horovodlike.common.exceptions import (HorovodInternalError, HostsUpdatedInterrupt,
+                                           TensorMismatchError)
+from horovodlike.tensorflow.compression import Compression
+from horovodlike.tensorflow.mpi_ops import (Average, Sum, Min, Max, Product, Adasum,
+                                            allreduce, grouped_allreduce, allgather,
+                                            grouped_allgather, broadcast, grouped_broadcast,
+                                            barrier, size_op, local_size_op, rank_op,
+                                            local_rank_op, handle_average_backwards_compatibility)
+from horovodlike.tensorflow.functions import (broadcast_variables, broadcast_object,
+                                              allgather_object)
+from horovodlike.tensorflow.gradient_tape import DistributedGradientTape
+
+
+def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="",
+                         device_sparse="", compression=Compression.none, sparse_as_dense=False,
+                         backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
+                         average_aggregated_gradients=False, num_groups=0, groups=None,
+                         process_set=None, scale_local_gradients=True):
+    """Wraps a Keras 3 optimizer (see horovodlike.keras.DistributedOptimizer). TensorFlow 1
+    optimizers (tf.compat.v1.train) are not supported: use DistributedGradientTape."""
+    import keras
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise TypeError(f"DistributedOptimizer expects a Keras optimizer, got "
+                        f"{type(optimizer).__name__}; TensorFlow 1 optimizers are not supported, "
+                        "use hvd.DistributedGradientTape in a custom training loop")
+    from horovodlike.keras.optimizer import DistributedOptimizer as keras_optimizer
+    return keras_optimizer(optimizer, name=name, device_dense=device_dense,
+                           device_sparse=device_sparse, compression=compression,
+                           sparse_as_dense=sparse_as_dense,
+                           gradient_predivide_factor=gradient_predivide_factor, op=op,
+                           backward_passes_per_step=backward_passes_per_step,
+                           average_aggregated_gradients=average_aggregated_gradients,
+                           num_groups=num_groups, groups=groups, process_set=process_set,
+                           scale_local_gradients=scale_local_gradients)

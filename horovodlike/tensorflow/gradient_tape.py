@@ -1,0 +1,154 @@
+"""DistributedGradientTape: a tf.GradientTape whose gradient() averages over all ranks."""
+
+import tensorflow as tf
+
+from horovodlike.common import basics
+from horovodlike.tensorflow import bridge
+from horovodlike.tensorflow.compression import Compression
+from horovodlike.tensorflow.mpi_ops import (Adasum, Average, Sum, _check_process_set,
+                                            grouped_allreduce)
+
+
+def check_gradient_options(op, gradient_predivide_factor, what):
+    if op == Adasum:
+        raise ValueError(f"{what}: Adasum is not supported by horovodlike; use op=hvd.Average")
+    if op not in (Average, Sum):
+        raise ValueError(f"{what}: op must be hvd.Average or hvd.Sum, got {op!r}")
+    if gradient_predivide_factor != 1.0 and op != Average:
+        raise ValueError(f"{what}: gradient_predivide_factor is only defined for op=hvd.Average")
+    if gradient_predivide_factor <= 0:
+        raise ValueError(f"{what}: gradient_predivide_factor must be positive")
+
+
+def split_groups(count, groups, sources, what):
+    """Positions 0..count-1 split as Horovod's ``groups`` asks: None is one group of all; an int
+    n is n groups of consecutive positions; a list of lists of variables puts each inner list in
+    a group and every other position in a group of its own."""
+    if groups is None:
+        return [list(range(count))] if count else []
+    if isinstance(groups, bool):
+        raise ValueError(f"{what}: groups must be a positive int or a list of lists of variables")
+    if isinstance(groups, int):
+        if groups <= 0:
+            raise ValueError(f"{what}: groups must be a positive int or a list of lists of "
+                             f"variables, got {groups}")
+        groups = min(groups, count)
+        bounds = [count * g // groups for g in range(groups + 1)] if groups else [0]
+        return [list(range(bounds[g], bounds[g + 1])) for g in range(groups)]
+    if not isinstance(groups, (list, tuple)):
+        raise ValueError(f"{what}: groups must be a positive int or a list of lists of variables")
+    position = {}
+    for i, source in enumerate(sources):
+        position.setdefault(source.ref() if hasattr(source, "ref") else id(source), i)
+    taken, result = set(), []
+    for inner in groups:
+        members = []
+        for variable in inner:
+            key = variable.ref() if hasattr(variable, "ref") else id(variable)
+            if key in position and position[key] not in taken:
+                members.append(position[key])
+                taken.add(position[key])
+        if members:
+            result.append(sorted(members))
+    result.extend([i] for i in range(count) if i not in taken)
+    return result
+
+
+def reduce_gradients(grads, sources, name, compression, sparse_as_dense, op,
+                     gradient_predivide_factor, groups, device_dense="", device_sparse=""):
+    """Averages (or sums) gradients over all ranks; None entries stay None. Each group is one
+    grouped allreduce."""
+    if sparse_as_dense:
+        grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
+    present = [i for i, g in enumerate(grads) if g is not None]
+    if op == Average and gradient_predivide_factor != 1.0:
+        # The core divides by size for Average; split that around the sum as asked.
+        prescale, postscale = 1.0 / gradient_predivide_factor, gradient_predivide_factor
+    else:
+        prescale, postscale = 1.0, 1.0
+    reduced = list(grads)
+    for group in split_groups(len(present), groups, [sources[i] for i in present], name):
+        positions = [present[g] for g in group]
+        if not positions:
+            continue
+        outputs = grouped_allreduce([grads[i] for i in positions], op=op,
+                                    compression=compression, prescale_factor=prescale,
+                                    postscale_factor=postscale, device_dense=device_dense,
+                                    device_sparse=device_sparse,
+                                    name=bridge.auto_name(name), ignore_name_scope=True)
+        for i, out in zip(positions, outputs):
+            reduced[i] = out
+    return reduced
+
+
+class _DistributedGradientTape:
+    """Methods added to the wrapped tape's class."""
+
+    def _horovodlike_setup(self, device_dense, device_sparse, compression, sparse_as_dense, op,
+                           gradient_predivide_factor, groups, scale_local_gradients):
+        self._hvd_options = dict(device_dense=device_dense, device_sparse=device_sparse,
+                                 compression=compression, sparse_as_dense=sparse_as_dense, op=op,
+                                 gradient_predivide_factor=gradient_predivide_factor,
+                                 groups=groups)
+        self._hvd_scale_local_gradients = scale_local_gradients
+        self._hvd_local_sources = set()
+
+    def register_local_source(self, source):
+        """Marks ``source`` as local to this rank: its gradient is not reduced (and is divided
+        by the number of ranks when scale_local_gradients is set, as in Horovod)."""
+        self._hvd_local_sources.add(source.ref())
+
+    def gradient(self, target, sources, output_gradients=None,
+                 unconnected_gradients=tf.UnconnectedGradients.NONE):
+        grads = super(self.__class__, self).gradient(target, sources, output_gradients,
+                                                     unconnected_gradients)
+        flat_sources = tf.nest.flatten(sources)
+        flat_grads = tf.nest.flatten(grads, expand_composites=False)
+        if basics.size() == 1 and not self._hvd_local_sources:
+            return grads
+        local = [s.ref() in self._hvd_local_sources if hasattr(s, "ref") else False
+                 for s in flat_sources]
+        shared = [i for i, is_local in enumerate(local) if not is_local]
+        reduced = reduce_gradients([flat_grads[i] for i in shared],
+                                   [flat_sources[i] for i in shared],
+                                   "DistributedGradientTape", **self._hvd_options) \
+            if basics.size() > 1 else [flat_grads[i] for i in shared]
+        out = list(flat_grads)
+        for i, g in zip(shared, reduced):
+            out[i] = g
+        if self._hvd_scale_local_gradients and basics.size() > 1:
+            for i, is_local in enumerate(local):
+                g = out[i]
+                if not is_local or g is None:
+                    continue
+                if isinstance(g, tf.IndexedSlices):
+                    out[i] = tf.IndexedSlices(g.values / basics.size(), g.indices, g.dense_shape)
+                else:
+                    out[i] = g / basics.size()
+        return tf.nest.pack_sequence_as(grads, out)
+
+
+def DistributedGradientTape(gradtape, device_dense="", device_sparse="",
+                            compression=Compression.none, sparse_as_dense=False, op=Average,
+                            gradient_predivide_factor=1.0, num_groups=0, groups=None,
+                            process_set=None, scale_local_gradients=True):
+    """Wraps a tf.GradientTape so that gradient() returns gradients reduced over all ranks
+    (averaged by default), as Horovod's DistributedGradientTape does.
+
+    Gradients that are tf.IndexedSlices (embedding lookups) are reduced by allgathering their
+    rows, or densified first with ``sparse_as_dense=True``. ``groups`` (or the older
+    ``num_groups``) splits the gradients into groups, each reduced as one fused group; by
+    default all gradients form one group.
+    """
+    _check_process_set(process_set)
+    check_gradient_options(op, gradient_predivide_factor, "DistributedGradientTape")
+    if num_groups and groups is None:
+        groups = num_groups
+    cls = type(gradtape.__class__.__name__, (gradtape.__class__,),
+               {k: v for k, v in _DistributedGradientTape.__dict__.items()
+                if k not in ("__dict__", "__weakref__", "__module__", "__doc__")})
+    tape = cls.__new__(cls)
+    tape.__dict__.update(gradtape.__dict__)
+    tape._horovodlike_setup(device_dense, device_sparse, compression, sparse_as_dense, op,
+                            gradient_predivide_factor, groups, scale_local_gradients)
+    return tape
