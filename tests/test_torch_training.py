@@ -10,3 +10,9 @@ from conftest import assert_all_ranks, launch
 def test_training_matches_single_process(np_):
     result = launch(np_, "training_worker.py")
     assert_all_ranks(result, np_, "training OK")
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_sync_batch_norm_and_optimizer_options_match_single_process(np_):
+    result = launch(np_, "optimizer_worker.py", env={"HOROVOD_DYNAMIC_PROCESS_SETS": "1"})
+    assert_all_ranks(result, np_, "optimizer OK")

@@ -155,6 +155,11 @@ def wait_all(handles):
     return outputs
 
 
+def _contiguous(array):
+    # np.ascontiguousarray would turn a 0-d array into a 1-d one.
+    return array if array.flags.c_contiguous else np.ascontiguousarray(array).reshape(array.shape)
+
+
 def _enqueue(kind, name, source, output, **kwargs):
     handle = _core.enqueue(kind, name, source.ctypes.data,
                            0 if output is None else output.ctypes.data,
@@ -172,7 +177,7 @@ def allreduce_async(array, name, op=Average, prescale_factor=1.0, postscale_fact
     check_reduce_op(op, what, array.dtype)
     prescale = check_scale(prescale_factor, what, "prescale_factor")
     postscale = check_scale(postscale_factor, what, "postscale_factor")
-    source = np.ascontiguousarray(array)
+    source = _contiguous(array)
     output = np.empty_like(source)
     return _enqueue(ALLREDUCE, name, source, output, reduce_op=op, prescale=prescale,
                     postscale=postscale)
@@ -186,7 +191,7 @@ def allgather_async(array, name):
     if array.ndim == 0:
         raise ValueError(f"allgather '{name}': a scalar cannot be gathered; reshape it to one "
                          "dimension first")
-    return _enqueue(ALLGATHER, name, np.ascontiguousarray(array), None)
+    return _enqueue(ALLGATHER, name, _contiguous(array), None)
 
 
 def broadcast_async(array, root_rank, name):
@@ -194,7 +199,7 @@ def broadcast_async(array, root_rank, name):
     check_name(name, "broadcast")
     check_array(array, "broadcast", name)
     check_root(root_rank, f"broadcast '{name}'")
-    source = np.ascontiguousarray(array)
+    source = _contiguous(array)
     output = np.empty_like(source)
     return _enqueue(BROADCAST, name, source, output, root_rank=int(root_rank))
 

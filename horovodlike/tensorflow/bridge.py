@@ -136,6 +136,8 @@ def _check_not_xla(graph):
 def _execute(specs, arrays):
     """Enqueues every collective, then waits for them all; returns the outputs in order, each
     allgather followed by its ranks' first dimensions (int64)."""
+    # Scalars arrive as NumPy scalars, not arrays.
+    arrays = [np.asarray(a) for a in arrays]
     handles = []
     try:
         for spec, array in zip(specs, arrays):

@@ -505,18 +505,49 @@ def grouped_reducescatter(tensors, name=None, compression=None, op=Average,
     return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, pairs)]
 
 
+# ---------------------------------------------------------------------------------- sparse
+
+class _SparseHandle:
+    """Allgathers of a sparse tensor's indices and values; synchronize() sums them up."""
+
+    def __init__(self, indices_handle, values_handle, size, op, set_size):
+        self.parts = (indices_handle, values_handle)
+        self.size, self.op, self.set_size = size, op, set_size
+
+
+def sparse_allreduce_async(tensor, name=None, op=Average, process_set=global_process_set):
+    """Starts the reduction of a sparse COO tensor by gathering every rank's indices and values
+    (only Sum and Average); synchronize() returns the coalesced sparse result."""
+    name = name or _auto_name("sparse_allreduce")
+    if not isinstance(tensor, torch.Tensor) or not tensor.is_sparse:
+        raise TypeError(f"sparse_allreduce '{name}': expected a sparse COO tensor")
+    if op not in (Average, Sum):
+        raise ValueError(f"sparse_allreduce '{name}': only hvd.Average and hvd.Sum are defined")
+    tensor = tensor.coalesce()
+    indices = allgather_async(tensor.indices().t().contiguous(), f"{name}.indices", process_set)
+    values = allgather_async(tensor.values().contiguous(), f"{name}.values", process_set)
+    return _SparseHandle(indices, values, tensor.size(), op, len(set_ranks(process_set)))
+
+
 # ---------------------------------------------------------------------------------- handles
 
 def poll(handle):
     """True when the operation behind ``handle`` has finished (synchronize() will not block)."""
     if isinstance(handle, _GroupHandle):
         return all(_core.poll(h) for h in handle.handles)
+    if isinstance(handle, _SparseHandle):
+        return all(_core.poll(h) for h in handle.parts)
     return _core.poll(handle)
 
 
 def _synchronize(handle, want_extra=False):
     if isinstance(handle, _GroupHandle):
         return [_synchronize(h, want_extra) for h in handle.handles]
+    if isinstance(handle, _SparseHandle):
+        indices, values = (_synchronize(h) for h in handle.parts)
+        summed = torch.sparse_coo_tensor(indices.t(), values, handle.size,
+                                         check_invariants=True).coalesce()
+        return summed / handle.set_size if handle.op == Average else summed
     with _lock:
         if handle not in _handle_map:
             raise ValueError(f"unknown handle {handle}: it was already synchronized")

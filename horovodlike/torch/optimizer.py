@@ -1,20 +1,23 @@
 """DistributedOptimizer: averages gradients across ranks, overlapping the backward pass.
 
 Each parameter's allreduce starts from a hook the moment autograd has accumulated its
-gradient, so communication of late layers overlaps computation of early ones; step() waits for
-the outstanding allreduces and then applies the wrapped optimizer's update.
+gradient (or, with groups, once every gradient of its group is ready), so communication of late
+layers overlaps computation of early ones; step() waits for the outstanding allreduces and then
+applies the wrapped optimizer's update.
 """
 
 import torch
 
-from horovodlike.common import basics
+from horovodlike.common.process_sets import global_process_set
 from horovodlike.torch.compression import Compression
-from horovodlike.torch.mpi_ops import Average, Sum, Adasum, allreduce_async_, synchronize
+from horovodlike.torch.mpi_ops import (Average, Sum, Adasum, allreduce_async_,
+                                       grouped_allreduce_async_, sparse_allreduce_async,
+                                       synchronize)
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
     def _horovodlike_setup(self, named_parameters, compression, backward_passes_per_step, op,
-                           gradient_predivide_factor):
+                           gradient_predivide_factor, groups, sparse_as_dense, process_set):
         if op == Adasum:
             raise ValueError("Adasum is not supported by horovodlike; use op=hvd.Average")
         if op not in (Average, Sum):
@@ -26,6 +29,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._compression = compression
         self._op = op
         self._predivide = float(gradient_predivide_factor)
+        self._sparse_as_dense = sparse_as_dense
+        self._process_set = process_set
         self.backward_passes_per_step = backward_passes_per_step
 
         params = [p for group in self.param_groups for p in group["params"]]
@@ -45,16 +50,48 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     + "); pass model.named_parameters() of the model being optimized")
         else:
             by_id = {id(p): f"noname.{i}" for i, p in enumerate(params)}
+        self._params = params
         self._names = {p: by_id[id(p)] for p in params}
-        self._handles = {}  # param -> (handle, compressed tensor, ctx)
-        self._passes_left = {}
+        self._group_of = self._make_groups(params, groups)
+        self._handles = {}      # param or group index -> (handle, [(param, compressed, ctx)])
+        self._ready = {}        # group index -> params whose gradient is ready
+        self._passes_left = {}  # params with a hook -> backward passes until their allreduce
         self._should_synchronize = True
         self._hooks = []
-        if basics.size() > 1:
-            for p in params:
-                if p.requires_grad:
-                    self._passes_left[p] = backward_passes_per_step
-                    self._hooks.append(p.register_post_accumulate_grad_hook(self._grad_ready))
+        if process_set.size() is None:
+            raise ValueError(f"{process_set} is not registered; add it first")
+        self._distributed = process_set.size() > 1
+        self._hook_new_params()
+
+    @staticmethod
+    def _make_groups(params, groups):
+        """Maps each parameter to the index of its allreduce group (None: on its own)."""
+        if groups is None or groups == 0:
+            return {}
+        if isinstance(groups, int):
+            if groups < 0:
+                raise ValueError("groups must be a non-negative int or a list of lists of "
+                                 "parameters")
+            ordered = [p for p in params if p.requires_grad]
+            per = -(-len(ordered) // groups) if ordered else 1
+            return {p: i // per for i, p in enumerate(ordered)}
+        mapping = {}
+        for index, group in enumerate(groups):
+            for p in group:
+                if p in mapping:
+                    raise ValueError("a parameter appears in two groups")
+                mapping[p] = index
+        return mapping
+
+    def _hook_new_params(self):
+        """Hooks every parameter that requires a gradient and has no hook yet (requires_grad may
+        be switched on between steps)."""
+        if not self._distributed:
+            return
+        for p in self._params:
+            if p.requires_grad and p not in self._passes_left:
+                self._passes_left[p] = self.backward_passes_per_step
+                self._hooks.append(p.register_post_accumulate_grad_hook(self._grad_ready))
 
     def _scales(self):
         if self._op == Average:
@@ -62,19 +99,53 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return 1.0 / self._predivide, self._predivide
         return 1.0, 1.0
 
-    def _start_allreduce(self, p):
+    def _prepare(self, p):
+        """The tensor to reduce for p's gradient: densified or compressed as configured."""
         if p.grad is None:
             p.grad = torch.zeros_like(p)
+        if p.grad.is_sparse and self._sparse_as_dense:
+            p.grad = p.grad.to_dense()
+        if p.grad.is_sparse:
+            return p.grad, None
         compressed, ctx = self._compression.compress(p.grad)
-        if not compressed.is_contiguous():
-            compressed = compressed.contiguous()
-        prescale, postscale = self._scales()
-        handle = allreduce_async_(compressed, name=f"allreduce.{self._names[p]}", op=self._op,
-                                  prescale_factor=prescale, postscale_factor=postscale)
-        self._handles[p] = (handle, compressed, ctx)
+        return compressed.contiguous(), ctx
+
+    def _start_allreduce(self, p):
+        group = self._group_of.get(p)
+        if group is not None:
+            members = [q for q, g in self._group_of.items() if g == group and q.requires_grad]
+            self._ready.setdefault(group, set()).add(p)
+            if len(self._ready[group]) < len(members):
+                return
+            prepared = [(q, *self._prepare(q)) for q in members]
+            prescale, postscale = self._scales()
+            handle = grouped_allreduce_async_(
+                [c for _, c, _ in prepared], name=f"allreduce.group.{group}", op=self._op,
+                prescale_factor=prescale, postscale_factor=postscale,
+                process_set=self._process_set)
+            self._handles[("group", group)] = (handle, prepared)
+            del self._ready[group]
+            return
+        compressed, ctx = self._prepare(p)
+        name = f"allreduce.{self._names[p]}"
+        if compressed.is_sparse:
+            handle = sparse_allreduce_async(compressed, name=name, op=self._op,
+                                            process_set=self._process_set)
+        else:
+            prescale, postscale = self._scales()
+            handle = allreduce_async_(compressed, name=name, op=self._op,
+                                      prescale_factor=prescale, postscale_factor=postscale,
+                                      process_set=self._process_set)
+        self._handles[p] = (handle, [(p, compressed, ctx)])
+
+    def _pending(self, p):
+        group = self._group_of.get(p)
+        if group is None:
+            return p in self._handles
+        return ("group", group) in self._handles or p in self._ready.get(group, ())
 
     def _grad_ready(self, p):
-        if p in self._handles:
+        if self._pending(p):
             raise RuntimeError(
                 f"the gradient of '{self._names[p]}' was computed more than "
                 f"backward_passes_per_step={self.backward_passes_per_step} times before "
@@ -84,17 +155,26 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._start_allreduce(p)
 
     def synchronize(self):
-        """Waits for every gradient's allreduce; parameters whose gradient was not produced
+        """Waits for every gradient's allreduce. Parameters whose gradient was not produced
         this step are reduced too (with a zero gradient) so that all ranks stay in step."""
+        if not self._distributed:
+            return
+        self._hook_new_params()
         for p in self._passes_left:
-            if p not in self._handles:
+            if p.requires_grad and not self._pending(p):
                 self._start_allreduce(p)
-        for p, (handle, compressed, ctx) in list(self._handles.items()):
-            synchronize(handle)
-            reduced = self._compression.decompress(compressed, ctx)
-            if reduced.data_ptr() != p.grad.data_ptr():
-                p.grad.copy_(reduced)
+        for key, (handle, prepared) in list(self._handles.items()):
+            result = synchronize(handle)
+            outputs = result if isinstance(result, list) else [result]
+            for (p, compressed, ctx), output in zip(prepared, outputs):
+                if compressed.is_sparse:
+                    p.grad = output
+                    continue
+                reduced = self._compression.decompress(compressed, ctx)
+                if reduced.data_ptr() != p.grad.data_ptr():
+                    p.grad.copy_(reduced)
         self._handles.clear()
+        self._ready.clear()
         for p in self._passes_left:
             self._passes_left[p] = self.backward_passes_per_step
 
@@ -112,12 +192,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return _Skip()
 
     def step(self, closure=None):
-        if self._should_synchronize and basics.size() > 1:
+        if self._should_synchronize:
             self.synchronize()
         return super(self.__class__, self).step(closure)
 
     def zero_grad(self, set_to_none=True):
-        if self._handles:
+        if self._handles or self._ready:
             raise RuntimeError("zero_grad() was called after backward() and before step(); "
                                "call step() first, or synchronize() to finish the allreduces")
         return super(self.__class__, self).zero_grad(set_to_none=set_to_none)
@@ -125,21 +205,26 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
                          backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
-                         num_groups=0, groups=None, sparse_as_dense=False):
+                         num_groups=0, groups=None, sparse_as_dense=False,
+                         process_set=global_process_set):
     """Wraps a torch optimizer so that step() applies gradients averaged over all ranks.
+
+    ``groups``: an int (split the parameters into that many groups) or a list of lists of
+    parameters; each group is reduced as one fused allreduce once all of its gradients are
+    ready. ``num_groups`` is the older name of the int form. ``sparse_as_dense``: reduce sparse
+    gradients as dense tensors instead of gathering their indices and values.
 
     The returned object is an instance of a subclass of the optimizer's own class and shares its
     parameter groups and state.
     """
-    if num_groups or groups is not None:
-        raise ValueError("grouped allreduce (num_groups/groups) is not supported by this version")
-    if sparse_as_dense:
-        raise ValueError("sparse_as_dense is not supported by this version")
+    if num_groups and groups is not None:
+        raise ValueError("give num_groups or groups, not both")
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                {k: v for k, v in _DistributedOptimizer.__dict__.items()
                 if k not in ("__dict__", "__weakref__")})
     wrapped = cls.__new__(cls)
     wrapped.__dict__.update(optimizer.__dict__)
     wrapped._horovodlike_setup(named_parameters, compression, backward_passes_per_step, op,
-                               gradient_predivide_factor)
+                               gradient_predivide_factor, groups if groups is not None else
+                               num_groups, sparse_as_dense, process_set)
     return wrapped

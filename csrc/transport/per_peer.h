@@ -1,0 +1,70 @@
+// The transport chosen per peer: shared memory for ranks on this host, TCP for the others.
+//
+// The TCP mesh is always connected first: it carries the traffic to other hosts, and the set-up
+// of the shared segment (host identities, the segment's name). Ranks count as local when they
+// report the same host identity (boot id, the /dev/shm instance and the host name) and can map
+// the same segment; HOROVOD_SHM_DISABLE=1 makes every peer use TCP.
+#pragma once
+
+#include <condition_variable>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "shm.h"
+#include "transport.h"
+
+namespace horovodlike {
+
+struct Config;
+
+class PerPeerTransport : public Transport {
+ public:
+  // Connects TCP, then shared memory among the ranks of each host. Returns the plain TCP
+  // transport when no rank shares this host (or shared memory is disabled or unavailable).
+  static std::unique_ptr<Transport> Connect(const Config& config, int generation);
+  ~PerPeerTransport() override;
+
+  int rank() const override { return tcp_->rank(); }
+  int size() const override { return tcp_->size(); }
+  void send(int peer, const void* buf, size_t n) override;
+  void recv(int peer, void* buf, size_t n) override;
+  void sendrecv(int to, const void* sbuf, size_t sn, int from, void* rbuf, size_t rn) override;
+  void abort() override;
+  // Shared memory's own allreduce when every rank of the job is on this host.
+  bool NativeAllreduce(void* buf, size_t count, DataType dtype, ReduceOp op) override;
+  const char* name() const override;
+
+ private:
+  PerPeerTransport(std::unique_ptr<Transport> tcp, std::unique_ptr<ShmTransport> shm);
+  // The transport that carries traffic to job rank `peer`, and the peer's rank in it.
+  Transport& Route(int peer, int* routed);
+  // Sends on a helper thread while this thread receives: full duplex across two transports.
+  void MixedSendRecv(Transport& st, int to, const void* sbuf, size_t sn, Transport& rt, int from,
+                     void* rbuf, size_t rn);
+  void SenderLoop();
+
+  std::unique_ptr<Transport> tcp_;
+  std::unique_ptr<ShmTransport> shm_;
+  std::vector<int> local_;  // job rank -> rank within shm_, or -1 for TCP
+
+  // The helper thread of MixedSendRecv (started on first use).
+  struct SendJob {
+    Transport* transport = nullptr;
+    int peer = 0;
+    const void* buf = nullptr;
+    size_t n = 0;
+    bool pending = false;
+    bool done = false;
+    std::exception_ptr error;
+  };
+  std::mutex sender_mutex_;
+  std::condition_variable sender_cv_;
+  SendJob job_;
+  bool sender_stop_ = false;
+  std::thread sender_;
+};
+
+}  // namespace horovodlike

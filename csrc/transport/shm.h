@@ -1,0 +1,104 @@
+// Ranks on the same host exchange through one shared-memory segment instead of the loopback:
+//   - send/recv: a single-producer single-consumer byte ring per ordered pair of ranks, so both
+//     directions of a pair move at once (sendrecv never deadlocks) and a large message streams
+//     through the ring in slices the receiver copies out while the sender writes the next;
+//   - NativeAllreduce: every rank stages its input in the segment and reduces its own slice
+//     reading every rank's staging directly, then copies the other slices out (shm_allreduce.cc);
+//   - waiting: spin for a bounded time, then sleep on a futex in the segment (the "doorbell")
+//     that the other side rings only when this rank is asleep; bounded so that more ranks than
+//     cores still make progress.
+// A peer that dies cannot close anything here, so every sleep is cut into short slices and
+// between them the peers' processes are checked through /proc (pid + start time, against pid
+// reuse), as is the "aborted" flag a stopping peer sets: a dead or stopped peer is a
+// TransportError within tens of milliseconds.
+//
+// Ranks are numbered within the host's group (0..size-1); members() maps them to job ranks.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "shm_layout.h"
+#include "shm_segment.h"
+#include "transport.h"
+
+namespace horovodlike {
+
+class ShmTransport : public Transport {
+ public:
+  struct Options {
+    std::string secret;          // the job's secret; a hash of it names the segment
+    int generation = 0;          // init() count: a re-init gets a fresh segment
+    double peer_timeout_seconds = 300;
+  };
+
+  // Maps one segment shared by `group` (job ranks on this host, ascending, this rank included),
+  // talking over `bootstrap` (the job's TCP mesh, indexed by job rank) to agree on it. Every rank
+  // of `group` must call this at the same time. Ranks that cannot map the segment (another
+  // /dev/shm, another pid namespace, no space) are left out on every side; returns nullptr when
+  // this rank is left with no peer. Throws TransportError only when `bootstrap` fails.
+  static std::unique_ptr<ShmTransport> Connect(Transport& bootstrap, const std::vector<int>& group,
+                                               const Options& options);
+  ~ShmTransport() override;
+
+  int rank() const override { return index_; }
+  int size() const override { return static_cast<int>(members_.size()); }
+  // Job ranks of this group, in group order.
+  const std::vector<int>& members() const { return members_; }
+
+  void send(int peer, const void* buf, size_t n) override;
+  void recv(int peer, void* buf, size_t n) override;
+  void sendrecv(int to, const void* sbuf, size_t sn, int from, void* rbuf, size_t rn) override;
+  void abort() override;
+  bool NativeAllreduce(void* buf, size_t count, DataType dtype, ReduceOp op) override;
+  const char* name() const override { return "shm"; }
+
+ private:
+  ShmTransport(ShmSegment segment, std::vector<int> members, int index, const Options& options);
+
+  shm::RankControl& control(int r) const;
+  shm::ChannelControl& channel(int from, int to) const;
+  uint8_t* ring(int from, int to) const;
+  uint8_t* staging(int r, uint64_t step) const;
+
+  // Copies what fits of buf into the ring to `to`; returns the bytes moved.
+  size_t TrySend(int to, const uint8_t* buf, size_t n);
+  size_t TryRecv(int from, uint8_t* buf, size_t n);
+  // Wakes `peer` if it sleeps (call after publishing what it may wait for).
+  void Notify(int peer);
+  void NotifyAll();
+  // Returns once ready() holds; throws TransportError when this transport is aborted, a peer
+  // stopped or died, or nothing happened for the peer timeout.
+  template <class Ready>
+  void WaitUntil(const Ready& ready);
+  void CheckPeers(bool check_processes);
+  [[noreturn]] void FailPeer(int peer, const std::string& what);
+
+  // Native allreduce (shm_allreduce.cc).
+  void AllreduceOneRound(uint8_t* data, size_t count, size_t elem, DataType dtype, ReduceOp op);
+  void AllreduceSliced(uint8_t* data, size_t count, size_t elem, DataType dtype, ReduceOp op);
+  using Progress = std::atomic<uint64_t> shm::RankControl::*;
+  // Waits until every other rank's `progress` counter reached `step`.
+  void WaitForPeers(Progress progress, uint64_t step);
+  // Sets this rank's `progress` counter to `step` and wakes sleeping peers.
+  void Publish(Progress progress, uint64_t step);
+
+  ShmSegment segment_;
+  std::vector<int> members_;
+  int index_;
+  size_t channel_bytes_;
+  size_t slice_bytes_;  // a sender publishes at least this often, so the receiver can start
+  size_t chunk_bytes_;
+  size_t small_bytes_;
+  shm::Layout layout_;
+  std::chrono::microseconds spin_;
+  int yields_;
+  std::chrono::milliseconds peer_timeout_;
+  std::atomic<bool> aborted_{false};
+  uint64_t step_ = 0;  // native allreduce steps so far; the same on every rank
+};
+
+}  // namespace horovodlike

@@ -1,0 +1,120 @@
+// ShmTransport::NativeAllreduce: an allreduce in which every rank reads the others' data straight
+// from shared memory, with no messages.
+//
+// The buffer is cut into chunks that fit in a staging slot; each chunk is a "step" numbered the
+// same on every rank. Each rank publishes, per step, three counters in its RankControl:
+//   staged    its input for the step is in its staging slot;
+//   reduced   (sliced algorithm) its slice of the step is reduced, in its buffer and its slot;
+//   released  it has read everything it needs from the other ranks' slots for the step.
+// Each rank owns two slots (double buffering, by step parity); it writes a slot for step s only
+// once every peer has released step s - 2, the last one to use that slot.
+//
+// Sliced algorithm (large messages): chunk c is cut into one slice per rank. Rank r
+//   A  copies every slice but its own into its slot                      -> staged = s
+//   B  adds the other ranks' copies of slice r into its own buffer, and
+//      copies the reduced slice r into its slot                          -> reduced = s
+//   C  copies each other slice p, reduced by rank p, out of p's slot     -> released = s
+// and overlaps A of chunk c + 1 with the others finishing B of chunk c. Each rank reads and
+// writes its private buffer once; the staging traffic stays in the cache when chunks are small.
+//
+// One-round algorithm (small messages): every rank stages its whole input, and every rank adds
+// all inputs in rank order itself: one wait instead of two, the same bits on every rank.
+#include <algorithm>
+#include <cstring>
+
+#include "../reduce/reduce.h"
+#include "shm.h"
+
+namespace horovodlike {
+
+bool ShmTransport::NativeAllreduce(void* buf, size_t count, DataType dtype, ReduceOp op) {
+  if (count == 0 || size() == 1) return true;
+  if (aborted_.load(std::memory_order_relaxed)) throw TransportError("the transport was shut down");
+  const size_t elem = DataTypeSize(dtype);
+  auto* data = static_cast<uint8_t*>(buf);
+  if (count * elem <= small_bytes_) {
+    AllreduceOneRound(data, count, elem, dtype, op);
+  } else {
+    AllreduceSliced(data, count, elem, dtype, op);
+  }
+  return true;
+}
+
+void ShmTransport::AllreduceOneRound(uint8_t* data, size_t count, size_t elem, DataType dtype,
+                                     ReduceOp op) {
+  const size_t bytes = count * elem;
+  const uint64_t step = ++step_;
+  if (step > 2) WaitForPeers(&shm::RankControl::released, step - 2);
+  std::memcpy(staging(index_, step), data, bytes);
+  Publish(&shm::RankControl::staged, step);
+  WaitForPeers(&shm::RankControl::staged, step);
+  // x0 + x1 + ... in rank order on every rank, so that every rank gets the same bits.
+  if (index_ != 0) std::memcpy(data, staging(0, step), bytes);
+  for (int p = 1; p < size(); ++p) ReduceInto(data, staging(p, step), count, dtype, op);
+  Publish(&shm::RankControl::released, step);
+}
+
+void ShmTransport::AllreduceSliced(uint8_t* data, size_t count, size_t elem, DataType dtype,
+                                   ReduceOp op) {
+  const int n = size();
+  const size_t chunk_elems = chunk_bytes_ / elem;
+  const size_t chunks = (count + chunk_elems - 1) / chunk_elems;
+  // Slices start on cache lines, so that no two ranks write one line of a slot.
+  const size_t align = std::max<size_t>(1, shm::kLine / elem);
+  const uint64_t first_step = step_ + 1;
+  step_ += chunks;
+
+  auto chunk_len = [&](size_t c) { return std::min(chunk_elems, count - c * chunk_elems); };
+  auto bound = [&](size_t len, int s) {
+    return std::min(len, shm::RoundUp(len * static_cast<size_t>(s) / n, align));
+  };
+
+  auto stage = [&](size_t c) {
+    const uint64_t step = first_step + c;
+    if (step > 2) WaitForPeers(&shm::RankControl::released, step - 2);
+    const size_t len = chunk_len(c);
+    uint8_t* src = data + c * chunk_elems * elem;
+    uint8_t* slot = staging(index_, step);
+    for (int s = 0; s < n; ++s) {
+      if (s == index_) continue;
+      const size_t b = bound(len, s), e = bound(len, s + 1);
+      if (e > b) std::memcpy(slot + b * elem, src + b * elem, (e - b) * elem);
+    }
+    Publish(&shm::RankControl::staged, step);
+  };
+  auto reduce = [&](size_t c) {
+    const uint64_t step = first_step + c;
+    WaitForPeers(&shm::RankControl::staged, step);
+    const size_t len = chunk_len(c);
+    const size_t b = bound(len, index_), e = bound(len, index_ + 1);
+    if (e > b) {
+      uint8_t* mine = data + (c * chunk_elems + b) * elem;
+      for (int p = 0; p < n; ++p) {
+        if (p != index_) ReduceInto(mine, staging(p, step) + b * elem, e - b, dtype, op);
+      }
+      std::memcpy(staging(index_, step) + b * elem, mine, (e - b) * elem);
+    }
+    Publish(&shm::RankControl::reduced, step);
+  };
+  auto gather = [&](size_t c) {
+    const uint64_t step = first_step + c;
+    WaitForPeers(&shm::RankControl::reduced, step);
+    const size_t len = chunk_len(c);
+    uint8_t* dst = data + c * chunk_elems * elem;
+    for (int p = 0; p < n; ++p) {
+      if (p == index_) continue;
+      const size_t b = bound(len, p), e = bound(len, p + 1);
+      if (e > b) std::memcpy(dst + b * elem, staging(p, step) + b * elem, (e - b) * elem);
+    }
+    Publish(&shm::RankControl::released, step);
+  };
+
+  stage(0);
+  for (size_t c = 0; c < chunks; ++c) {
+    reduce(c);
+    if (c + 1 < chunks) stage(c + 1);
+    gather(c);
+  }
+}
+
+}  // namespace horovodlike
