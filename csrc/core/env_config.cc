@@ -73,6 +73,7 @@ Config Config::FromEnvironment() {
   if (const char* key = Get("HOROVOD_SECRET_KEY")) c.secret_key = key;
   if (const char* iface = Get("HOROVOD_GLOO_IFACE")) c.network_interface = iface;
   c.start_timeout_seconds = GetDouble("HOROVOD_START_TIMEOUT", c.start_timeout_seconds);
+  c.elastic_round = static_cast<int>(GetInt("HOROVOD_ELASTIC_ROUND", -1));
 
   c.fusion_threshold_bytes = GetInt("HOROVOD_FUSION_THRESHOLD", c.fusion_threshold_bytes);
   if (c.fusion_threshold_bytes < 0) throw InvalidArgument("HOROVOD_FUSION_THRESHOLD must be >= 0");
@@ -83,6 +84,18 @@ Config Config::FromEnvironment() {
   c.stall_check_enabled = !GetBool("HOROVOD_STALL_CHECK_DISABLE", false);
   c.stall_warning_seconds =
       GetDouble("HOROVOD_STALL_CHECK_TIME_SECONDS", c.stall_warning_seconds);
+  if (!(c.stall_warning_seconds > 0)) {
+    throw InvalidArgument("HOROVOD_STALL_CHECK_TIME_SECONDS must be a positive number of seconds");
+  }
+  c.stall_shutdown_seconds =
+      GetDouble("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", c.stall_shutdown_seconds);
+  if (!(c.stall_shutdown_seconds >= 0)) {
+    throw InvalidArgument("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS must be >= 0 (0: never)");
+  }
+  c.peer_timeout_seconds = GetDouble("HOROVOD_PEER_TIMEOUT_SECONDS", c.peer_timeout_seconds);
+  if (!(c.peer_timeout_seconds > 0)) {
+    throw InvalidArgument("HOROVOD_PEER_TIMEOUT_SECONDS must be a positive number of seconds");
+  }
   c.log_level = ParseLogLevel(Get("HOROVOD_LOG_LEVEL"));
   return c;
 }

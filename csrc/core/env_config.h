@@ -19,12 +19,15 @@ struct Config {
   std::string secret_key;
   std::string network_interface;  // HOROVOD_GLOO_IFACE
   double start_timeout_seconds = 30.0;
+  int elastic_round = -1;  // HOROVOD_ELASTIC_ROUND: rendezvous generation set by the driver
 
   int64_t fusion_threshold_bytes = 128LL * 1024 * 1024;
   double cycle_time_ms = 1.0;
   int cache_capacity = 1024;
   bool stall_check_enabled = true;
   double stall_warning_seconds = 60.0;
+  double stall_shutdown_seconds = 0.0;  // 0: a stall never stops the job
+  double peer_timeout_seconds = 300.0;  // a peer silent for this long counts as failed
   int log_level = 3;  // 0 trace, 1 debug, 2 info, 3 warning, 4 error, 5 fatal
 
   // Reads HOROVOD_* variables; throws InvalidArgument naming the variable on a bad value.

@@ -6,12 +6,23 @@
 
 #include "logging.h"
 #include "../transport/factory.h"
+#include "../transport/rendezvous_client.h"
 
 namespace horovodlike {
 namespace {
 std::mutex g_mutex;
 std::unique_ptr<Runtime> g_runtime;
 int g_generation = 0;  // init() count, so a re-init rendezvouses under fresh keys
+
+const char* FailureKind(TransportError::Cause cause) {
+  switch (cause) {
+    case TransportError::Cause::kPeerLost: return "lost";
+    case TransportError::Cause::kPeerTimeout: return "timeout";
+    case TransportError::Cause::kStall: return "stall";
+    case TransportError::Cause::kOther: break;
+  }
+  return "error";
+}
 }  // namespace
 
 void Runtime::Init() {
@@ -19,8 +30,18 @@ void Runtime::Init() {
   if (g_runtime) return;  // init() twice is harmless, as in Horovod
   Config config = Config::FromEnvironment();
   SetLogLevel(config.log_level, config.rank);
-  auto transport = CreateTransport(config, g_generation++);
-  g_runtime.reset(new Runtime(std::move(config), std::move(transport)));
+  // Elastic workers join rounds formed by the driver: the round names the rendezvous keys, so
+  // a worker started late meets the others under the same keys.
+  const int generation = config.elastic_round >= 0 ? config.elastic_round : g_generation++;
+  std::unique_ptr<Transport> transport;
+  try {
+    transport = CreateTransport(config, generation);
+  } catch (const TransportError& e) {
+    // A peer that died or vanished during set-up: tell the launcher which one it was.
+    ReportFailureToLauncher(config, generation, {e.peer(), FailureKind(e.cause()), e.what()});
+    throw;
+  }
+  g_runtime.reset(new Runtime(std::move(config), std::move(transport), generation));
 }
 
 void Runtime::Shutdown() {
@@ -45,8 +66,8 @@ Runtime& Runtime::Get() {
   return *g_runtime;
 }
 
-Runtime::Runtime(Config config, std::unique_ptr<Transport> transport)
-    : config_(std::move(config)), transport_(std::move(transport)),
+Runtime::Runtime(Config config, std::unique_ptr<Transport> transport, int generation)
+    : config_(std::move(config)), generation_(generation), transport_(std::move(transport)),
       process_sets_(*transport_, config_, queue_, handles_,
                     [this](const Response& r) { return ChangeProcessSets(r); }) {
   loop_ = std::thread([this] { Loop(); });
@@ -204,6 +225,7 @@ void Runtime::Loop() {
         by_set[set_id].push_back(std::move(request));
       }
       bool shutdown = false;
+      std::vector<int> shutdown_ranks;
       // Every rank visits its sets in the same (id) order, so each set's members negotiate
       // and execute in step; sets added this round are visited from the next one.
       for (int id : process_sets_.MemberIds()) {
@@ -213,7 +235,10 @@ void Runtime::Loop() {
                                                 id == 0 && shutdown_requested_.load());
         by_set.erase(id);
         for (const Response& response : round.responses) set->executor->Execute(response);
-        if (id == 0) shutdown = round.shutdown;
+        if (id == 0) {
+          shutdown = round.shutdown;
+          shutdown_ranks = round.shutdown_ranks;
+        }
       }
       for (auto& [id, requests] : by_set) {
         // Requests for a set removed while they were queued.
@@ -228,19 +253,49 @@ void Runtime::Loop() {
       }
       by_set.clear();
       if (shutdown) {
-        FailEverything(StatusCode::kShutdown,
-                       "horovodlike was shut down on one of the ranks before this operation "
-                       "completed");
+        std::vector<int> others;
+        for (int r : shutdown_ranks) if (r != config_.rank) others.push_back(r);
+        if (others.empty() || shutdown_requested_) {
+          FailEverything(StatusCode::kShutdown,
+                         "horovodlike was shut down before this operation completed");
+        } else {
+          std::string list;
+          for (size_t i = 0; i < others.size(); ++i) {
+            list += (i ? ", " : "") + std::to_string(others[i]);
+          }
+          const std::string who = (others.size() == 1 ? "rank " : "ranks ") + list;
+          // This rank did not ask to stop: the others did, so its failure is theirs.
+          Stop(StatusCode::kShutdown,
+               "horovodlike was shut down on " + who + " before this operation completed (" +
+                   who + " called shutdown() or " + (others.size() == 1 ? "is" : "are") +
+                   " exiting)",
+               others[0], "shutdown", false);
+        }
         return;
       }
     }
+  } catch (const TransportError& e) {
+    HVDL_LOG(kError, "stopping: " << e.what());
+    Stop(StatusCode::kInternal, e.what(), e.peer(), FailureKind(e.cause()), true);
   } catch (const std::exception& e) {
     HVDL_LOG(kError, "stopping: " << e.what());
-    transport_->abort();
-    FailEverything(StatusCode::kInternal,
-                   std::string("horovodlike stopped on rank ") + std::to_string(config_.rank) +
-                       ": " + e.what() + ". Call shutdown() and init() to start again.");
+    Stop(StatusCode::kInternal, e.what(), config_.rank, "error", true);
   }
+}
+
+void Runtime::Stop(StatusCode code, const std::string& cause, int origin, const char* kind,
+                   bool internal) {
+  // First the report, then the connections close, then the handles complete: a peer that loses
+  // its connection to this rank finds the report already there (and names the rank this one
+  // failed because of), and so does the launcher once this process exits.
+  FailureReport report = ReportFailureToLauncher(config_, generation_, {origin, kind, cause});
+  if (!internal) {
+    FailEverything(code, report.reason);
+    return;
+  }
+  transport_->abort();
+  FailEverything(code, "horovodlike stopped on rank " + std::to_string(config_.rank) + ": " +
+                           report.reason + ". Call shutdown() and init() to start again.");
 }
 
 }  // namespace horovodlike

@@ -19,6 +19,9 @@ def init(comm=None, process_sets=None):
         raise ValueError("init(comm=...) is not supported; start the job with horovodlikerun")
     if process_sets is not None and not isinstance(process_sets, (list, tuple)):
         raise TypeError("process_sets must be a list of ProcessSet objects or lists of ranks")
+    from horovodlike.common import elastic
+    if elastic.is_elastic() and not _core.is_initialized():
+        elastic.join_round()  # the driver tells this worker its rank in the next round
     try:
         _core.init()
     except RuntimeError as e:

@@ -30,7 +30,7 @@ class JobSettings:
     network_interface: str | None = None
 
 
-def _number(value: float) -> str:
+def format_number(value: float) -> str:
     """5.0 -> "5", 2.5 -> "2.5": what both Python and strtod read back as the same value."""
     return str(int(value)) if float(value).is_integer() else repr(float(value))
 
@@ -48,12 +48,12 @@ def horovod_environment(assignment: RankAssignment, job: JobSettings) -> dict[st
         "HOROVOD_RENDEZVOUS_ADDR": job.rendezvous_addr,
         "HOROVOD_RENDEZVOUS_PORT": str(job.rendezvous_port),
         "HOROVOD_SECRET_KEY": job.secret_key,
-        "HOROVOD_START_TIMEOUT": _number(job.start_timeout_s),
+        "HOROVOD_START_TIMEOUT": format_number(job.start_timeout_s),
     }
     if job.fusion_threshold_bytes is not None:
         env["HOROVOD_FUSION_THRESHOLD"] = str(job.fusion_threshold_bytes)
     if job.cycle_time_ms is not None:
-        env["HOROVOD_CYCLE_TIME"] = _number(job.cycle_time_ms)
+        env["HOROVOD_CYCLE_TIME"] = format_number(job.cycle_time_ms)
     if job.cache_capacity is not None:
         env["HOROVOD_CACHE_CAPACITY"] = str(job.cache_capacity)
     if job.log_level is not None:

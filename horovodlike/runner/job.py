@@ -9,6 +9,7 @@ import threading
 import time
 from queue import Empty, SimpleQueue
 
+from horovodlike.runner import failures
 from horovodlike.runner.output import Console, join_forwarders
 from horovodlike.runner.rank_process import RankExited, RankProcess, describe_exit
 from horovodlike.runner.rendezvous import RendezvousServer
@@ -105,7 +106,7 @@ class Job:
                 if event.returncode == 0:
                     waiting_to_join.discard(event.rank)  # done without needing the others
                 else:
-                    return self._fail(self._processes[event.rank], event.returncode)
+                    return self._fail_first_in_cause(event, running)
             elif event is not None:
                 self._console.message(f"received {signal.Signals(event).name}; "
                                       f"stopping the job")
@@ -122,38 +123,95 @@ class Job:
                     self._console.message(
                         f"{missing} did not join within {self._start_timeout_s:g} s "
                         f"(see --start-timeout); stopping the job")
+                    self._server.abort(f"{missing} did not join within "
+                                       f"{self._start_timeout_s:g} s")
                     self._stop_all()
                     return 1
         return 0
 
-    def _fail(self, process: RankProcess, returncode: int) -> int:
+    def _fail_first_in_cause(self, first: RankExited, running: set[int]) -> int:
+        """Names the rank that failed first in cause (see failures.py): waits up to
+        failures.GRACE_S for one that failed by itself, else follows the ranks' reports."""
+        exits = {first.rank: first.returncode}
+        deadline = time.monotonic() + failures.GRACE_S
+        while True:
+            records = failures.read_records(self._server)
+            primary = failures.primary_failure(exits, records)
+            if primary is not None:
+                return self._fail(self._processes[primary], exits[primary], records.get(primary))
+            if not running or time.monotonic() >= deadline:
+                break
+            try:
+                event = self._events.get(timeout=_POLL_S)
+            except Empty:
+                continue
+            if isinstance(event, RankExited):
+                running.discard(event.rank)
+                exits[event.rank] = event.returncode
+            else:
+                self._console.message(f"received {signal.Signals(event).name}; "
+                                      f"stopping the job")
+                self._stop_all()
+                return 128 + event
+        records = failures.read_records(self._server)
+        culprit, blame = failures.trace_cause(first.rank, exits, records, running)
+        if culprit == first.rank:
+            return self._fail(self._processes[first.rank], first.returncode,
+                              records.get(first.rank))
+        first_process = self._processes[first.rank]
+        first_process.join_output(timeout=0.5)
+        what, code = describe_exit(first.returncode)
+        process = self._processes[culprit]
+        message = (f"rank {culprit} (on {process.hostname}) "
+                   f"{failures.describe_blame(blame, first.rank)} (rank {first.rank} then "
+                   f"{what}); stopping the job")
+        self._console.message(message)
+        self._server.abort(message)
+        self._stop_all()
+        return code
+
+    def _fail(self, process: RankProcess, returncode: int,
+              record: failures.FailureRecord | None = None) -> int:
         process.join_output(timeout=0.5)  # its last lines first, then the verdict
         what, code = describe_exit(returncode)
         hint = ""
         if process.via_ssh and returncode == 255:
-            hint = f" (255 is also ssh's code for not reaching {process.hostname})"
-        self._console.message(f"rank {process.rank} (on {process.hostname}) {what}; "
-                              f"stopping the job{hint}")
+            hint = (f" (255 is also ssh's code for not reaching {process.hostname}: check the "
+                    f"host name, --ssh-port, and that `ssh {process.hostname}` works without a "
+                    f"password)")
+        elif returncode in (126, 127):
+            hint = (f" ({returncode}: the command was not found or not executable"
+                    f"{' on ' + process.hostname if process.via_ssh else ''})")
+        message = f"rank {process.rank} (on {process.hostname}) {what}"
+        self._console.message(f"{message}; stopping the job{hint}")
+        if record is not None:
+            self._console.message(f"rank {process.rank} reported: {record.reason}")
+        self._server.abort(message)
         self._stop_all()
         return code
 
     def _stop_all(self) -> None:
-        """SIGTERM to every rank's process group; SIGKILL to what is left after the grace (or at
-        once on a second signal to the launcher)."""
         if self._stopped:
             return
         self._stopped = True
-        for process in self._started:
-            process.signal_group(signal.SIGTERM)
-        signals_before = self._signals_received
-        deadline = time.monotonic() + self._kill_grace_s
-        while (time.monotonic() < deadline and self._signals_received == signals_before
-               and any(_group_exists(p.pid) for p in self._started)):
-            time.sleep(0.02)
-        for process in self._started:
-            process.signal_group(signal.SIGKILL)
-        for process in self._started:
-            process.wait(timeout=2.0)
+        stop_processes(self._started, self._kill_grace_s, lambda: self._signals_received)
+
+
+def stop_processes(processes: list[RankProcess], kill_grace_s: float, signal_count) -> None:
+    """SIGTERM to every process group; SIGKILL to what is left after the grace (or at once when
+    `signal_count()` grows: a second signal to the launcher)."""
+    for process in processes:
+        process.signal_group(signal.SIGTERM)
+        process.signal_group(signal.SIGCONT)  # a stopped (SIGSTOP) rank acts on it only then
+    signals_before = signal_count()
+    deadline = time.monotonic() + kill_grace_s
+    while (time.monotonic() < deadline and signal_count() == signals_before
+           and any(_group_exists(p.pid) for p in processes)):
+        time.sleep(0.02)
+    for process in processes:
+        process.signal_group(signal.SIGKILL)
+    for process in processes:
+        process.wait(timeout=2.0)
 
 
 def _group_exists(pgid: int | None) -> bool:

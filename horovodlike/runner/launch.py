@@ -13,7 +13,8 @@ import sys
 
 from horovodlike.runner import network
 from horovodlike.runner.check_build import check_build
-from horovodlike.runner.environment import (JobSettings, horovod_environment,
+from horovodlike.runner.elastic_driver import ElasticDriver, discover_with_script
+from horovodlike.runner.environment import (JobSettings, format_number, horovod_environment,
                                             local_rank_environment, remote_rank_environment)
 from horovodlike.runner.hosts import HostError, HostSlots, assign_ranks, parse_hostfile, parse_hosts
 from horovodlike.runner.job import Job
@@ -88,6 +89,20 @@ def make_parser() -> argparse.ArgumentParser:
     tuning.add_argument("--log-level", dest="log_level", choices=LOG_LEVELS,
                         help="core log level (HOROVOD_LOG_LEVEL)")
 
+    elastic = parser.add_argument_group(
+        "elastic training (on when --host-discovery-script, --min-np or --max-np is given)")
+    elastic.add_argument("--min-np", dest="min_np", type=int,
+                         help="fewest workers to go on with (default: -np)")
+    elastic.add_argument("--max-np", dest="max_np", type=int,
+                         help="most workers to run (default: -np)")
+    elastic.add_argument("--host-discovery-script", dest="host_discovery_script",
+                         help="executable printing the available hosts, one 'host:slots' a "
+                              "line; run every second")
+    elastic.add_argument("--reset-limit", dest="reset_limit", type=int,
+                         help="most times the job may be re-formed before it is stopped")
+    elastic.add_argument("--elastic-timeout", dest="elastic_timeout", type=float, default=600.0,
+                         help="seconds to wait for enough workers (default 600)")
+
     ssh = parser.add_argument_group("ssh")
     ssh.add_argument("-p", "--ssh-port", dest="ssh_port", type=int, help="ssh port on all hosts")
     ssh.add_argument("-i", "--ssh-identity-file", dest="ssh_identity_file",
@@ -153,7 +168,8 @@ def _rendezvous_addresses(all_local: bool, interface: str | None, parser) -> tup
         if address is None:
             parser.error(f"--network-interface {interface} has no IPv4 address")
         return address, address
-    return "0.0.0.0", network.guess_routable_address()
+    address = network.guess_routable_address()
+    return address, address  # only the interface the ranks use, never every interface
 
 
 def _job_settings(args, address: str, port: int, secret: str, timeout: float) -> JobSettings:
@@ -167,12 +183,18 @@ def _job_settings(args, address: str, port: int, secret: str, timeout: float) ->
                        log_level=args.log_level, network_interface=args.network_interface)
 
 
+def _is_elastic(args) -> bool:
+    return any(v is not None for v in (args.host_discovery_script, args.min_np, args.max_np))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser()
     args = parser.parse_args(argv)
     if args.check_build:
         return check_build()
     _validate(args, parser)
+    if _is_elastic(args):
+        return _run_elastic(args, parser)
     try:
         assignments = assign_ranks(_hosts(args), args.num_proc)
     except HostError as error:
@@ -194,23 +216,76 @@ def main(argv: list[str] | None = None) -> int:
         job = _job_settings(args, connect_address, server.port, secret, timeout)
         launcher_env = dict(os.environ)
         cwd = os.getcwd()
-        processes = []
-        for assignment in assignments:
-            rank_env = horovod_environment(assignment, job)
-            if local[assignment.hostname]:
-                processes.append(RankProcess(assignment, list(args.command),
-                                             local_rank_environment(launcher_env, rank_env),
-                                             via_ssh=False))
-            else:
-                remote = remote_shell_command(
-                    cwd, remote_rank_environment(launcher_env, rank_env), args.command)
-                argv = ssh_command(assignment.hostname, remote, args.ssh_port,
-                                   args.ssh_identity_file)
-                processes.append(RankProcess(assignment, argv, launcher_env, via_ssh=True))
+        processes = [_rank_process(args, a, horovod_environment(a, job), local[a.hostname],
+                                   launcher_env, cwd) for a in assignments]
         if args.verbose:
             _print_plan(console, processes, bind_address, connect_address, server.port)
         return Job(processes, server, console, timeout, output_dir=args.output_filename,
                    verbose=args.verbose).run()
+    finally:
+        server.stop()
+
+
+def _rank_process(args, assignment, rank_env, is_local, launcher_env, cwd) -> RankProcess:
+    """A rank started directly on this machine, or through ssh on another."""
+    if is_local:
+        return RankProcess(assignment, list(args.command),
+                           local_rank_environment(launcher_env, rank_env), via_ssh=False)
+    remote = remote_shell_command(cwd, remote_rank_environment(launcher_env, rank_env),
+                                  args.command)
+    argv = ssh_command(assignment.hostname, remote, args.ssh_port, args.ssh_identity_file)
+    return RankProcess(assignment, argv, launcher_env, via_ssh=True)
+
+
+def _run_elastic(args, parser) -> int:
+    min_np = args.min_np if args.min_np is not None else args.num_proc
+    max_np = args.max_np if args.max_np is not None else max(args.num_proc, min_np)
+    if not 1 <= min_np <= args.num_proc <= max_np:
+        parser.error(f"elastic training needs 1 <= --min-np ({min_np}) <= -np "
+                     f"({args.num_proc}) <= --max-np ({max_np})")
+    if args.reset_limit is not None and args.reset_limit < 0:
+        parser.error("--reset-limit must be >= 0")
+    if args.host_discovery_script:
+        script = args.host_discovery_script
+
+        def discover():
+            return discover_with_script(script)
+        try:
+            first = discover()
+        except HostError as error:
+            parser.error(str(error))
+    else:
+        static = _hosts(args)
+
+        def discover():
+            return static
+        first = static
+    timeout = _start_timeout(args, parser)
+    local = all(network.is_local_host(h.hostname) for h in first) if first else True
+    bind_address, connect_address = _rendezvous_addresses(local, args.network_interface, parser)
+    console = Console(sys.stdout.buffer, sys.stderr.buffer)
+    secret = secrets.token_hex(32)
+    server = RendezvousServer(secret, host=bind_address)
+    try:
+        server.start()
+    except OSError as error:
+        console.message(f"cannot start the rendezvous server on {bind_address}: {error}")
+        return 1
+    try:
+        job = _job_settings(args, connect_address, server.port, secret, timeout)
+        launcher_env = dict(os.environ)
+        cwd = os.getcwd()
+
+        def make_process(assignment, worker_id):
+            env = horovod_environment(assignment, job)
+            env.update({"HOROVOD_ELASTIC": "1", "HOROVOD_ELASTIC_WORKER_ID": worker_id,
+                        "HOROVOD_ELASTIC_TIMEOUT": format_number(args.elastic_timeout)})
+            return _rank_process(args, assignment, env,
+                                 network.is_local_host(assignment.hostname), launcher_env, cwd)
+        driver = ElasticDriver(discover, make_process, min_np, max_np, args.reset_limit,
+                               server, console, args.elastic_timeout,
+                               output_dir=args.output_filename, verbose=args.verbose)
+        return driver.run()
     finally:
         server.stop()
 

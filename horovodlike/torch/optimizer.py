@@ -8,11 +8,20 @@ applies the wrapped optimizer's update.
 
 import torch
 
+from horovodlike.common import elastic as _elastic
 from horovodlike.common.process_sets import global_process_set
 from horovodlike.torch.compression import Compression
 from horovodlike.torch.mpi_ops import (Average, Sum, Adasum, allreduce_async_,
                                        grouped_allreduce_async_, sparse_allreduce_async,
                                        synchronize)
+
+
+def _discard(handle):
+    """Waits out a handle whose result is no longer wanted (its error included)."""
+    try:
+        synchronize(handle)
+    except (RuntimeError, ValueError):
+        pass
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -60,7 +69,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._hooks = []
         if process_set.size() is None:
             raise ValueError(f"{process_set} is not registered; add it first")
-        self._distributed = process_set.size() > 1
+        # An elastic job may grow from one rank: the hooks stay on whatever the size.
+        self._distributed = process_set.size() > 1 or _elastic.is_elastic()
         self._hook_new_params()
 
     @staticmethod
@@ -163,20 +173,25 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for p in self._passes_left:
             if p.requires_grad and not self._pending(p):
                 self._start_allreduce(p)
-        for key, (handle, prepared) in list(self._handles.items()):
-            result = synchronize(handle)
-            outputs = result if isinstance(result, list) else [result]
-            for (p, compressed, ctx), output in zip(prepared, outputs):
-                if compressed.is_sparse:
-                    p.grad = output
-                    continue
-                reduced = self._compression.decompress(compressed, ctx)
-                if reduced.data_ptr() != p.grad.data_ptr():
-                    p.grad.copy_(reduced)
-        self._handles.clear()
-        self._ready.clear()
-        for p in self._passes_left:
-            self._passes_left[p] = self.backward_passes_per_step
+        try:
+            for key, (handle, prepared) in list(self._handles.items()):
+                result = synchronize(handle)
+                outputs = result if isinstance(result, list) else [result]
+                for (p, compressed, ctx), output in zip(prepared, outputs):
+                    if compressed.is_sparse:
+                        p.grad = output
+                        continue
+                    reduced = self._compression.decompress(compressed, ctx)
+                    if reduced.data_ptr() != p.grad.data_ptr():
+                        p.grad.copy_(reduced)
+        finally:
+            # Also after a failure: an elastic job restores the state and goes on from here.
+            for handle, _ in self._handles.values():
+                _discard(handle)
+            self._handles.clear()
+            self._ready.clear()
+            for p in self._passes_left:
+                self._passes_left[p] = self.backward_passes_per_step
 
     def skip_synchronize(self):
         """Context manager: step() inside it does not synchronize (call synchronize() first)."""

@@ -1,0 +1,73 @@
+"""Elastic training with real processes: a worker killed mid-epoch, and a host added by the
+discovery script. The final model must equal a single-process replay of the committed steps,
+and each epoch must use every sample exactly once."""
+
+import json
+import sys
+
+import torch
+
+from conftest import WORKERS, job_env
+import subprocess
+
+N, FEATURES, CLASSES = 60, 5, 3
+
+
+def run_elastic(tmp_path, scenario, np_, hosts, min_np, max_np, extra=()):
+    hosts_file = tmp_path / "hosts.txt"
+    hosts_file.write_text(hosts + "\n")
+    script = tmp_path / "discover.sh"
+    script.write_text(f"#!/bin/sh\ncat {hosts_file}\n")
+    script.chmod(0o755)
+    report = tmp_path / "report.json"
+    command = [sys.executable, "-m", "horovodlike.runner.launch", "-np", str(np_),
+               "--min-np", str(min_np), "--max-np", str(max_np),
+               "--host-discovery-script", str(script), *extra,
+               sys.executable, str(WORKERS / "elastic_worker.py"), str(report), scenario,
+               str(hosts_file)]
+    result = subprocess.run(command, env=job_env(), capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    return json.loads(report.read_text()), result
+
+
+def replay(steps):
+    """The same steps in one process: the mean loss over each global batch."""
+    gen = torch.Generator().manual_seed(0)
+    X = torch.randn(N, FEATURES, generator=gen, dtype=torch.float64)
+    Y = torch.randint(0, CLASSES, (N,), generator=gen)
+    torch.manual_seed(1)
+    model = torch.nn.Linear(FEATURES, CLASSES).double()
+    opt = torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9)
+    for _, per_rank in steps:
+        idx = [i for part in per_rank for i in part]
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(X[idx]), Y[idx]).backward()
+        opt.step()
+    return model.state_dict()
+
+
+def check_report(report):
+    epochs = {}
+    for epoch, per_rank in report["steps"]:
+        epochs.setdefault(epoch, []).extend(i for part in per_rank for i in part)
+    for epoch, indices in epochs.items():
+        assert sorted(indices) == list(range(N)), f"epoch {epoch} repeated or skipped samples"
+    expected = replay(report["steps"])
+    for name, value in report["weights"].items():
+        assert torch.allclose(torch.tensor(value, dtype=torch.float64), expected[name],
+                              rtol=1e-9, atol=1e-10), f"{name} differs from the replay"
+
+
+def test_killed_worker_job_finishes_with_the_others(tmp_path):
+    report, result = run_elastic(tmp_path, "kill", 3, "localhost:3", min_np=2, max_np=3)
+    sizes = [len(per_rank) for _, per_rank in report["steps"]]
+    assert sizes[0] == 3 and sizes[-1] == 2 and report["size"] == 2, sizes
+    assert "worker localhost/2 was killed by signal 9" in result.stderr
+    check_report(report)
+
+
+def test_host_added_by_discovery_joins(tmp_path):
+    report, result = run_elastic(tmp_path, "grow", 2, "localhost:2", min_np=2, max_np=3)
+    sizes = [len(per_rank) for _, per_rank in report["steps"]]
+    assert sizes[0] == 2 and sizes[-1] == 3 and report["size"] == 3, sizes
+    check_report(report)

@@ -1,0 +1,72 @@
+"""Elastic training under test: a worker may kill itself mid-epoch, or rank 0 may add a host to
+the discovery file. Every committed step is kept in the elastic state (so rolled-back steps
+vanish with it); rank 0 writes them and the final weights for the test to replay."""
+
+import json
+import os
+import signal
+import sys
+import time
+
+import torch
+
+import horovodlike.torch as hvd
+from horovodlike.common.elastic import hosts_changed_locally
+from horovodlike.data import ElasticSampler
+
+report_path, scenario = sys.argv[1], sys.argv[2]
+hosts_file = sys.argv[3] if len(sys.argv) > 3 else None
+N, FEATURES, CLASSES, BATCH, EPOCHS, COMMIT_EVERY = 60, 5, 3, 4, 3, 2
+
+hvd.init()
+torch.set_num_threads(1)
+gen = torch.Generator().manual_seed(0)
+X = torch.randn(N, FEATURES, generator=gen, dtype=torch.float64)
+Y = torch.randint(0, CLASSES, (N,), generator=gen)
+torch.manual_seed(1)
+model = torch.nn.Linear(FEATURES, CLASSES).double()
+# Each rank's loss is its share of the global batch's summed loss over the global batch's size,
+# so summing the gradients gives the global mean, however unevenly the batch is split.
+optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9),
+                                     named_parameters=model.named_parameters(), op=hvd.Sum)
+sampler = ElasticSampler(range(N), shuffle=True, seed=7)
+state = hvd.elastic.TorchState(model, optimizer, sampler=sampler, epoch=0, batch=0, steps=[])
+worker = os.environ["HOROVOD_ELASTIC_WORKER_ID"]
+
+
+@hvd.elastic.run
+def train(state):
+    while state.epoch < EPOCHS:
+        for b in range(sampler.batches_per_epoch(BATCH)):
+            idx = sampler.get_indices(b, BATCH)
+            total = sampler.global_batch_size(b, BATCH)
+            optimizer.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(X[idx]), Y[idx], reduction="sum")
+            (loss / total).backward()
+            optimizer.step()
+            state.steps.append([state.epoch, hvd.allgather_object(idx, name="log.indices")])
+            sampler.record_batch(b, BATCH)
+            state.batch += 1
+            if scenario == "kill" and worker == "localhost/2" and state.epoch == 1 and \
+                    state.batch == 3:
+                os.kill(os.getpid(), signal.SIGKILL)  # just after a commit at batch 2
+            if scenario == "grow" and hvd.rank() == 0 and state.epoch == 0 and \
+                    state.batch == 2 and hvd.size() == 2:
+                with open(hosts_file, "w") as f:
+                    f.write("localhost:3\n")
+                while not hosts_changed_locally():  # the driver has started the new worker
+                    time.sleep(0.05)
+            if state.batch % COMMIT_EVERY == 0:
+                state.commit()
+        state.epoch += 1
+        state.batch = 0
+        sampler.set_epoch(state.epoch)
+        state.commit()
+
+
+train(state)
+if hvd.rank() == 0:
+    with open(report_path, "w") as f:
+        json.dump({"steps": state.steps, "size": hvd.size(),
+                   "weights": {k: v.tolist() for k, v in model.state_dict().items()}}, f)
+print(f"rank {hvd.rank()} of {hvd.size()}: elastic OK", flush=True)
