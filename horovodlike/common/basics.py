@@ -6,6 +6,7 @@ from horovodlike import _core
 from horovodlike.common.exceptions import HorovodInternalError
 
 _atexit_registered = False
+_ELASTIC_ROUND_ATTEMPTS = 10
 
 
 def init(comm=None, process_sets=None):
@@ -20,12 +21,16 @@ def init(comm=None, process_sets=None):
     if process_sets is not None and not isinstance(process_sets, (list, tuple)):
         raise TypeError("process_sets must be a list of ProcessSet objects or lists of ranks")
     from horovodlike.common import elastic
-    if elastic.is_elastic() and not _core.is_initialized():
-        elastic.join_round()  # the driver tells this worker its rank in the next round
-    try:
-        _core.init()
-    except RuntimeError as e:
-        raise HorovodInternalError(f"horovodlike.init() failed: {e}") from None
+    for attempt in range(_ELASTIC_ROUND_ATTEMPTS):
+        if elastic.is_elastic() and not _core.is_initialized():
+            elastic.join_round()  # the driver tells this worker its rank in the next round
+        try:
+            _core.init()
+            break
+        except RuntimeError as e:
+            if not elastic.is_elastic() or attempt + 1 == _ELASTIC_ROUND_ATTEMPTS:
+                raise HorovodInternalError(f"horovodlike.init() failed: {e}") from None
+            # A member of the round died while it formed: the driver forms another.
     from horovodlike.common import process_sets as _sets
     _sets.global_process_set.ranks = list(range(_core.size()))
     for process_set in process_sets or []:

@@ -152,24 +152,18 @@ def run_fn(func, reset):
 
     @functools.wraps(func)
     def wrapper(state, *args, **kwargs):
-        reset_limit = int(os.environ.get("HOROVOD_ELASTIC_RESET_LIMIT", "-1"))
-        resets = 0
         skip_sync = False
         while True:
-            if not skip_sync:
-                state.sync()
             try:
+                if not skip_sync:
+                    state.sync()
                 return func(state, *args, **kwargs)
             except HorovodInternalError:
                 state.restore()
                 skip_sync = False
             except HostsUpdatedInterrupt as interrupt:
                 skip_sync = interrupt.skip_sync
-            resets += 1
-            if 0 <= reset_limit < resets:
-                raise HorovodInternalError(f"the job was reset {resets} times, more than "
-                                           f"--reset-limit {reset_limit}")
-            reset()
+            reset()  # the driver enforces --reset-limit when it forms the next round
             state.on_reset()
 
     return wrapper
