@@ -311,10 +311,9 @@ def _relative_root(root_rank, name, process_set):
         raise TypeError(f"broadcast '{name}': root_rank must be an int, got {root_rank!r}")
     ranks = set_ranks(process_set)
     if root_rank not in ranks:
-        where = "this job" if set_id(process_set) == 0 else f"process set {ranks}"
-        raise ValueError(f"broadcast '{name}': root_rank {root_rank} is not a rank of {where} "
-                         f"(ranks {ranks[0]} to {ranks[-1]})" if set_id(process_set) == 0 else
-                         f"broadcast '{name}': root_rank {root_rank} is not in {where}")
+        where = (f"a rank of this job (0 to {len(ranks) - 1})" if set_id(process_set) == 0
+                 else f"in process set {set_id(process_set)} (ranks {ranks})")
+        raise ValueError(f"broadcast '{name}': root_rank {root_rank} is not {where}")
     return ranks.index(root_rank)
 
 
