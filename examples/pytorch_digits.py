@@ -55,7 +55,7 @@ def train_epoch(model, optimizer, loader):
         total += loss.detach()
     # Every rank has the same number of equal-size batches, so the average over ranks of each
     # rank's mean is the mean over the global batches.
-    return hvd.allreduce(total / len(loader), name="train_loss", op=hvd.Sum).item()
+    return hvd.allreduce(total / len(loader), name="train_loss", op=hvd.Average).item()
 
 
 def held_out_accuracy(model, test):
@@ -89,7 +89,7 @@ def main():
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
-    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(), op=hvd.Sum)
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(), op=hvd.Average)
 
     for epoch in range(1, args.epochs + 1):
         sampler.set_epoch(epoch)

@@ -8,19 +8,30 @@ import sys
 import numpy as np
 import pytest
 
+import horovodlike
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(REPO, "examples", "pytorch_digits.py")
+# Ranks import the same horovodlike as this process, installed or from a source tree.
+PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(horovodlike.__file__)))
 TIMEOUT_S = 300
 
 RANK_LINE = re.compile(r"^\[(\d+)\]<stdout>:(.*)$")
 EPOCH_LINE = re.compile(r"epoch (\d+): loss ([0-9.]+) test accuracy ([0-9.]+)%")
 
 
+def job_env():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [PACKAGE_PARENT, env.get("PYTHONPATH")]))
+    return env
+
+
 def run_digits(num_proc, *args):
     """Runs the example on num_proc ranks; returns rank 0's (epoch, loss, accuracy) lines."""
     command = [sys.executable, "-m", "horovodlike.runner.launch", "-np", str(num_proc),
                sys.executable, EXAMPLE, *map(str, args)]
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S)
+    result = subprocess.run(command, env=job_env(), cwd=REPO, capture_output=True, text=True,
+                            timeout=TIMEOUT_S)
     output = result.stdout + result.stderr
     assert result.returncode == 0, f"{' '.join(command)} exited with {result.returncode}:\n{output}"
 
