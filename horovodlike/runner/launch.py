@@ -204,6 +204,19 @@ def main(argv: list[str] | None = None) -> int:
     bind_address, connect_address = _rendezvous_addresses(
         all(local.values()), args.network_interface, parser)
 
+    def run(console, server, job, launcher_env, cwd):
+        processes = [_rank_process(args, a, horovod_environment(a, job), local[a.hostname],
+                                   launcher_env, cwd) for a in assignments]
+        if args.verbose:
+            _print_plan(console, processes, bind_address, connect_address, server.port)
+        return Job(processes, server, console, timeout, output_dir=args.output_filename,
+                   verbose=args.verbose).run()
+    return _with_rendezvous(args, bind_address, connect_address, timeout, run)
+
+
+def _with_rendezvous(args, bind_address, connect_address, timeout, run) -> int:
+    """Starts the rendezvous server with a new job secret, runs
+    `run(console, server, job_settings, launcher_env, cwd)` and stops the server."""
     console = Console(sys.stdout.buffer, sys.stderr.buffer)
     secret = secrets.token_hex(32)
     server = RendezvousServer(secret, host=bind_address)
@@ -214,14 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     try:
         job = _job_settings(args, connect_address, server.port, secret, timeout)
-        launcher_env = dict(os.environ)
-        cwd = os.getcwd()
-        processes = [_rank_process(args, a, horovod_environment(a, job), local[a.hostname],
-                                   launcher_env, cwd) for a in assignments]
-        if args.verbose:
-            _print_plan(console, processes, bind_address, connect_address, server.port)
-        return Job(processes, server, console, timeout, output_dir=args.output_filename,
-                   verbose=args.verbose).run()
+        return run(console, server, job, dict(os.environ), os.getcwd())
     finally:
         server.stop()
 
@@ -263,19 +269,8 @@ def _run_elastic(args, parser) -> int:
     timeout = _start_timeout(args, parser)
     local = all(network.is_local_host(h.hostname) for h in first) if first else True
     bind_address, connect_address = _rendezvous_addresses(local, args.network_interface, parser)
-    console = Console(sys.stdout.buffer, sys.stderr.buffer)
-    secret = secrets.token_hex(32)
-    server = RendezvousServer(secret, host=bind_address)
-    try:
-        server.start()
-    except OSError as error:
-        console.message(f"cannot start the rendezvous server on {bind_address}: {error}")
-        return 1
-    try:
-        job = _job_settings(args, connect_address, server.port, secret, timeout)
-        launcher_env = dict(os.environ)
-        cwd = os.getcwd()
 
+    def run(console, server, job, launcher_env, cwd):
         def make_process(assignment, worker_id):
             env = horovod_environment(assignment, job)
             env.update({"HOROVOD_ELASTIC": "1", "HOROVOD_ELASTIC_WORKER_ID": worker_id,
@@ -286,8 +281,7 @@ def _run_elastic(args, parser) -> int:
                                server, console, args.elastic_timeout,
                                output_dir=args.output_filename, verbose=args.verbose)
         return driver.run()
-    finally:
-        server.stop()
+    return _with_rendezvous(args, bind_address, connect_address, timeout, run)
 
 
 def _print_plan(console: Console, processes: list[RankProcess], bind_address: str,
