@@ -26,7 +26,7 @@ def parse_args():
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--epochs", type=int, default=20)
     parser.add_argument("--batch-size", type=int, default=32, help="batch size per rank")
-    parser.add_argument("--lr", type=float, default=0.2, help="learning rate for the global batch")
+    parser.add_argument("--lr", type=float, default=0.05, help="learning rate for the global batch")
     parser.add_argument("--warmup-epochs", type=int, default=2,
                         help="epochs of learning-rate warm-up from lr / ranks (0: none)")
     parser.add_argument("--seed", type=int, default=42)

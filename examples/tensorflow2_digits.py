@@ -26,7 +26,7 @@ def parse_args():
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--epochs", type=int, default=20)
     parser.add_argument("--batch-size", type=int, default=32, help="batch size per rank")
-    parser.add_argument("--lr", type=float, default=0.2, help="learning rate for the global batch")
+    parser.add_argument("--lr", type=float, default=0.05, help="learning rate for the global batch")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--save-weights", metavar="PATH",
                         help="rank 0 writes the final weights here (.npz)")

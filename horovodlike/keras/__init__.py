@@ -31,7 +31,9 @@ from horovodlike.common.exceptions import (HorovodInternalError, HostsUpdatedInt
 from horovodlike.tensorflow import mpi_ops as _ops  # noqa: E402
 from horovodlike.tensorflow.compression import Compression  # noqa: E402
 from horovodlike.tensorflow.functions import broadcast_object, allgather_object  # noqa: E402
-from horovodlike.tensorflow.mpi_ops import Average, Sum, Min, Max, Product, Adasum  # noqa: E402
+from horovodlike.tensorflow.mpi_ops import (Average, Sum, Min, Max, Product, Adasum,  # noqa
+                                            ProcessSet, global_process_set, add_process_set,
+                                            remove_process_set)
 from horovodlike.keras.optimizer import DistributedOptimizer, wrap_in_place  # noqa: E402
 from horovodlike.keras import callbacks  # noqa: E402,F401
 
@@ -40,27 +42,35 @@ __all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "
            "ddl_built", "ccl_built", "cuda_built", "rocm_built", "mpi_enabled", "gloo_enabled",
            "mpi_threads_supported", "HorovodInternalError", "HostsUpdatedInterrupt",
            "TensorMismatchError", "Compression", "Average", "Sum", "Min", "Max", "Product",
-           "Adasum", "DistributedOptimizer", "allreduce", "allgather", "broadcast",
-           "broadcast_object", "allgather_object", "load_model", "callbacks"]
+           "Adasum", "ProcessSet", "global_process_set", "add_process_set",
+           "remove_process_set", "DistributedOptimizer", "allreduce", "allgather", "broadcast",
+           "reducescatter", "broadcast_object", "allgather_object", "load_model", "callbacks"]
 
 
 def allreduce(value, name=None, average=None, prescale_factor=1.0, postscale_factor=1.0, op=None,
-              compression=Compression.none):
+              compression=Compression.none, process_set=global_process_set):
     """Reduces a tensor-compatible value (tensor, NumPy array, number) over all ranks; returns a
     tensor."""
     return _ops.allreduce(tf.convert_to_tensor(value), average=average, name=name,
                           prescale_factor=prescale_factor, postscale_factor=postscale_factor,
-                          op=op, compression=compression)
+                          op=op, compression=compression, process_set=process_set)
 
 
-def allgather(value, name=None):
+def allgather(value, name=None, process_set=global_process_set):
     """Concatenates every rank's value along the first dimension; returns a tensor."""
-    return _ops.allgather(tf.convert_to_tensor(value), name=name)
+    return _ops.allgather(tf.convert_to_tensor(value), name=name, process_set=process_set)
 
 
-def broadcast(value, root_rank, name=None):
+def broadcast(value, root_rank, name=None, process_set=global_process_set):
     """Returns root_rank's value on every rank, as a tensor."""
-    return _ops.broadcast(tf.convert_to_tensor(value), root_rank, name=name)
+    return _ops.broadcast(tf.convert_to_tensor(value), root_rank, name=name,
+                          process_set=process_set)
+
+
+def reducescatter(value, name=None, op=Average, process_set=global_process_set):
+    """Reduces a value over all ranks and returns this rank's part along the first dimension."""
+    return _ops.reducescatter(tf.convert_to_tensor(value), name=name, op=op,
+                              process_set=process_set)
 
 
 def load_model(filepath, custom_optimizers=None, custom_objects=None,

@@ -14,10 +14,11 @@ only every n-th call reduces and applies them; the other calls only count an ite
 import keras
 import tensorflow as tf
 
-from horovodlike.common import basics
+from horovodlike.common.process_sets import global_process_set, set_id, set_ranks
 from horovodlike.tensorflow.compression import Compression
-from horovodlike.tensorflow.gradient_tape import check_gradient_options, reduce_gradients
-from horovodlike.tensorflow.mpi_ops import Average, _check_process_set
+from horovodlike.tensorflow.gradient_tape import (check_gradient_options, reduce_gradients,
+                                                  scale_gradient)
+from horovodlike.tensorflow.mpi_ops import Average
 
 
 class _DistributedOptimizer:
@@ -25,11 +26,13 @@ class _DistributedOptimizer:
 
     def _horovodlike_setup(self, device_dense, device_sparse, compression, sparse_as_dense, op,
                            gradient_predivide_factor, backward_passes_per_step,
-                           average_aggregated_gradients, groups, scale_local_gradients):
+                           average_aggregated_gradients, groups, process_set,
+                           scale_local_gradients):
         self._hvd_options = dict(device_dense=device_dense, device_sparse=device_sparse,
                                  compression=compression, sparse_as_dense=sparse_as_dense, op=op,
                                  gradient_predivide_factor=gradient_predivide_factor,
-                                 groups=groups)
+                                 groups=groups, process_set=process_set)
+        self._hvd_set_size = len(set_ranks(process_set))
         self._hvd_passes = int(backward_passes_per_step)
         self._hvd_average_aggregated = bool(average_aggregated_gradients)
         self._hvd_scale_local_gradients = scale_local_gradients
@@ -59,7 +62,7 @@ class _DistributedOptimizer:
             self._hvd_aggregated_index = {id(v): i for i, v in enumerate(variables)}
 
     def _hvd_reduce(self, grads, variables):
-        if basics.size() == 1:
+        if self._hvd_set_size == 1:
             return list(grads)
         local = [id(v) in self._hvd_local_vars for v in variables]
         shared = [i for i, is_local in enumerate(local) if not is_local]
@@ -70,15 +73,11 @@ class _DistributedOptimizer:
             out[i] = g
         if self._hvd_scale_local_gradients:
             for i, is_local in enumerate(local):
-                g = out[i]
-                if is_local and g is not None:
-                    if isinstance(g, tf.IndexedSlices):
-                        out[i] = tf.IndexedSlices(g.values / basics.size(), g.indices,
-                                                  g.dense_shape)
-                    else:
-                        out[i] = g / basics.size()
+                if is_local and out[i] is not None:
+                    out[i] = scale_gradient(out[i], 1.0 / self._hvd_set_size)
         return out
 
+    @tf.autograph.experimental.do_not_convert
     def apply(self, grads, trainable_variables=None):
         parent = super(self.__class__, self)
         grads = list(grads)
@@ -155,7 +154,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
                          compression=Compression.none, sparse_as_dense=False,
                          gradient_predivide_factor=1.0, op=Average, backward_passes_per_step=1,
                          average_aggregated_gradients=False, num_groups=0, groups=None,
-                         process_set=None, scale_local_gradients=True):
+                         process_set=global_process_set, scale_local_gradients=True):
     """Wraps a Keras 3 optimizer so that gradients are reduced (averaged by default) over all
     ranks before they are applied.
 
@@ -163,7 +162,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     as momentum is not copied): wrap the optimizer before training with it. ``name`` renames the
     optimizer; by default it keeps the original's name.
     """
-    _check_process_set(process_set)
+    set_id(process_set)
     _check_optimizer(optimizer)
     check_gradient_options(op, gradient_predivide_factor, "DistributedOptimizer")
     if isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step, int) \
@@ -178,7 +177,8 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     wrapped = _distributed_class(type(optimizer)).from_config(config)
     wrapped._horovodlike_setup(device_dense, device_sparse, compression, sparse_as_dense, op,
                                gradient_predivide_factor, backward_passes_per_step,
-                               average_aggregated_gradients, groups, scale_local_gradients)
+                               average_aggregated_gradients, groups, process_set,
+                               scale_local_gradients)
     return wrapped
 
 
@@ -186,5 +186,6 @@ def wrap_in_place(optimizer, compression=Compression.none):
     """Makes an existing optimizer (one loaded with its state) distributed, keeping its state."""
     _check_optimizer(optimizer)
     optimizer.__class__ = _distributed_class(type(optimizer))
-    optimizer._horovodlike_setup("", "", compression, False, Average, 1.0, 1, False, None, True)
+    optimizer._horovodlike_setup("", "", compression, False, Average, 1.0, 1, False, None,
+                                 global_process_set, True)
     return optimizer

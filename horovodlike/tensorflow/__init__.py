@@ -15,8 +15,10 @@
 
 Every collective works eagerly and inside tf.function (not XLA-compiled functions), and has a
 gradient. Eagerly, a mismatch between ranks raises TensorMismatchError and a failed peer
-HorovodInternalError; inside tf.function TensorFlow reports them as
-tf.errors.FailedPreconditionError and tf.errors.InternalError, with the same message.
+HorovodInternalError. Inside tf.function, bad arguments raise when the function is traced;
+failures while the graph runs come out as TensorFlow's errors (tf.errors.UnknownError, whose
+message names TensorMismatchError or HorovodInternalError and what differed), because TensorFlow
+converts every Python exception raised by a graph node.
 """
 
 from horovodlike.common.basics import (init, shutdown, is_initialized, rank, size, local_rank,
@@ -30,8 +32,12 @@ from horovodlike.tensorflow.compression import Compression
 from horovodlike.tensorflow.mpi_ops import (Average, Sum, Min, Max, Product, Adasum,
                                             allreduce, grouped_allreduce, allgather,
                                             grouped_allgather, broadcast, grouped_broadcast,
+                                            alltoall, reducescatter, grouped_reducescatter, join,
                                             barrier, size_op, local_size_op, rank_op,
-                                            local_rank_op, handle_average_backwards_compatibility)
+                                            local_rank_op, process_set_included_op,
+                                            handle_average_backwards_compatibility, ProcessSet,
+                                            global_process_set, add_process_set,
+                                            remove_process_set)
 from horovodlike.tensorflow.functions import (broadcast_variables, broadcast_object,
                                               allgather_object)
 from horovodlike.tensorflow.gradient_tape import DistributedGradientTape
@@ -41,7 +47,7 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
                          device_sparse="", compression=Compression.none, sparse_as_dense=False,
                          backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
                          average_aggregated_gradients=False, num_groups=0, groups=None,
-                         process_set=None, scale_local_gradients=True):
+                         process_set=global_process_set, scale_local_gradients=True):
     """Wraps a Keras 3 optimizer (see horovodlike.keras.DistributedOptimizer). TensorFlow 1
     optimizers (tf.compat.v1.train) are not supported: use DistributedGradientTape."""
     import keras

@@ -12,6 +12,10 @@ Two things keep graphs from hanging or mismatching across ranks:
 - Names. An unnamed collective is named when its graph is traced, after the outermost function
   being traced and a counter of that trace, so every rank that traces the same function gets the
   same names, and the names stay fixed from step to step (which the core's response cache uses).
+
+Checks that need no other rank run before anything is enqueued, at trace time in a graph. What
+fails while a graph runs (a mismatch between ranks, a failed peer) reaches the caller as the
+error TensorFlow makes of any exception raised in a ``tf.numpy_function``, with our message.
 """
 
 import collections
@@ -21,23 +25,21 @@ import weakref
 import numpy as np
 import tensorflow as tf
 
-from horovodlike.common import basics, numpy_ops
-from horovodlike.common.exceptions import HorovodInternalError, TensorMismatchError
-from horovodlike.common.numpy_ops import ALLGATHER, ALLREDUCE, BROADCAST
+from horovodlike.common import numpy_ops
+from horovodlike.common.numpy_ops import (ALLGATHER, ALLREDUCE, ALLTOALL, BROADCAST, KIND_NAMES,
+                                          REDUCESCATTER)
+from horovodlike.common.process_sets import global_process_set
 
-Spec = collections.namedtuple("Spec", "kind name op prescale postscale root_rank")
-
-
-def allreduce_spec(name, op, prescale=1.0, postscale=1.0):
-    return Spec(ALLREDUCE, name, op, float(prescale), float(postscale), 0)
-
-
-def allgather_spec(name):
-    return Spec(ALLGATHER, name, numpy_ops.Sum, 1.0, 1.0, 0)
+# One collective of a group. ``splits`` (alltoall) is None for equal parts, or the position of
+# the splits tensor among run()'s extra inputs, so that splits computed in the graph work.
+Spec = collections.namedtuple(
+    "Spec", "kind name op prescale postscale root_rank process_set group splits")
 
 
-def broadcast_spec(name, root_rank):
-    return Spec(BROADCAST, name, numpy_ops.Sum, 1.0, 1.0, int(root_rank))
+def make_spec(kind, name, op=numpy_ops.Sum, prescale=1.0, postscale=1.0, root_rank=0,
+              process_set=global_process_set, group=(0, 0), splits=None):
+    return Spec(kind, name, op, float(prescale), float(postscale), root_rank, process_set, group,
+                splits)
 
 
 TF_DTYPES = (tf.uint8, tf.int8, tf.int16, tf.int32, tf.int64, tf.float16, tf.bfloat16,
@@ -67,15 +69,15 @@ def to_tensor(value, what, name):
 def check_spec(spec, tensor):
     """The checks that need no other rank, made before anything is enqueued (at trace time in a
     graph), so that a bad call raises on this rank instead of leaving the others waiting."""
-    what = f"{('allreduce', 'allgather', 'broadcast')[spec.kind]} '{spec.name}'"
-    if spec.kind == ALLREDUCE:
+    what = f"{KIND_NAMES[spec.kind]} '{spec.name}'"
+    numpy_ops.members(spec.process_set, what)
+    if spec.kind in (ALLREDUCE, REDUCESCATTER):
         numpy_ops.check_reduce_op(spec.op, what, tensor.dtype.as_numpy_dtype)
-    elif spec.kind == ALLGATHER:
-        if tensor.shape.rank == 0:
-            raise ValueError(f"{what}: a scalar cannot be gathered; reshape it to one dimension "
-                             "first")
-    elif spec.kind == BROADCAST:
-        numpy_ops.check_root(spec.root_rank, what)
+    if spec.kind in (ALLGATHER, ALLTOALL, REDUCESCATTER) and tensor.shape.rank == 0:
+        verb = "gathered" if spec.kind == ALLGATHER else "split"
+        raise ValueError(f"{what}: a scalar cannot be {verb}; reshape it to one dimension first")
+    if spec.kind == BROADCAST:
+        numpy_ops.relative_root(spec.root_rank, spec.process_set, what)
 
 
 # ---------------------------------------------------------------------------------- graphs
@@ -134,46 +136,51 @@ def _check_not_xla(graph):
 # ---------------------------------------------------------------------------------- running
 
 def _execute(specs, arrays):
-    """Enqueues every collective, then waits for them all; returns the outputs in order, each
-    allgather followed by its ranks' first dimensions (int64)."""
+    """Enqueues every collective, then waits for them all. ``arrays`` holds one input per spec,
+    then the extra inputs (alltoall splits). Returns the outputs in order, each allgather followed
+    by its ranks' first dimensions (int64) and each alltoall by its received splits (int32)."""
     # Scalars arrive as NumPy scalars, not arrays.
     arrays = [np.asarray(a) for a in arrays]
+    inputs, extras = arrays[:len(specs)], arrays[len(specs):]
+    # Every check before the first enqueue: a rank that fails halfway would leave the others
+    # waiting for the rest of the group.
+    splits = [numpy_ops.check_splits(None if s.splits is None else extras[s.splits],
+                                     a.shape[0] if a.ndim else 0, s.process_set,
+                                     f"alltoall '{s.name}'") if s.kind == ALLTOALL else None
+              for s, a in zip(specs, inputs)]
     handles = []
     try:
-        for spec, array in zip(specs, arrays):
+        for spec, array, split in zip(specs, inputs, splits):
+            common = dict(process_set=spec.process_set, group=spec.group)
             if spec.kind == ALLREDUCE:
-                handles.append(numpy_ops.allreduce_async(array, spec.name, spec.op,
-                                                         spec.prescale, spec.postscale))
+                handle = numpy_ops.allreduce_async(array, spec.name, spec.op, spec.prescale,
+                                                   spec.postscale, **common)
             elif spec.kind == ALLGATHER:
-                handles.append(numpy_ops.allgather_async(array, spec.name))
+                handle = numpy_ops.allgather_async(array, spec.name, **common)
+            elif spec.kind == BROADCAST:
+                handle = numpy_ops.broadcast_async(array, spec.root_rank, spec.name, **common)
+            elif spec.kind == ALLTOALL:
+                handle = numpy_ops.alltoall_async(array, split, spec.name, **common)
             else:
-                handles.append(numpy_ops.broadcast_async(array, spec.root_rank, spec.name))
+                handle = numpy_ops.reducescatter_async(array, spec.name, spec.op, spec.prescale,
+                                                       spec.postscale, **common)
+            handles.append(handle)
     finally:
         outputs = numpy_ops.wait_all(handles)
     flat = []
     for spec, handle, output in zip(specs, handles, outputs):
         flat.append(output)
         if spec.kind == ALLGATHER:
-            flat.append(np.asarray(handle.first_dims, dtype=np.int64))
+            flat.append(np.asarray(handle.extra, dtype=np.int64))
+        elif spec.kind == ALLTOALL:
+            flat.append(np.asarray(handle.extra, dtype=np.int32))
     return flat
-
-
-def _execute_in_graph(specs, arrays):
-    """_execute for a graph node. TensorFlow turns an exception raised here into an error of its
-    own (ValueError and TypeError become InvalidArgumentError); keep the kind of failure in its
-    code and its name in the message."""
-    try:
-        return _execute(specs, arrays)
-    except TensorMismatchError as e:
-        raise tf.errors.FailedPreconditionError(None, None, f"TensorMismatchError: {e}") from None
-    except HorovodInternalError as e:
-        raise tf.errors.InternalError(None, None, f"HorovodInternalError: {e}") from None
 
 
 def _regroup(specs, flat):
     results, i = [], 0
     for spec in specs:
-        if spec.kind == ALLGATHER:
+        if spec.kind in (ALLGATHER, ALLTOALL):
             results.append((flat[i], flat[i + 1]))
             i += 2
         else:
@@ -182,38 +189,66 @@ def _regroup(specs, flat):
     return results
 
 
-def run(specs, tensors):
+def _graph_node(function, inputs, out_types, name):
+    """A tf.numpy_function node that runs after the graph's previous collective node."""
+    graph = tf.compat.v1.get_default_graph()
+    _check_not_xla(graph)
+    state = _state(graph)
+    previous = [state.last] if state.last is not None else []
+    with tf.control_dependencies(previous):
+        flat = tf.numpy_function(function, inputs, out_types, stateful=True, name=name)
+    if not isinstance(flat, (list, tuple)):
+        flat = [flat]
+    state.last = flat[0].op
+    return list(flat)
+
+
+def run(specs, tensors, extra_inputs=()):
     """Runs ``specs[i]`` on ``tensors[i]`` as one group. Returns a result per spec: the output
-    tensor, or for an allgather the pair (output, int64 first dimension of every rank)."""
-    specs, tensors = list(specs), list(tensors)
+    tensor, or for an allgather the pair (output, int64 first dimension of every rank), for an
+    alltoall (output, int32 rows received from every rank)."""
+    specs, tensors, extra_inputs = list(specs), list(tensors), list(extra_inputs)
     if not specs:
         return []
     for spec, tensor in zip(specs, tensors):
         check_spec(spec, tensor)
     if tf.executing_eagerly():
-        flat = _execute(specs, [t.numpy() for t in tensors])
+        flat = _execute(specs, [t.numpy() for t in tensors + extra_inputs])
         return _regroup(specs, [tf.convert_to_tensor(a) for a in flat])
 
-    graph = tf.compat.v1.get_default_graph()
-    _check_not_xla(graph)
     out_types = []
     for spec, tensor in zip(specs, tensors):
         out_types.append(tensor.dtype)
         if spec.kind == ALLGATHER:
             out_types.append(tf.int64)
-    state = _state(graph)
-    previous = [state.last] if state.last is not None else []
-    with tf.control_dependencies(previous):
-        flat = tf.numpy_function(lambda *arrays: _execute_in_graph(specs, arrays), tensors, out_types,
-                                 stateful=True, name="HorovodlikeCollectives")
-    if not isinstance(flat, (list, tuple)):
-        flat = [flat]
-    state.last = flat[0].op
-    results = _regroup(specs, list(flat))
+        elif spec.kind == ALLTOALL:
+            out_types.append(tf.int32)
+    flat = _graph_node(lambda *arrays: _execute(specs, arrays), tensors + extra_inputs,
+                       out_types, "HorovodlikeCollectives")
+    results = _regroup(specs, flat)
     for spec, tensor, result in zip(specs, tensors, results):
-        if spec.kind == ALLGATHER:
+        if spec.kind in (ALLGATHER, ALLTOALL):
             result[0].set_shape(tf.TensorShape([None]).concatenate(tensor.shape[1:]))
-            result[1].set_shape([basics.size()])
+            result[1].set_shape([len(numpy_ops.members(spec.process_set, spec.name))])
+        elif spec.kind == REDUCESCATTER:
+            rows = tensor.shape[0]
+            if rows is not None:
+                rows = numpy_ops.scattered_rows(rows, spec.process_set)
+            result.set_shape(tf.TensorShape([rows]).concatenate(tensor.shape[1:]))
         else:
             result.set_shape(tensor.shape)
     return results
+
+
+def run_function(function, out_type, name):
+    """Runs ``function()`` (a collective without inputs, such as join or a barrier) eagerly, or
+    as a graph node ordered after the graph's previous collective; returns its int result."""
+    if tf.executing_eagerly():
+        return tf.constant(function(), dtype=out_type)
+
+    def call():
+        return np.asarray(function(), dtype=out_type.as_numpy_dtype)
+
+    result = _graph_node(call, [], [out_type], name)[0]
+    result.set_shape([])
+    return result

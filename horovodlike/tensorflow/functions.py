@@ -3,11 +3,13 @@
 import tensorflow as tf
 
 from horovodlike.common import numpy_ops, objects
+from horovodlike.common.process_sets import global_process_set
 from horovodlike.tensorflow import bridge
-from horovodlike.tensorflow.mpi_ops import _broadcast, _check_process_set
+from horovodlike.tensorflow.mpi_ops import _broadcast
 
 
-def broadcast_variables(variables, root_rank, process_set=None, inplace=False):
+@tf.autograph.experimental.do_not_convert
+def broadcast_variables(variables, root_rank, process_set=global_process_set, inplace=False):
     """Overwrites every rank's ``variables`` with root_rank's values.
 
     Works eagerly (the variables are assigned when it returns) and inside tf.function (returns
@@ -15,19 +17,18 @@ def broadcast_variables(variables, root_rank, process_set=None, inplace=False):
     ``model.variables`` and ``optimizer.variables``. ``inplace`` is accepted for Horovod
     compatibility: the values travel through one host buffer either way.
     """
-    _check_process_set(process_set)
     variables = list(variables)
     for i, variable in enumerate(variables):
         if not hasattr(variable, "assign"):
             raise TypeError(f"broadcast_variables: entry {i} is a {type(variable).__name__}, not "
                             "a variable")
-    numpy_ops.check_root(root_rank, "broadcast_variables")
+    numpy_ops.relative_root(root_rank, process_set, "broadcast_variables")
     if not variables:
         return tf.group([]) if not tf.executing_eagerly() else None
     base = bridge.auto_name("broadcast_variables")
     names = [f"{base}.{i}" for i in range(len(variables))]
     values = [bridge.to_tensor(v, "broadcast_variables", n) for v, n in zip(variables, names)]
-    received = _broadcast(values, names, root_rank)
+    received = _broadcast(values, names, root_rank, process_set)
     assigns = [v.assign(r) for v, r in zip(variables, received)]
     if tf.executing_eagerly():
         return None
@@ -42,15 +43,13 @@ def _check_eager(what, session):
         raise ValueError(f"{what} runs eagerly; call it outside tf.function")
 
 
-def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=None):
+def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=global_process_set):
     """Returns root_rank's ``obj`` (anything cloudpickle can serialize) on every rank."""
     _check_eager("broadcast_object", session)
-    _check_process_set(process_set)
-    return objects.broadcast_object(obj, root_rank, name)
+    return objects.broadcast_object(obj, root_rank, name, process_set)
 
 
-def allgather_object(obj, session=None, name=None, process_set=None):
+def allgather_object(obj, session=None, name=None, process_set=global_process_set):
     """Returns the list of every rank's ``obj``, in rank order."""
     _check_eager("allgather_object", session)
-    _check_process_set(process_set)
-    return objects.allgather_object(obj, name)
+    return objects.allgather_object(obj, name, process_set)

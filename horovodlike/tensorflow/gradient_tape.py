@@ -2,11 +2,10 @@
 
 import tensorflow as tf
 
-from horovodlike.common import basics
+from horovodlike.common.process_sets import global_process_set, set_id, set_ranks
 from horovodlike.tensorflow import bridge
 from horovodlike.tensorflow.compression import Compression
-from horovodlike.tensorflow.mpi_ops import (Adasum, Average, Sum, _check_process_set,
-                                            grouped_allreduce)
+from horovodlike.tensorflow.mpi_ops import Adasum, Average, Sum, _reduce
 
 
 def check_gradient_options(op, gradient_predivide_factor, what):
@@ -54,42 +53,56 @@ def split_groups(count, groups, sources, what):
     return result
 
 
+@tf.autograph.experimental.do_not_convert
 def reduce_gradients(grads, sources, name, compression, sparse_as_dense, op,
-                     gradient_predivide_factor, groups, device_dense="", device_sparse=""):
-    """Averages (or sums) gradients over all ranks; None entries stay None. Each group is one
-    grouped allreduce."""
+                     gradient_predivide_factor, groups, process_set, device_dense="",
+                     device_sparse=""):
+    """Averages (or sums) gradients over the ranks of the set; None entries stay None.
+
+    Without ``groups`` all gradients go to the core together, as one graph node, and the core
+    fuses them as it sees fit (and serves them from its response cache); each explicit group is
+    a grouped allreduce that the core runs as one unit.
+    """
     if sparse_as_dense:
         grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
     present = [i for i, g in enumerate(grads) if g is not None]
     if op == Average and gradient_predivide_factor != 1.0:
-        # The core divides by size for Average; split that around the sum as asked.
+        # The core divides by the set's size for Average; split that around the sum as asked.
         prescale, postscale = 1.0 / gradient_predivide_factor, gradient_predivide_factor
     else:
         prescale, postscale = 1.0, 1.0
+    # Eagerly, fixed names let the core's response cache recognise the same gradients each step;
+    # in a graph, names are fixed when it is traced.
+    base = name if tf.executing_eagerly() else bridge.auto_name(name)
     reduced = list(grads)
-    for group in split_groups(len(present), groups, [sources[i] for i in present], name):
+    for number, group in enumerate(split_groups(len(present), groups,
+                                                [sources[i] for i in present], name)):
         positions = [present[g] for g in group]
-        if not positions:
-            continue
-        outputs = grouped_allreduce([grads[i] for i in positions], op=op,
-                                    compression=compression, prescale_factor=prescale,
-                                    postscale_factor=postscale, device_dense=device_dense,
-                                    device_sparse=device_sparse,
-                                    name=bridge.auto_name(name), ignore_name_scope=True)
+        outputs = _reduce([grads[i] for i in positions], None, device_dense, device_sparse,
+                          compression, op, prescale, postscale, process_set, True,
+                          f"{base}.group{number}", atomic=groups is not None)
         for i, out in zip(positions, outputs):
             reduced[i] = out
     return reduced
+
+
+def scale_gradient(grad, factor):
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(grad.values * tf.cast(factor, grad.values.dtype), grad.indices,
+                                grad.dense_shape)
+    return grad * tf.cast(factor, grad.dtype)
 
 
 class _DistributedGradientTape:
     """Methods added to the wrapped tape's class."""
 
     def _horovodlike_setup(self, device_dense, device_sparse, compression, sparse_as_dense, op,
-                           gradient_predivide_factor, groups, scale_local_gradients):
+                           gradient_predivide_factor, groups, process_set, scale_local_gradients):
         self._hvd_options = dict(device_dense=device_dense, device_sparse=device_sparse,
                                  compression=compression, sparse_as_dense=sparse_as_dense, op=op,
                                  gradient_predivide_factor=gradient_predivide_factor,
-                                 groups=groups)
+                                 groups=groups, process_set=process_set)
+        self._hvd_set_size = len(set_ranks(process_set))
         self._hvd_scale_local_gradients = scale_local_gradients
         self._hvd_local_sources = set()
 
@@ -98,40 +111,33 @@ class _DistributedGradientTape:
         by the number of ranks when scale_local_gradients is set, as in Horovod)."""
         self._hvd_local_sources.add(source.ref())
 
+    @tf.autograph.experimental.do_not_convert
     def gradient(self, target, sources, output_gradients=None,
                  unconnected_gradients=tf.UnconnectedGradients.NONE):
         grads = super(self.__class__, self).gradient(target, sources, output_gradients,
                                                      unconnected_gradients)
         flat_sources = tf.nest.flatten(sources)
         flat_grads = tf.nest.flatten(grads, expand_composites=False)
-        if basics.size() == 1 and not self._hvd_local_sources:
-            return grads
-        local = [s.ref() in self._hvd_local_sources if hasattr(s, "ref") else False
-                 for s in flat_sources]
+        local = [hasattr(s, "ref") and s.ref() in self._hvd_local_sources for s in flat_sources]
         shared = [i for i, is_local in enumerate(local) if not is_local]
-        reduced = reduce_gradients([flat_grads[i] for i in shared],
-                                   [flat_sources[i] for i in shared],
-                                   "DistributedGradientTape", **self._hvd_options) \
-            if basics.size() > 1 else [flat_grads[i] for i in shared]
         out = list(flat_grads)
-        for i, g in zip(shared, reduced):
-            out[i] = g
-        if self._hvd_scale_local_gradients and basics.size() > 1:
-            for i, is_local in enumerate(local):
-                g = out[i]
-                if not is_local or g is None:
-                    continue
-                if isinstance(g, tf.IndexedSlices):
-                    out[i] = tf.IndexedSlices(g.values / basics.size(), g.indices, g.dense_shape)
-                else:
-                    out[i] = g / basics.size()
+        if self._hvd_set_size > 1:
+            reduced = reduce_gradients([flat_grads[i] for i in shared],
+                                       [flat_sources[i] for i in shared],
+                                       "DistributedGradientTape", **self._hvd_options)
+            for i, g in zip(shared, reduced):
+                out[i] = g
+            if self._hvd_scale_local_gradients:
+                for i, is_local in enumerate(local):
+                    if is_local and out[i] is not None:
+                        out[i] = scale_gradient(out[i], 1.0 / self._hvd_set_size)
         return tf.nest.pack_sequence_as(grads, out)
 
 
 def DistributedGradientTape(gradtape, device_dense="", device_sparse="",
                             compression=Compression.none, sparse_as_dense=False, op=Average,
                             gradient_predivide_factor=1.0, num_groups=0, groups=None,
-                            process_set=None, scale_local_gradients=True):
+                            process_set=global_process_set, scale_local_gradients=True):
     """Wraps a tf.GradientTape so that gradient() returns gradients reduced over all ranks
     (averaged by default), as Horovod's DistributedGradientTape does.
 
@@ -140,7 +146,7 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="",
     ``num_groups``) splits the gradients into groups, each reduced as one fused group; by
     default all gradients form one group.
     """
-    _check_process_set(process_set)
+    set_id(process_set)
     check_gradient_options(op, gradient_predivide_factor, "DistributedGradientTape")
     if num_groups and groups is None:
         groups = num_groups
@@ -150,5 +156,6 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="",
     tape = cls.__new__(cls)
     tape.__dict__.update(gradtape.__dict__)
     tape._horovodlike_setup(device_dense, device_sparse, compression, sparse_as_dense, op,
-                            gradient_predivide_factor, groups, scale_local_gradients)
+                            gradient_predivide_factor, groups, process_set,
+                            scale_local_gradients)
     return tape

@@ -3,19 +3,33 @@
 Gradients are those of the sum of all ranks' losses:
 - allreduce: the gradient is allreduced with the same op and scale factors;
 - allgather: each rank gets its own rows of the sum of all ranks' gradients;
-- broadcast: the root gets the sum of all ranks' gradients, the other ranks zero.
+- broadcast: the root gets the sum of all ranks' gradients, the other ranks zero;
+- alltoall: the gradient goes back where its rows came from (an alltoall with the received
+  splits);
+- reducescatter: the gradient is allgathered (and scaled as the forward pass was).
 """
 
 import tensorflow as tf
 
+from horovodlike import _core
 from horovodlike.common import basics, numpy_ops
-from horovodlike.common.numpy_ops import Adasum, Average, Max, Min, Product, Sum
+from horovodlike.common.numpy_ops import (ALLGATHER, ALLREDUCE, ALLTOALL, BROADCAST,
+                                          REDUCESCATTER, Adasum, Average, Max, Min, Product, Sum)
+from horovodlike.common.process_sets import (ProcessSet, add_process_set, global_process_set,
+                                             remove_process_set, set_id, set_ranks)
 from horovodlike.tensorflow import bridge
 from horovodlike.tensorflow.compression import Compression
 
+# AutoGraph would otherwise rewrite these functions (and everything they call) each time a
+# tf.function that uses them is traced; they are plain Python that builds the graph directly.
+_plain = tf.autograph.experimental.do_not_convert
+
 __all__ = ["Average", "Sum", "Min", "Max", "Product", "Adasum", "allreduce", "grouped_allreduce",
-           "allgather", "grouped_allgather", "broadcast", "barrier", "size_op", "rank_op",
-           "local_size_op", "local_rank_op", "handle_average_backwards_compatibility"]
+           "allgather", "grouped_allgather", "broadcast", "grouped_broadcast", "alltoall",
+           "reducescatter", "grouped_reducescatter", "join", "barrier", "size_op", "rank_op",
+           "local_size_op", "local_rank_op", "process_set_included_op",
+           "handle_average_backwards_compatibility", "ProcessSet", "global_process_set",
+           "add_process_set", "remove_process_set"]
 
 
 def handle_average_backwards_compatibility(op, average):
@@ -42,34 +56,45 @@ def _name(name, prefix, ignore_name_scope):
     return name
 
 
-def _check_process_set(process_set):
-    if process_set is not None and process_set != 0:
-        raise ValueError("process sets are not supported by this version; use the default "
-                         "(all ranks)")
+def _names(base, count):
+    return [base] if count == 1 else [f"{base}.{i}" for i in range(count)]
+
+
+def _group(count, atomic):
+    """Grouped calls run as one fused unit in the core; Horovod's grouped_* functions promise
+    that, and single tensors need no group."""
+    return numpy_ops.new_group(count) if atomic and count > 1 else (0, 0)
+
+
+def _set_size(process_set):
+    return len(set_ranks(process_set))
 
 
 # ---------------------------------------------------------------------------------- allreduce
 
-def _allreduce_dense(tensors, names, op, prescale, postscale):
-    """Grouped allreduce of dense tensors, differentiable: the gradient is the same grouped
-    allreduce of the incoming gradients."""
+@_plain
+def _allreduce_dense(tensors, names, op, prescale, postscale, process_set, atomic):
+    """Allreduce of dense tensors as one graph node, differentiable: the gradient is the same
+    reduction of the incoming gradients."""
+    group = _group(len(tensors), atomic)
 
     @tf.custom_gradient
     def reduce(*xs):
-        specs = [bridge.allreduce_spec(n, op, prescale, postscale) for n in names]
+        specs = [bridge.make_spec(ALLREDUCE, n, op, prescale, postscale,
+                                  process_set=process_set, group=group) for n in names]
         outputs = bridge.run(specs, xs)
 
         def grad(*dys):
             dys = [tf.zeros_like(x) if dy is None else dy for x, dy in zip(xs, dys)]
-            grad_names = [bridge.auto_name("allreduce.grad") for _ in dys]
-            return _allreduce_dense(dys, grad_names, op, prescale, postscale)
+            return _allreduce_dense(dys, [bridge.auto_name("allreduce.grad") for _ in dys], op,
+                                    prescale, postscale, process_set, atomic)
 
         return outputs, grad
 
     return list(reduce(*tensors))
 
 
-def _allreduce_sparse(slices, names, op, prescale, postscale):
+def _allreduce_sparse(slices, names, op, prescale, postscale, process_set, atomic):
     """tf.IndexedSlices are reduced by gathering every rank's rows: the values and the indices
     are allgathered, and the represented dense tensor is the sum (or average) of the ranks'."""
     if op not in (Average, Sum):
@@ -78,8 +103,8 @@ def _allreduce_sparse(slices, names, op, prescale, postscale):
     values = [bridge.to_tensor(s.values, "allreduce", n) for s, n in zip(slices, names)]
     indices = [bridge.to_tensor(s.indices, "allreduce", n) for s, n in zip(slices, names)]
     gathered = _allgather(values + indices, [f"{n}.values" for n in names]
-                          + [f"{n}.indices" for n in names])
-    scale = prescale * postscale / (basics.size() if op == Average else 1)
+                          + [f"{n}.indices" for n in names], process_set, atomic)
+    scale = prescale * postscale / (_set_size(process_set) if op == Average else 1)
     out = []
     for i, s in enumerate(slices):
         new_values = gathered[i]
@@ -89,16 +114,9 @@ def _allreduce_sparse(slices, names, op, prescale, postscale):
     return out
 
 
-def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
-                      compression=Compression.none, op=None, prescale_factor=1.0,
-                      postscale_factor=1.0, process_set=None, ignore_name_scope=False,
-                      name=None):
-    """Reduces every tensor of ``tensors`` over all ranks, as one group the core fuses.
-
-    Entries may be tf.Tensor, tf.Variable or tf.IndexedSlices (reduced by allgather of their
-    values and indices). Returns a list in the same order.
-    """
-    _check_process_set(process_set)
+@_plain
+def _reduce(tensors, average, device_dense, device_sparse, compression, op, prescale_factor,
+            postscale_factor, process_set, ignore_name_scope, name, atomic):
     tensors = list(tensors)
     if not tensors:
         return tensors
@@ -106,8 +124,8 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
     numpy_ops.check_reduce_op(op, "allreduce")
     prescale = numpy_ops.check_scale(prescale_factor, "allreduce", "prescale_factor")
     postscale = numpy_ops.check_scale(postscale_factor, "allreduce", "postscale_factor")
-    base = _name(name, "allreduce", ignore_name_scope)
-    names = [base if len(tensors) == 1 else f"{base}.{i}" for i in range(len(tensors))]
+    set_id(process_set)
+    names = _names(_name(name, "allreduce", ignore_name_scope), len(tensors))
 
     dense = [(i, t) for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
     sparse = [(i, t) for i, t in enumerate(tensors) if isinstance(t, tf.IndexedSlices)]
@@ -120,51 +138,68 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
                 compressed.append(c)
                 contexts.append(ctx)
             reduced = _allreduce_dense(compressed, [names[i] for i, _ in dense], op, prescale,
-                                       postscale)
+                                       postscale, process_set, atomic)
             for (i, _), r, ctx in zip(dense, reduced, contexts):
                 results[i] = compression.decompress(r, ctx)
     if sparse:
         with tf.device(device_sparse):
             reduced = _allreduce_sparse([t for _, t in sparse], [names[i] for i, _ in sparse], op,
-                                        prescale, postscale)
+                                        prescale, postscale, process_set, atomic)
             for (i, _), r in zip(sparse, reduced):
                 results[i] = r
     return results
 
 
+@_plain
 def allreduce(tensor, average=None, device_dense="", device_sparse="",
               compression=Compression.none, op=None, prescale_factor=1.0, postscale_factor=1.0,
-              name=None, process_set=None, ignore_name_scope=False):
-    """Reduces ``tensor`` over all ranks (Average by default); differentiable.
+              name=None, process_set=global_process_set, ignore_name_scope=False):
+    """Reduces ``tensor`` over the ranks of the set (Average by default); differentiable.
 
     A tf.IndexedSlices is reduced by allgathering its values and indices (op Average or Sum).
     """
-    return grouped_allreduce([tensor], average, device_dense, device_sparse, compression, op,
-                             prescale_factor, postscale_factor, process_set, ignore_name_scope,
-                             name)[0]
+    return _reduce([tensor], average, device_dense, device_sparse, compression, op,
+                   prescale_factor, postscale_factor, process_set, ignore_name_scope, name,
+                   atomic=False)[0]
+
+
+@_plain
+def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
+                      compression=Compression.none, op=None, prescale_factor=1.0,
+                      postscale_factor=1.0, process_set=global_process_set,
+                      ignore_name_scope=False, name=None):
+    """Reduces every tensor of ``tensors`` as one group that the core runs together, fused.
+    Entries may be tf.Tensor, tf.Variable or tf.IndexedSlices. Returns a list in order."""
+    return _reduce(tensors, average, device_dense, device_sparse, compression, op,
+                   prescale_factor, postscale_factor, process_set, ignore_name_scope, name,
+                   atomic=True)
 
 
 # ---------------------------------------------------------------------------------- allgather
 
-def _allgather(tensors, names):
-    """Grouped allgather, differentiable: each rank's gradient is its own rows of the sum of
-    every rank's gradient."""
+@_plain
+def _allgather(tensors, names, process_set, atomic):
+    """Allgather as one graph node, differentiable: each rank's gradient is its own rows of the
+    sum of every rank's gradient."""
+    group = _group(len(tensors), atomic)
 
     @tf.custom_gradient
     def gather(*xs):
-        results = bridge.run([bridge.allgather_spec(n) for n in names], xs)
+        specs = [bridge.make_spec(ALLGATHER, n, process_set=process_set, group=group)
+                 for n in names]
+        results = bridge.run(specs, xs)
         outputs = [gathered for gathered, _ in results]
         first_dims = [dims for _, dims in results]
 
         def grad(*dys):
             dys = [tf.zeros_like(out) if dy is None else dy for out, dy in zip(outputs, dys)]
             summed = _allreduce_dense(dys, [bridge.auto_name("allgather.grad") for _ in dys],
-                                      Sum, 1.0, 1.0)
-            rank = basics.rank()
+                                      Sum, 1.0, 1.0, process_set, atomic)
+            me = list(set_ranks(process_set)).index(basics.rank())
             grads = []
             for total, dims in zip(summed, first_dims):
-                start = tf.reduce_sum(dims[:rank])
-                grads.append(total[start:start + dims[rank]])
+                start = tf.reduce_sum(dims[:me])
+                grads.append(total[start:start + dims[me]])
             return grads
 
         return outputs, grad
@@ -172,34 +207,46 @@ def _allgather(tensors, names):
     return list(gather(*tensors))
 
 
-def grouped_allgather(tensors, process_set=None, ignore_name_scope=False, name=None):
-    """Concatenates every rank's tensors along their first dimension, as one group."""
-    _check_process_set(process_set)
+def _gather(tensors, process_set, ignore_name_scope, name, atomic):
     tensors = list(tensors)
     if not tensors:
         return tensors
-    base = _name(name, "allgather", ignore_name_scope)
-    names = [base if len(tensors) == 1 else f"{base}.{i}" for i in range(len(tensors))]
-    return _allgather([bridge.to_tensor(t, "allgather", n) for t, n in zip(tensors, names)], names)
+    set_id(process_set)
+    names = _names(_name(name, "allgather", ignore_name_scope), len(tensors))
+    return _allgather([bridge.to_tensor(t, "allgather", n) for t, n in zip(tensors, names)],
+                      names, process_set, atomic)
 
 
-def allgather(tensor, name=None, ignore_name_scope=False, process_set=None):
+@_plain
+def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_process_set):
     """Concatenates every rank's ``tensor`` along the first dimension, which may differ between
     ranks (the others must match); differentiable."""
-    return grouped_allgather([tensor], process_set, ignore_name_scope, name)[0]
+    return _gather([tensor], process_set, ignore_name_scope, name, atomic=False)[0]
+
+
+@_plain
+def grouped_allgather(tensors, name=None, ignore_name_scope=False,
+                      process_set=global_process_set):
+    """Allgathers every tensor of ``tensors`` as one group the core runs together."""
+    return _gather(tensors, process_set, ignore_name_scope, name, atomic=True)
 
 
 # ---------------------------------------------------------------------------------- broadcast
 
-def _broadcast(tensors, names, root_rank):
+@_plain
+def _broadcast(tensors, names, root_rank, process_set, atomic=False):
+    group = _group(len(tensors), atomic)
+
     @tf.custom_gradient
     def send(*xs):
-        outputs = bridge.run([bridge.broadcast_spec(n, root_rank) for n in names], xs)
+        specs = [bridge.make_spec(BROADCAST, n, root_rank=root_rank, process_set=process_set,
+                                  group=group) for n in names]
+        outputs = bridge.run(specs, xs)
 
         def grad(*dys):
             dys = [tf.zeros_like(x) if dy is None else dy for x, dy in zip(xs, dys)]
             summed = _allreduce_dense(dys, [bridge.auto_name("broadcast.grad") for _ in dys],
-                                      Sum, 1.0, 1.0)
+                                      Sum, 1.0, 1.0, process_set, atomic)
             if basics.rank() != root_rank:
                 return [tf.zeros_like(s) for s in summed]
             return summed
@@ -209,46 +256,180 @@ def _broadcast(tensors, names, root_rank):
     return list(send(*tensors))
 
 
-def grouped_broadcast(tensors, root_rank, name=None, ignore_name_scope=False, process_set=None):
-    """Sends root_rank's tensors to every rank, as one group; differentiable."""
-    _check_process_set(process_set)
+@_plain
+def grouped_broadcast(tensors, root_rank, name=None, ignore_name_scope=False,
+                      process_set=global_process_set):
+    """Sends root_rank's tensors to every rank of the set, as one group; differentiable."""
     tensors = list(tensors)
     if not tensors:
         return tensors
     base = _name(name, "broadcast", ignore_name_scope)
-    names = [base if len(tensors) == 1 else f"{base}.{i}" for i in range(len(tensors))]
-    numpy_ops.check_root(root_rank, f"broadcast '{base}'")
+    numpy_ops.relative_root(root_rank, process_set, f"broadcast '{base}'")
+    names = _names(base, len(tensors))
     return _broadcast([bridge.to_tensor(t, "broadcast", n) for t, n in zip(tensors, names)],
-                      names, root_rank)
+                      names, root_rank, process_set, atomic=True)
 
 
-def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set=None):
-    """Returns root_rank's ``tensor`` on every rank; differentiable."""
-    return grouped_broadcast([tensor], root_rank, name, ignore_name_scope, process_set)[0]
+@_plain
+def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
+              process_set=global_process_set):
+    """Returns root_rank's ``tensor`` (root_rank is a global rank) on every rank of the set;
+    differentiable."""
+    base = _name(name, "broadcast", ignore_name_scope)
+    numpy_ops.relative_root(root_rank, process_set, f"broadcast '{base}'")
+    return _broadcast([bridge.to_tensor(tensor, "broadcast", base)], [base], root_rank,
+                      process_set)[0]
+
+
+# ---------------------------------------------------------------------------------- alltoall
+
+def _alltoall(tensor, splits, name, process_set):
+    @tf.custom_gradient
+    def exchange(x):
+        spec = bridge.make_spec(ALLTOALL, name, process_set=process_set,
+                                splits=None if splits is None else 0)
+        (output, received), = bridge.run([spec], [x], [] if splits is None else [splits])
+
+        def grad(dy, _=None):
+            if dy is None:
+                dy = tf.zeros_like(output)
+            back, _ = _alltoall(dy, received, bridge.auto_name("alltoall.grad"), process_set)
+            return back
+
+        return (output, received), grad
+
+    return exchange(tensor)
+
+
+@_plain
+def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
+             process_set=global_process_set):
+    """Sends rows ``splits[j]`` of ``tensor`` (along the first dimension) to the j-th rank of the
+    set and concatenates what every rank sent here, in rank order; equal parts when ``splits`` is
+    None. Returns the output, and also the received splits (int32) when ``splits`` is given, as
+    in Horovod. Differentiable."""
+    base = _name(name, "alltoall", ignore_name_scope)
+    x = bridge.to_tensor(tensor, "alltoall", base)
+    if x.shape.rank and x.shape[0] is not None and (splits is None or not tf.is_tensor(splits)):
+        # Known when traced: check now rather than when the graph runs.
+        numpy_ops.check_splits(splits, x.shape[0], process_set, f"alltoall '{base}'")
+    split_tensor = None
+    if splits is not None:
+        split_tensor = tf.reshape(tf.cast(tf.convert_to_tensor(splits), tf.int32), [-1])
+    output, received = _alltoall(x, split_tensor, base, process_set)
+    return (output, received) if splits is not None else output
+
+
+# ---------------------------------------------------------------------------------- reducescatter
+
+def _reducescatter(tensors, names, op, prescale, postscale, process_set, atomic):
+    group = _group(len(tensors), atomic)
+
+    @tf.custom_gradient
+    def scatter(*xs):
+        specs = [bridge.make_spec(REDUCESCATTER, n, op, prescale, postscale,
+                                  process_set=process_set, group=group) for n in names]
+        outputs = bridge.run(specs, xs)
+
+        def grad(*dys):
+            dys = [tf.zeros_like(o) if dy is None else dy for o, dy in zip(outputs, dys)]
+            gathered = _allgather(dys, [bridge.auto_name("reducescatter.grad") for _ in dys],
+                                  process_set, atomic)
+            scale = prescale * postscale / (_set_size(process_set) if op == Average else 1)
+            return [g * tf.cast(scale, g.dtype) if scale != 1.0 else g for g in gathered]
+
+        return outputs, grad
+
+    return list(scatter(*tensors))
+
+
+def _scatter(tensors, device_dense, compression, op, name, process_set, ignore_name_scope,
+             prescale_factor, postscale_factor, atomic):
+    tensors = list(tensors)
+    if not tensors:
+        return tensors
+    numpy_ops.check_reduce_op(op, "reducescatter")
+    prescale = numpy_ops.check_scale(prescale_factor, "reducescatter", "prescale_factor")
+    postscale = numpy_ops.check_scale(postscale_factor, "reducescatter", "postscale_factor")
+    set_id(process_set)
+    names = _names(_name(name, "reducescatter", ignore_name_scope), len(tensors))
+    with tf.device(device_dense):
+        compressed, contexts = [], []
+        for t, n in zip(tensors, names):
+            c, ctx = compression.compress(bridge.to_tensor(t, "reducescatter", n))
+            compressed.append(c)
+            contexts.append(ctx)
+        outputs = _reducescatter(compressed, names, op, prescale, postscale, process_set, atomic)
+        return [compression.decompress(o, ctx) for o, ctx in zip(outputs, contexts)]
+
+
+@_plain
+def reducescatter(tensor, device_dense="", compression=Compression.none, op=Average, name=None,
+                  process_set=global_process_set, ignore_name_scope=False, prescale_factor=1.0,
+                  postscale_factor=1.0):
+    """Reduces ``tensor`` over the set and gives each rank its part along the first dimension
+    (the first ranks get one more row when it does not divide evenly); differentiable."""
+    return _scatter([tensor], device_dense, compression, op, name, process_set,
+                    ignore_name_scope, prescale_factor, postscale_factor, atomic=False)[0]
+
+
+@_plain
+def grouped_reducescatter(tensors, device_dense="", compression=Compression.none, op=Average,
+                          process_set=global_process_set, prescale_factor=1.0,
+                          postscale_factor=1.0, name=None, ignore_name_scope=False):
+    """Reduce-scatters every tensor of ``tensors`` as one group the core runs together."""
+    return _scatter(tensors, device_dense, compression, op, name, process_set, ignore_name_scope,
+                    prescale_factor, postscale_factor, atomic=True)
 
 
 # ---------------------------------------------------------------------------------- others
 
-def barrier(process_set=None):
-    """Blocks until every rank has called barrier() (eagerly)."""
-    _check_process_set(process_set)
-    if not tf.executing_eagerly():
-        raise ValueError("barrier() runs eagerly; call it outside tf.function")
-    numpy_ops.barrier()
+@_plain
+def join():
+    """Declares that this rank has no more data: until every rank has joined, the others'
+    allreduces go on with this rank contributing zeros. Returns the last rank to join (an int32
+    tensor); works eagerly and inside tf.function."""
+    return bridge.run_function(numpy_ops.join, tf.int32, "HorovodlikeJoin")
 
 
+@_plain
+def barrier(process_set=global_process_set):
+    """Blocks until every rank of the set has called barrier(). Inside tf.function it returns
+    the node to depend on."""
+    numpy_ops.members(process_set, "barrier")
+
+    def wait():
+        numpy_ops.barrier(process_set)
+        return 0
+
+    done = bridge.run_function(wait, tf.int32, "HorovodlikeBarrier")
+    return None if tf.executing_eagerly() else done
+
+
+@_plain
 def size_op(process_set_id=0, name=None):
-    """The number of ranks, as an int32 tensor."""
-    return tf.constant(basics.size(), dtype=tf.int32, name=name)
+    """The number of ranks (of the process set with that id), as an int32 tensor."""
+    return tf.constant(len(_core.process_set_ranks(process_set_id)), dtype=tf.int32,
+                       name=name)
 
 
+@_plain
 def local_size_op(name=None):
     return tf.constant(basics.local_size(), dtype=tf.int32, name=name)
 
 
+@_plain
 def rank_op(name=None):
     return tf.constant(basics.rank(), dtype=tf.int32, name=name)
 
 
+@_plain
 def local_rank_op(name=None):
     return tf.constant(basics.local_rank(), dtype=tf.int32, name=name)
+
+
+@_plain
+def process_set_included_op(process_set_id=0, name=None):
+    """1 if this rank is in the process set with that id, else 0 (int32 tensor)."""
+    ranks = _core.process_set_ranks(process_set_id)
+    return tf.constant(int(basics.rank() in ranks), dtype=tf.int32, name=name)

@@ -1,0 +1,35 @@
+"""horovodlike.tensorflow through the launcher with real processes: every collective, dtype and
+gradient against NumPy, eagerly and inside tf.function; DistributedGradientTape against a
+single-process run; errors; and examples/tensorflow2_digits.py."""
+
+import pytest
+
+pytest.importorskip("tensorflow")
+
+from conftest import assert_all_ranks, launch  # noqa: E402
+from tf_examples import check_same_weights, run_example  # noqa: E402
+
+# TensorFlow takes a while to import on a busy machine, before the ranks can join.
+SLOW_START = ["--start-timeout", "120"]
+
+
+def test_collectives_match_numpy_eagerly_and_in_graphs():
+    result = launch(3, "tf_collectives_worker.py", env={"HOROVOD_DYNAMIC_PROCESS_SETS": "1"},
+                    launcher_args=SLOW_START, timeout=400)
+    assert_all_ranks(result, 3, "tensorflow collectives OK")
+
+
+def test_gradient_tape_matches_single_process_and_errors_are_clear():
+    result = launch(2, "tf_training_worker.py", launcher_args=SLOW_START, timeout=400)
+    assert_all_ranks(result, 2, "tensorflow training and errors OK")
+
+
+def test_tensorflow2_digits_example(tmp_path):
+    # -np 2 with 16 per rank takes the same steps as -np 1 with 32, and reaches 95%.
+    two = run_example("tensorflow2_digits.py", 2, "--batch-size", 16, "--save-weights",
+                      tmp_path / "np2.npz")
+    one = run_example("tensorflow2_digits.py", 1, "--batch-size", 32, "--save-weights",
+                      tmp_path / "np1.npz")
+    assert two[-1][2] >= 95.0, two
+    assert two[-1][1] < two[0][1], two
+    check_same_weights(tmp_path / "np1.npz", tmp_path / "np2.npz", one, two)

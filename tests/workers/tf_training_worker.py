@@ -1,0 +1,206 @@
+"""DistributedGradientTape against a single-process replica over the global batch (dense and
+embedding gradients, every option), then mismatches and bad input: clear errors on every rank,
+eagerly and inside tf.function, and the job goes on."""
+
+from tf_common import check, expect
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import horovodlike.tensorflow as hvd  # noqa: E402
+
+tf.get_logger().setLevel("ERROR")
+hvd.init()
+rank, size = hvd.rank(), hvd.size()
+assert size >= 2, "run with at least 2 ranks"
+
+PER_RANK, STEPS, LR = 4, 4, 0.1
+
+
+def make_variables(seed):
+    rng = np.random.default_rng(seed)
+    return [tf.Variable(rng.normal(size=(10, 4)), name="embedding"),
+            tf.Variable(rng.normal(size=(4, 3)), name="kernel"),
+            tf.Variable(rng.normal(size=(3,)), name="bias")]
+
+
+def global_batch(step):
+    rng = np.random.default_rng(100 + step)
+    return (rng.integers(0, 10, PER_RANK * size), rng.normal(size=(PER_RANK * size, 3)))
+
+
+def loss_of(variables, ids, targets):
+    embedding, kernel, bias = variables
+    hidden = tf.gather(embedding, ids)  # its gradient is a tf.IndexedSlices
+    return tf.reduce_mean((tf.tanh(hidden) @ kernel + bias - targets) ** 2)
+
+
+def train(options, graph, lr_scale=1.0):
+    """STEPS of SGD with a DistributedGradientTape; returns the variables."""
+    variables = make_variables(seed=3)
+
+    def step(ids, targets):
+        with tf.GradientTape() as tape:
+            loss = loss_of(variables, ids, targets)
+        tape = hvd.DistributedGradientTape(tape, **options)
+        grads = tape.gradient(loss, variables)
+        for v, g in zip(variables, grads):
+            v.assign_sub(LR * lr_scale * tf.convert_to_tensor(g))
+        return grads
+
+    step = tf.function(step) if graph else step
+    for s in range(STEPS):
+        ids, targets = global_batch(s)
+        mine = slice(rank * PER_RANK, (rank + 1) * PER_RANK)
+        grads = step(tf.constant(ids[mine]), tf.constant(targets[mine]))
+    return variables, grads
+
+
+def replica():
+    """One process on the global batch: its mean loss is the mean of the ranks' means."""
+    variables = make_variables(seed=3)
+    for s in range(STEPS):
+        ids, targets = global_batch(s)
+        with tf.GradientTape() as tape:
+            loss = loss_of(variables, tf.constant(ids), tf.constant(targets))
+        for v, g in zip(variables, tape.gradient(loss, variables)):
+            v.assign_sub(LR * tf.convert_to_tensor(g))
+    return [v.numpy() for v in variables]
+
+
+expected = replica()
+for label, options, graph, tol, lr_scale in [
+    ("eager", {}, False, 1e-10, 1.0),
+    ("tf.function", {}, True, 1e-10, 1.0),
+    ("sparse_as_dense", dict(sparse_as_dense=True), True, 1e-10, 1.0),
+    ("predivide", dict(gradient_predivide_factor=2.0), True, 1e-10, 1.0),
+    ("fp16", dict(compression=hvd.Compression.fp16), True, 1e-2, 1.0),
+    ("op=Sum", dict(op=hvd.Sum), True, 1e-10, 1.0 / size),
+    ("groups=2", dict(groups=2), True, 1e-10, 1.0),
+    ("groups=[[kernel, bias]]", "groups", False, 1e-10, 1.0),
+]:
+    if options == "groups":
+        options = {}  # filled below, once the variables exist
+
+        def train_with_groups():
+            variables = make_variables(seed=3)
+            for s in range(STEPS):
+                ids, targets = global_batch(s)
+                mine = slice(rank * PER_RANK, (rank + 1) * PER_RANK)
+                with tf.GradientTape() as tape:
+                    loss = loss_of(variables, tf.constant(ids[mine]), tf.constant(targets[mine]))
+                tape = hvd.DistributedGradientTape(tape, groups=[variables[1:]])
+                grads = tape.gradient(loss, variables)
+                for v, g in zip(variables, grads):
+                    v.assign_sub(LR * tf.convert_to_tensor(g))
+            return variables, grads
+        variables, grads = train_with_groups()
+    else:
+        variables, grads = train(options, graph, lr_scale)
+    for v, want in zip(variables, expected):
+        check(np.allclose(v.numpy(), want, rtol=tol, atol=tol),
+              f"{label}: {v.name} differs from the single-process run by "
+              f"{np.abs(v.numpy() - want).max()}")
+    sparse = isinstance(grads[0], tf.IndexedSlices)
+    check(sparse == (label != "sparse_as_dense"),
+          f"{label}: the embedding gradient is {type(grads[0]).__name__}")
+    flat = np.concatenate([v.numpy().ravel() for v in variables])
+    everyone = hvd.allgather(flat[None], name=f"weights.{label.replace(' ', '')}").numpy()
+    check(all(np.array_equal(everyone[0], everyone[r]) for r in range(size)),
+          f"{label}: ranks ended with different weights")
+
+# A source registered as local keeps its own gradient, divided by the number of ranks.
+local = tf.Variable([1.0, 2.0])
+shared = tf.Variable([1.0, 2.0])
+with tf.GradientTape() as tape:
+    loss = tf.reduce_sum(local * float(rank + 1)) + tf.reduce_sum(shared * float(rank + 1))
+tape = hvd.DistributedGradientTape(tape)
+tape.register_local_source(local)
+g_local, g_shared = tape.gradient(loss, [local, shared])
+check(np.allclose(g_local.numpy(), (rank + 1) / size), f"local gradient {g_local.numpy()}")
+check(np.allclose(g_shared.numpy(), sum(r + 1 for r in range(size)) / size),
+      f"shared gradient {g_shared.numpy()}")
+# Nested sources come back in the same structure; unconnected ones stay None.
+x, y, z = tf.Variable(1.0), tf.Variable(2.0), tf.Variable(3.0)
+with tf.GradientTape() as tape:
+    loss = x * float(rank) + y
+grads = hvd.DistributedGradientTape(tape).gradient(loss, {"a": x, "b": [y, z]})
+check(grads["b"][1] is None and np.isclose(grads["a"].numpy(), (size - 1) / 2)
+      and np.isclose(grads["b"][0].numpy(), 1.0), f"nested gradients wrong: {grads}")
+
+
+# ---- mismatches: TensorMismatchError eagerly, tf.errors.UnknownError naming it in graphs, on
+# every rank
+def works(tag):
+    out = hvd.allreduce(tf.fill([3], float(rank)), op=hvd.Sum, name=f"works.{tag}")
+    check(out.numpy().tolist() == [float(sum(range(size)))] * 3, f"allreduce after {tag} wrong")
+
+
+last = size - 1
+shape = (4, 2) if rank != last else (2, 4)
+expect(hvd.TensorMismatchError, lambda: hvd.allreduce(tf.ones(shape), name="bad.shape"),
+       "bad.shape", "shape", "[4, 2]", "[2, 4]", f"rank {last}")
+works("shape")
+dtype = tf.float32 if rank == 0 else tf.float64
+expect(hvd.TensorMismatchError, lambda: hvd.allreduce(tf.ones(3, dtype), name="bad.dtype"),
+       "bad.dtype", "float32", "float64")
+if rank == 0:
+    expect(hvd.TensorMismatchError, lambda: hvd.allgather(tf.ones(3), name="bad.op"), "bad.op",
+           "allgather", "allreduce")
+else:
+    expect(hvd.TensorMismatchError, lambda: hvd.allreduce(tf.ones(3), name="bad.op"), "bad.op")
+op = hvd.Sum if rank == 0 else hvd.Max
+expect(hvd.TensorMismatchError, lambda: hvd.allreduce(tf.ones(3), name="bad.reduce", op=op),
+       "bad.reduce", "Sum", "Max")
+expect(hvd.TensorMismatchError,
+       lambda: hvd.broadcast(tf.ones(3), root_rank=rank % 2, name="bad.root"), "bad.root", "root")
+expect(hvd.TensorMismatchError,
+       lambda: hvd.allgather(tf.ones([2, 3 + (rank == 1)]), name="bad.gather"), "bad.gather",
+       "[2, 3]", "[2, 4]")
+works("eager.mismatches")
+
+
+@tf.function(autograph=False)
+def mismatched_in_graph(x):
+    return hvd.allreduce(x, name="graph.bad.shape")
+
+
+expect(tf.errors.UnknownError, lambda: mismatched_in_graph(tf.ones(shape)),
+       "TensorMismatchError", "graph.bad.shape", "[4, 2]", "[2, 4]")
+check(np.all(mismatched_in_graph(tf.ones([5])).numpy() == 1.0), "graph unusable after mismatch")
+works("graph.mismatch")
+
+# ---- bad input raises before anything is sent, eagerly and when a tf.function is traced
+for mode, wrap in (("eager", lambda f: f), ("graph", lambda f: tf.function(f, autograph=False))):
+    expect(TypeError, wrap(lambda: hvd.allreduce(tf.ones(2, tf.complex64), name="cx")), "cx",
+           "complex64", "not supported")
+    expect(TypeError, wrap(lambda: hvd.allgather(tf.ones(2, tf.uint32), name="u32")), "uint32")
+    expect(TypeError, wrap(lambda: hvd.broadcast(tf.constant(["a"]), 0, name="str")), "string")
+    expect(ValueError, wrap(lambda: hvd.broadcast(tf.ones(2), root_rank=size, name="far")),
+           "far", f"root_rank {size}")
+    expect(ValueError, wrap(lambda: hvd.broadcast(tf.ones(2), root_rank=-1, name="neg")), "neg")
+    expect(TypeError, wrap(lambda: hvd.broadcast(tf.ones(2), root_rank=0.5, name="half")), "int")
+    expect(ValueError, wrap(lambda: hvd.allreduce(tf.ones(2, tf.bool), name="bavg")), "bavg",
+           "bool")
+    expect(ValueError, wrap(lambda: hvd.allreduce(tf.ones(2), op=17, name="op17")), "17")
+    expect(ValueError, wrap(lambda: hvd.allreduce(tf.ones(2), op=hvd.Adasum)), "Adasum")
+    expect(ValueError, wrap(lambda: hvd.allgather(tf.constant(1.0), name="scalar")), "scalar")
+    expect(ValueError, wrap(lambda: hvd.reducescatter(tf.constant(1.0), name="rs0")), "scalar")
+    expect(ValueError, wrap(lambda: hvd.alltoall(tf.ones(2 * size + 1), name="uneven")),
+           "uneven", "divide evenly")
+    expect(ValueError, wrap(lambda: hvd.allreduce(tf.IndexedSlices(tf.ones([1, 2]), [0], [3, 2]),
+                                                  op=hvd.Max)), "IndexedSlices", "sparse_as_dense")
+    expect(ValueError, wrap(lambda: hvd.allreduce(tf.ones(2), op=hvd.Sum, average=True)),
+           "mutually exclusive")
+expect(ValueError, lambda: hvd.alltoall(tf.ones(3), splits=[1] * (size + 1), name="splits"),
+       "splits", "non-negative counts")
+expect(ValueError, lambda: tf.function(lambda: hvd.broadcast_object(1))(), "eagerly")
+expect(ValueError, lambda: tf.function(lambda: hvd.allreduce(tf.ones(2)), jit_compile=True)(),
+       "XLA", "jit_compile=False")
+expect(ValueError, lambda: hvd.DistributedGradientTape(tf.GradientTape(), op=hvd.Adasum),
+       "Adasum")
+expect(ValueError, lambda: hvd.DistributedGradientTape(tf.GradientTape(), op=hvd.Sum,
+                                                       gradient_predivide_factor=2.0), "Average")
+expect(TypeError, lambda: hvd.DistributedOptimizer(object()), "Keras optimizer")
+works("end")
+print(f"rank {rank}: tensorflow training and errors OK", flush=True)
