@@ -1,13 +1,11 @@
 """Broadcasting model and optimizer state, and Python objects, between ranks."""
 
-import io
-
-import cloudpickle
-import numpy as np
 import torch
 
 from horovodlike.common import basics
-from horovodlike.torch.mpi_ops import (allgather, broadcast_, broadcast_async_, synchronize)
+# Objects travel the same way for every framework.
+from horovodlike.common.objects import allgather_object, broadcast_object  # noqa: F401
+from horovodlike.torch.mpi_ops import broadcast_async_, synchronize
 
 
 def broadcast_parameters(params, root_rank):
@@ -90,40 +88,3 @@ def _strip_tensors_meta(value, out):
     elif isinstance(value, (list, tuple)):
         for v in value:
             _strip_tensors_meta(v, out)
-
-
-def _to_bytes_tensor(obj):
-    buffer = io.BytesIO()
-    cloudpickle.dump(obj, buffer)
-    return torch.from_numpy(np.frombuffer(buffer.getvalue(), dtype=np.uint8).copy())
-
-
-def broadcast_object(obj, root_rank=0, name=None):
-    """Returns root_rank's ``obj`` on every rank (any picklable object)."""
-    name = name or "broadcast_object"
-    if basics.rank() == root_rank:
-        payload = _to_bytes_tensor(obj)
-        length = torch.tensor([payload.numel()], dtype=torch.int64)
-    else:
-        length = torch.zeros(1, dtype=torch.int64)
-    broadcast_(length, root_rank, name=f"{name}.length")
-    if basics.rank() != root_rank:
-        payload = torch.empty(int(length.item()), dtype=torch.uint8)
-    broadcast_(payload, root_rank, name=f"{name}.payload")
-    if basics.rank() == root_rank:
-        return obj
-    return cloudpickle.loads(payload.numpy().tobytes())
-
-
-def allgather_object(obj, name=None):
-    """Returns the list of every rank's ``obj``, in rank order."""
-    name = name or "allgather_object"
-    payload = _to_bytes_tensor(obj)
-    lengths = allgather(torch.tensor([payload.numel()], dtype=torch.int64),
-                        name=f"{name}.length").tolist()
-    gathered = allgather(payload, name=f"{name}.payload").numpy()
-    out, offset = [], 0
-    for length in lengths:
-        out.append(cloudpickle.loads(gathered[offset:offset + length].tobytes()))
-        offset += length
-    return out
