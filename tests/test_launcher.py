@@ -19,7 +19,7 @@ import horovodlike.runner
 from horovodlike.runner.check_build import format_report
 from horovodlike.runner.hosts import HostError, assign_ranks, parse_hostfile, parse_hosts
 from horovodlike.runner.output import rank_output_dir
-from horovodlike.runner.rendezvous import MAX_LINE_BYTES, RendezvousServer
+from horovodlike.runner.rendezvous import MAX_LINE_BYTES, RendezvousServer, answer_hello
 
 REPO = Path(__file__).resolve().parents[1]
 HELPERS = REPO / "tests" / "helpers"
@@ -176,11 +176,11 @@ def test_remote_hosts_go_through_ssh(tmp_path, fake_ssh):
     invocations = [json.loads(p.read_text()) for p in ssh_log.iterdir()]
     assert len(invocations) == 3
     for argv in invocations:
-        assert argv[:8] == ["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
-                            "-p", "2222", "-i", str(key)]
-        assert len(argv) == 10
-        assert argv[9].startswith(f"cd {shlex.quote(str(workdir))} && env ")
-        words = shlex.split(argv[9])
+        assert argv[:10] == ["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
+                             "-o", "ConnectTimeout=10", "-p", "2222", "-i", str(key)]
+        assert len(argv) == 12
+        assert argv[11].startswith(f"cd {shlex.quote(str(workdir))} && env ")
+        words = shlex.split(argv[11])
         assert words[:3] == ["cd", str(workdir), "&&"] and words[3] == "env"
         assert words[-8:] == [sys.executable, RANK, "--record", str(tmp_path), "--join", "--",
                               "it's", "two words"]
@@ -190,9 +190,9 @@ def test_remote_hosts_go_through_ssh(tmp_path, fake_ssh):
         assert not {"HOME", "PWD", "SHLVL"} & set(assignments)
     by_rank = {}
     for argv in invocations:
-        words = shlex.split(argv[9])
+        words = shlex.split(argv[11])
         rank = next(w for w in words if w.startswith("HOROVOD_RANK=")).split("=")[1]
-        by_rank[int(rank)] = argv[8]
+        by_rank[int(rank)] = argv[10]
     assert by_rank == {0: "a", 1: "a", 2: "b"}
 
     recs = records(tmp_path, 3)
@@ -400,11 +400,14 @@ def test_check_build_report_format():
 # ---------------------------------------------------------------- the rendezvous server
 
 class Client:
-    """A raw protocol client: send lines, read replies, see the server close."""
+    """A raw protocol client: send lines, read replies, see the server close. Reads the server's
+    greeting (HELLO <nonce>) first."""
 
     def __init__(self, port):
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=5)
         self.reader = self.sock.makefile("rb")
+        self.hello = self.reply()
+        assert re.fullmatch(r"HELLO [0-9a-f]{64}\n", self.hello), self.hello
 
     def send(self, data: bytes) -> None:
         self.sock.sendall(data)
@@ -437,16 +440,24 @@ def server():
 
 def authed(server) -> Client:
     client = Client(server.port)
-    assert client.ask(f"AUTH {SECRET}") == "OK\n"
+    line, expected = answer_hello(SECRET, client.hello.rstrip("\n"))
+    assert client.ask(line) == expected + "\n"
     return client
 
 
 def test_rendezvous_auth(server):
     client = authed(server)
     assert client.ask("PUT k v") == "OK\n"
-    for first_line in (f"AUTH {'cd' * 32}", "PUT k v", f"AUTH  {SECRET}", "AUTH"):
+    # The secret in clear (the old protocol), a proof made with another secret, a proof for
+    # another connection's nonce, and lines that are no AUTH at all.
+    other_hello = Client(server.port).hello.rstrip("\n")
+    for first_line in (lambda hello: f"AUTH {SECRET}",
+                       lambda hello: answer_hello("cd" * 32, hello)[0],
+                       lambda hello: answer_hello(SECRET, other_hello)[0],
+                       lambda hello: "PUT k v", lambda hello: f"AUTH  {SECRET}",
+                       lambda hello: "AUTH", lambda hello: f"AUTH {'00' * 32} {'00' * 32}"):
         intruder = Client(server.port)
-        assert intruder.ask(first_line) == "ERROR bad secret\n"
+        assert intruder.ask(first_line(intruder.hello.rstrip("\n"))) == "ERROR bad secret\n"
         assert intruder.closed_by_server()
     assert server.keys() == {"k"}  # the refused "PUT k v" stored nothing new
 

@@ -4,8 +4,9 @@
 
 namespace horovodlike {
 namespace {
-// Control messages are small; a length above this means a corrupt or hostile stream.
-constexpr uint64_t kMaxControlBytes = 1ULL << 31;
+// Control messages are small (requests and responses of a round, well under a megabyte for
+// thousands of tensors); a length above this means a corrupt stream.
+constexpr uint64_t kMaxControlBytes = 1ULL << 28;
 
 void SendMessage(Transport& t, int peer, const std::vector<uint8_t>& message) {
   uint64_t n = message.size();

@@ -70,9 +70,19 @@ struct Status {
 };
 
 // Thrown for a broken transport or peer; turned into StatusCode::kInternal by the loop.
+// `peer` is the job rank that caused it when known (-1 otherwise), so that the launcher can
+// tell the rank that failed first from the ranks that failed because of it.
 class TransportError : public std::runtime_error {
  public:
-  explicit TransportError(const std::string& what) : std::runtime_error(what) {}
+  enum class Cause { kOther, kPeerLost, kPeerTimeout, kStall };
+  explicit TransportError(const std::string& what, int peer = -1, Cause cause = Cause::kOther)
+      : std::runtime_error(what), peer_(peer), cause_(cause) {}
+  int peer() const { return peer_; }
+  Cause cause() const { return cause_; }
+
+ private:
+  int peer_;
+  Cause cause_;
 };
 
 // Thrown synchronously to the caller of enqueue for bad input (becomes ValueError).

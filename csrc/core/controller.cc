@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <functional>
+#include <iomanip>
+#include <iterator>
 #include <sstream>
 
 #include "logging.h"
@@ -12,6 +14,7 @@ namespace {
 
 constexpr uint64_t kFlagNoUncached = 1;  // set: this rank has no uncached work
 constexpr uint64_t kFlagNoShutdown = 2;  // set: this rank is not shutting down
+constexpr uint64_t kFlagNoStallCheck = 4;  // cleared by the coordinator: stall reports this round
 
 // "rank 0: [2, 3]; ranks 1, 2: [3, 3]" for the values each rank reported.
 std::string DescribeByRank(const std::vector<std::pair<int, std::string>>& values) {
@@ -60,7 +63,8 @@ std::string FormatDouble(double v) {
 
 Controller::Controller(Transport& transport, const Config& config)
     : transport_(transport), config_(config), cache_(config.cache_capacity),
-      last_stall_check_(std::chrono::steady_clock::now()) {}
+      last_stall_check_(std::chrono::steady_clock::now()),
+      last_stall_warning_(std::chrono::steady_clock::now() - std::chrono::hours(24)) {}
 
 void Controller::ToUncached(int slot) {
   if (cached_ready_.erase(slot) == 0) return;
@@ -80,17 +84,25 @@ Controller::Round Controller::Negotiate(std::vector<Request> new_requests,
     local_[request.name] = request;
     if (lookup == ResponseCache::Lookup::kHit) {
       cached_ready_.insert(slot);
+      cached_since_[slot] = std::chrono::steady_clock::now();
     } else {
       uncached_.push_back(std::move(request));
     }
   }
 
-  // Bit vector: [flags][ready bits][not-stale bits], all combined with AND.
+  // Bit vector: [flags][ready bits][not-stale bits][not-shutting-down bit per rank], all
+  // combined with AND.
   const int slots = cache_.num_slots();
   const size_t words = (static_cast<size_t>(slots) + 63) / 64;
-  std::vector<uint64_t> bits(1 + 2 * words, 0);
+  const size_t rank_words = (static_cast<size_t>(transport_.size()) + 63) / 64;
+  std::vector<uint64_t> bits(1 + 2 * words + rank_words, 0);
   bits[0] = (uncached_.empty() ? kFlagNoUncached : 0) |
-            (shutdown_requested ? 0 : kFlagNoShutdown);
+            (shutdown_requested ? 0 : kFlagNoShutdown) |
+            (StallCheckDue() ? 0 : kFlagNoStallCheck);
+  for (size_t w = 0; w < rank_words; ++w) bits[1 + 2 * words + w] = ~0ULL;
+  if (shutdown_requested) {
+    bits[1 + 2 * words + transport_.rank() / 64] &= ~(1ULL << (transport_.rank() % 64));
+  }
   for (int slot : cached_ready_) bits[1 + slot / 64] |= 1ULL << (slot % 64);
   if (joined_) {
     // A joined rank contributes zeros to any allreduce the others are ready for.
@@ -111,7 +123,11 @@ Controller::Round Controller::Negotiate(std::vector<Request> new_requests,
 
   Round round;
   round.shutdown = (bits[0] & kFlagNoShutdown) == 0;
+  for (int r = 0; round.shutdown && r < transport_.size(); ++r) {
+    if ((bits[1 + 2 * words + r / 64] >> (r % 64) & 1) == 0) round.shutdown_ranks.push_back(r);
+  }
   const bool any_uncached = (bits[0] & kFlagNoUncached) == 0;
+  const bool stall_check = (bits[0] & kFlagNoStallCheck) == 0;
 
   // Stale entries go on every rank; whoever had them ready asks again the slow way.
   for (int slot = 0; slot < slots; ++slot) {
@@ -142,7 +158,7 @@ Controller::Round Controller::Negotiate(std::vector<Request> new_requests,
     ready.insert(ready.end(), std::make_move_iterator(decided.begin()),
                  std::make_move_iterator(decided.end()));
   }
-  if (transport_.rank() == kCoordinator && config_.stall_check_enabled) CheckForStalls();
+  if (stall_check) ExchangeStallReports();
 
   // Every rank updates its cache with the same responses in the same order, whether or not it
   // had the tensor itself (a joined rank does not).
@@ -371,27 +387,126 @@ Response Controller::BuildResponse(const std::string& name, const std::vector<Re
   return response;
 }
 
-void Controller::CheckForStalls() {
-  const auto now = std::chrono::steady_clock::now();
-  const auto limit = std::chrono::duration<double>(config_.stall_warning_seconds);
-  if (now - last_stall_check_ < limit) return;
-  last_stall_check_ = now;
-  std::ostringstream report;
-  int stalled = 0;
-  for (const auto& [seq, name] : arrival_order_) {
-    const Pending& pending = table_.at(name).second;
-    if (now - pending.first_seen < limit) continue;
-    std::vector<int> missing;
-    for (int r = 0; r < transport_.size(); ++r) if (!pending.present[r]) missing.push_back(r);
-    report << "\n  " << name << ": missing ranks ";
-    for (size_t i = 0; i < missing.size(); ++i) report << (i ? ", " : "") << missing[i];
-    ++stalled;
+bool Controller::StallCheckDue() const {
+  if (transport_.rank() != kCoordinator || !config_.stall_check_enabled) return false;
+  // Often enough that warnings and the shutdown come close to their times, at most once a
+  // second: a check costs one small gather and broadcast.
+  double interval = std::min(1.0, config_.stall_warning_seconds / 2);
+  if (config_.stall_shutdown_seconds > 0) {
+    interval = std::min(interval, config_.stall_shutdown_seconds / 2);
   }
-  if (stalled > 0) {
-    HVDL_LOG(kWarning, "One or more tensors were submitted by some ranks but not by others for "
-                       "over " << config_.stall_warning_seconds << " s. This may mean the ranks "
-                       "run different code paths or one of them is stuck:" << report.str());
+  return std::chrono::steady_clock::now() - last_stall_check_ >=
+         std::chrono::duration<double>(std::max(interval, 0.05));
+}
+
+void Controller::ExchangeStallReports() {
+  using Clock = std::chrono::steady_clock;
+  const auto now = Clock::now();
+  const int n = transport_.size();
+  auto seconds_since = [&](Clock::time_point t) {
+    return std::chrono::duration<double>(now - t).count();
+  };
+  // Every rank: the cached tensors it has ready and how long it has waited on each, in ms.
+  std::vector<int64_t> slots, waited_ms;
+  for (int slot : cached_ready_) {
+    auto since = cached_since_.find(slot);
+    slots.push_back(slot);
+    waited_ms.push_back(since == cached_since_.end()
+                            ? 0 : static_cast<int64_t>(seconds_since(since->second) * 1000));
   }
+  for (auto it = cached_since_.begin(); it != cached_since_.end();) {
+    it = cached_ready_.count(it->first) ? std::next(it) : cached_since_.erase(it);
+  }
+  if (joined_) {  // a joined rank stands in for every allreduce
+    for (int slot = 0; slot < cache_.num_slots(); ++slot) {
+      if (cache_.occupied(slot) && cache_.response(slot).type == Response::Type::kAllreduce &&
+          !cached_ready_.count(slot)) {
+        slots.push_back(slot);
+        waited_ms.push_back(0);
+      }
+    }
+  }
+  WireWriter report;
+  report.PutI64Vector(slots);
+  report.PutI64Vector(waited_ms);
+  auto reports = GatherToRoot(transport_, report.bytes(), kCoordinator);
+
+  WireWriter verdict;
+  if (transport_.rank() == kCoordinator) {
+    last_stall_check_ = now;
+    struct Waiting {
+      std::vector<bool> present;
+      double seconds = 0;
+    };
+    std::map<std::string, Waiting> waiting;
+    for (int r = 0; r < n; ++r) {
+      WireReader in(reports[r].data(), reports[r].size());
+      auto their_slots = in.GetI64Vector();
+      auto their_ms = in.GetI64Vector();
+      for (size_t i = 0; i < their_slots.size() && i < their_ms.size(); ++i) {
+        const int64_t slot = their_slots[i];
+        if (slot < 0 || slot >= cache_.num_slots() || !cache_.occupied(static_cast<int>(slot))) {
+          continue;
+        }
+        Waiting& w = waiting[cache_.response(static_cast<int>(slot)).names.at(0)];
+        w.present.resize(n, false);
+        w.present[r] = true;
+        w.seconds = std::max(w.seconds, their_ms[i] / 1000.0);
+      }
+    }
+    for (const auto& [seq, name] : arrival_order_) {
+      const Pending& pending = table_.at(name).second;
+      Waiting& w = waiting[name];
+      w.present.resize(n, false);
+      for (int r = 0; r < n; ++r) if (pending.present[r]) w.present[r] = true;
+      for (int r : joined_ranks_) w.present[r] = true;
+      w.seconds = std::max(w.seconds, seconds_since(pending.first_seen));
+    }
+    std::ostringstream list;
+    int origin = -1;
+    bool shutdown = false;
+    int stalled = 0;
+    for (const auto& [name, w] : waiting) {
+      std::vector<int> missing;
+      for (int r = 0; r < n; ++r) if (!w.present[r]) missing.push_back(r);
+      const bool stop = config_.stall_shutdown_seconds > 0 &&
+                        w.seconds >= config_.stall_shutdown_seconds;
+      if (missing.empty() || (w.seconds < config_.stall_warning_seconds && !stop)) continue;
+      shutdown = shutdown || stop;
+      if (origin < 0 || missing[0] < origin) origin = missing[0];
+      list << (stalled++ ? "; " : "") << "'" << name << "' missing on rank"
+           << (missing.size() > 1 ? "s " : " ");
+      for (size_t i = 0; i < missing.size(); ++i) list << (i ? ", " : "") << missing[i];
+      list << " (waited " << std::fixed << std::setprecision(1) << w.seconds << " s)";
+      list.unsetf(std::ios::fixed);
+    }
+    std::string message;
+    if (shutdown) {
+      std::ostringstream out;
+      out << "stall shutdown: tensors were submitted by some ranks and not by the others for "
+             "more than " << config_.stall_shutdown_seconds
+          << " s (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS): " << list.str();
+      message = out.str();
+    } else if (stalled > 0 &&
+               now - last_stall_warning_ >=
+                   std::chrono::duration<double>(config_.stall_warning_seconds)) {
+      last_stall_warning_ = now;
+      HVDL_LOG(kWarning, "Stalled tensors: some ranks submitted them more than "
+                             << config_.stall_warning_seconds
+                             << " s ago (HOROVOD_STALL_CHECK_TIME_SECONDS) and others have not; "
+                                "the ranks may run different code paths, or one is stuck: "
+                             << list.str());
+    }
+    // Ranks of a process set other than the global one are numbered within the set; only the
+    // global set's are job ranks the launcher can name.
+    verdict.PutI32(n == config_.size ? origin : -1);
+    verdict.PutString(message);
+  }
+  BroadcastFromRoot(transport_, verdict.bytes(), kCoordinator);
+  WireReader in(verdict.bytes().data(), verdict.bytes().size());
+  const int origin = in.GetI32();
+  const std::string message = in.GetString();
+  if (!message.empty()) throw TransportError(message, origin, TransportError::Cause::kStall);
 }
 
 std::vector<Response> Controller::Fuse(const std::vector<Response>& responses,

@@ -30,7 +30,10 @@ class Controller {
   struct Round {
     std::vector<Response> responses;  // fused, in execution order; identical on every rank
     bool shutdown = false;            // some rank asked to shut down
+    std::vector<int> shutdown_ranks;  // which ones (ranks of this set)
   };
+  // Throws TransportError when a peer fails, and (cause kStall) on every rank of the set when
+  // a stalled tensor passes HOROVOD_STALL_SHUTDOWN_TIME_SECONDS.
   Round Negotiate(std::vector<Request> new_requests, bool shutdown_requested);
 
   // Fuses compatible allreduces (same dtype, op, scaling, device) up to the threshold in
@@ -46,7 +49,11 @@ class Controller {
                          const std::vector<bool>& present) const;
   // Holds back members of a group until the whole group is ready, then releases them together.
   std::vector<Response> ReleaseGroups(std::vector<Response> responses);
-  void CheckForStalls();
+  // Stall inspection: the coordinator asks for it in the bit vector every so often; then every
+  // rank reports the cached tensors it has been waiting on (the coordinator knows the uncached
+  // ones), and the coordinator warns, or stops the set past the shutdown time.
+  bool StallCheckDue() const;
+  void ExchangeStallReports();
   void ToUncached(int slot);
 
   Transport& transport_;
@@ -72,6 +79,8 @@ class Controller {
   int last_joined_ = -1;
   std::map<int64_t, std::vector<Response>> group_ready_;  // coordinator: group id -> members
   std::chrono::steady_clock::time_point last_stall_check_;
+  std::chrono::steady_clock::time_point last_stall_warning_;
+  std::map<int, std::chrono::steady_clock::time_point> cached_since_;  // slot -> ready here since
 };
 
 }  // namespace horovodlike

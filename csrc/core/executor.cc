@@ -66,7 +66,17 @@ void Executor::Execute(const Response& response) {
         break;
     }
   } catch (const TransportError& e) {
-    complete(Status::Error(StatusCode::kInternal, e.what()));
+    // The loop stops on this: the entries go back to the queue and fail with everything else,
+    // with the loop's account of what happened (which may name the rank that failed first).
+    for (auto& entry : entries) {
+      if (!entry.handle) continue;
+      auto handle = entry.handle;
+      try {
+        queue_.Add(std::move(entry));
+      } catch (const std::exception&) {
+        handles_.Complete(handle, Status::Error(StatusCode::kInternal, e.what()));
+      }
+    }
     throw;
   } catch (const InvalidArgument& e) {
     complete(Status::Error(StatusCode::kInvalidArgument, e.what()));

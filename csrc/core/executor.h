@@ -27,7 +27,7 @@ class Executor {
       : transport_(transport), queue_(queue), handles_(handles), process_set_id_(process_set_id),
         on_process_set_change_(std::move(on_process_set_change)) {}
 
-  // Throws TransportError after failing the handles of this response.
+  // Throws TransportError after returning this response's entries to the queue.
   void Execute(const Response& response);
 
   // Counters since init, for tests and tuning: collectives run and tensors they carried.

@@ -49,6 +49,8 @@ double WireReader::GetF64() { double v; Get(&v, sizeof(v)); return v; }
 std::string WireReader::GetString() {
   int64_t n = GetI64();
   if (n < 0 || n > kMaxStringBytes) throw TransportError("malformed message: bad string length");
+  // Checked before allocating, so a corrupt length costs nothing.
+  if (static_cast<uint64_t>(n) > size_ - pos_) throw TransportError("malformed message: truncated");
   std::string s(static_cast<size_t>(n), '\0');
   Get(s.data(), s.size());
   return s;
@@ -56,6 +58,9 @@ std::string WireReader::GetString() {
 std::vector<int64_t> WireReader::GetI64Vector() {
   int64_t n = GetI64();
   if (n < 0 || n > kMaxVectorItems) throw TransportError("malformed message: bad vector length");
+  if (static_cast<uint64_t>(n) > (size_ - pos_) / sizeof(int64_t)) {
+    throw TransportError("malformed message: truncated");
+  }
   std::vector<int64_t> v(static_cast<size_t>(n));
   Get(v.data(), v.size() * sizeof(int64_t));
   return v;

@@ -59,12 +59,17 @@ class Runtime {
   ~Runtime();
 
  private:
-  Runtime(Config config, std::unique_ptr<Transport> transport);
+  Runtime(Config config, std::unique_ptr<Transport> transport, int generation);
   void Loop();
+  // Tells the launcher why the loop stopped (see ReportFailureToLauncher), then fails all work
+  // (`internal`: a failure, which also closes the connections; else a peer's shutdown).
+  void Stop(StatusCode code, const std::string& cause, int origin, const char* kind,
+            bool internal);
   int64_t ChangeProcessSets(const Response& response);
   void FailEverything(StatusCode code, const std::string& message);
 
   Config config_;
+  int generation_;  // which init() of this process; keys its rendezvous entries
   std::unique_ptr<Transport> transport_;
   TensorQueue queue_;
   HandleTable handles_;

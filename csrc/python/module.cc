@@ -4,6 +4,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "../core/hmac.h"
+#include "../core/message.h"
 #include "../core/runtime.h"
 
 namespace py = pybind11;
@@ -138,4 +140,41 @@ PYBIND11_MODULE(_core, m) {
   m.attr("STATUS_MISMATCH") = static_cast<int>(StatusCode::kMismatch);
   m.attr("STATUS_INTERNAL") = static_cast<int>(StatusCode::kInternal);
   m.attr("STATUS_SHUTDOWN") = static_cast<int>(StatusCode::kShutdown);
+
+  // Test-only entry points (tests/test_security.py): the control-message decoders on arbitrary
+  // bytes, returning the re-encoded message or raising ValueError when it is malformed; and
+  // the SHA-256 / HMAC-SHA256 that authenticate the job's connections.
+  m.def("_decode_requests_for_fuzzing", [](py::bytes data) {
+    std::string raw = data;
+    WireWriter out;
+    try {
+      EncodeRequests(DecodeRequests(reinterpret_cast<const uint8_t*>(raw.data()), raw.size()),
+                     out);
+    } catch (const TransportError& e) {
+      throw py::value_error(e.what());
+    }
+    return py::bytes(reinterpret_cast<const char*>(out.bytes().data()), out.bytes().size());
+  });
+  m.def("_decode_responses_for_fuzzing", [](py::bytes data) {
+    std::string raw = data;
+    WireWriter out;
+    try {
+      EncodeResponses(DecodeResponses(reinterpret_cast<const uint8_t*>(raw.data()), raw.size()),
+                      out);
+    } catch (const TransportError& e) {
+      throw py::value_error(e.what());
+    }
+    return py::bytes(reinterpret_cast<const char*>(out.bytes().data()), out.bytes().size());
+  });
+  m.def("_sha256_for_testing", [](py::bytes data) {
+    std::string raw = data;
+    Sha256 hash;
+    hash.Update(raw);
+    Sha256Digest digest = hash.Finish();
+    return py::bytes(reinterpret_cast<const char*>(digest.data()), digest.size());
+  });
+  m.def("_hmac_sha256_for_testing", [](py::bytes key, py::bytes message) {
+    Sha256Digest mac = HmacSha256(std::string(key), std::string(message));
+    return py::bytes(reinterpret_cast<const char*>(mac.data()), mac.size());
+  });
 }

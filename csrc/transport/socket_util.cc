@@ -52,28 +52,79 @@ void WaitFd(int fd, short events, std::chrono::steady_clock::time_point deadline
 
 }  // namespace
 
+namespace {
+
+// One non-blocking connect attempt bounded by the deadline (a blocking connect to a host that
+// drops packets could wait minutes). Returns the connected fd, or -1 with `error` set.
+int TryConnect(const sockaddr_in& addr, std::chrono::steady_clock::time_point deadline,
+               std::string* error) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) {
+    *error = std::string("socket: ") + std::strerror(errno);
+    return -1;
+  }
+  int rc = ::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr));
+  if (rc != 0 && errno == EINPROGRESS) {
+    pollfd p{fd, POLLOUT, 0};
+    do {
+      rc = ::poll(&p, 1, MillisUntil(deadline));
+    } while (rc < 0 && errno == EINTR);
+    if (rc == 0) {
+      *error = "timed out";
+      ::close(fd);
+      return -1;
+    }
+    int so_error = 0;
+    socklen_t len = sizeof(so_error);
+    ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &so_error, &len);
+    rc = so_error == 0 ? 0 : -1;
+    errno = so_error;
+  }
+  if (rc != 0) {
+    *error = std::strerror(errno);
+    ::close(fd);
+    return -1;
+  }
+  SetNonBlocking(fd, false);
+  SetNoDelay(fd);
+  return fd;
+}
+
+}  // namespace
+
 int ConnectWithRetry(const std::string& host, int port,
-                     std::chrono::steady_clock::time_point deadline, const std::string& what) {
+                     std::chrono::steady_clock::time_point deadline, const std::string& what,
+                     const std::function<void()>& between_attempts) {
   sockaddr_in addr{};
   if (!Resolve(host, port, &addr)) {
     throw TransportError(what + ": cannot resolve host '" + host + "'");
   }
   std::string last_error = "timed out";
   while (true) {
-    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) throw TransportError(what + ": socket: " + std::strerror(errno));
-    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-      SetNoDelay(fd);
-      return fd;
-    }
-    last_error = std::strerror(errno);
-    ::close(fd);
+    int fd = TryConnect(addr, deadline, &last_error);
+    if (fd >= 0) return fd;
     if (std::chrono::steady_clock::now() >= deadline) {
       throw TransportError(what + ": cannot connect to " + host + ":" + std::to_string(port) +
                            ": " + last_error);
     }
+    if (between_attempts) between_attempts();
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
+}
+
+int ConnectOnce(const std::string& host, int port,
+                std::chrono::steady_clock::time_point deadline, const std::string& what) {
+  sockaddr_in addr{};
+  if (!Resolve(host, port, &addr)) {
+    throw TransportError(what + ": cannot resolve host '" + host + "'");
+  }
+  std::string error;
+  int fd = TryConnect(addr, deadline, &error);
+  if (fd < 0) {
+    throw TransportError(what + ": cannot connect to " + host + ":" + std::to_string(port) +
+                         ": " + error);
+  }
+  return fd;
 }
 
 int ListenOn(const std::string& address, int* port) {

@@ -2,13 +2,19 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <string>
 
 namespace horovodlike {
 
 // Connects to host:port, retrying until the deadline; throws TransportError with `what`.
+// `between_attempts` (optional) runs after each failed attempt and may throw to give up.
 int ConnectWithRetry(const std::string& host, int port,
-                     std::chrono::steady_clock::time_point deadline, const std::string& what);
+                     std::chrono::steady_clock::time_point deadline, const std::string& what,
+                     const std::function<void()>& between_attempts = {});
+// A single attempt, bounded by the deadline.
+int ConnectOnce(const std::string& host, int port,
+                std::chrono::steady_clock::time_point deadline, const std::string& what);
 // Listening TCP socket bound to `address` (IPv4) on an ephemeral port; returns fd and port.
 int ListenOn(const std::string& address, int* port);
 // The IPv4 address of a named interface, or throws InvalidArgument.

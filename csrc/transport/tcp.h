@@ -31,7 +31,7 @@ class TcpTransport : public Transport {
 
  private:
   TcpTransport(int rank, int size, std::vector<int> fds, double timeout_seconds);
-  [[noreturn]] void Fail(int peer, const std::string& what);
+  [[noreturn]] void Fail(int peer, const std::string& what, TransportError::Cause cause);
   int Fd(int peer) const;
 
   int rank_;

@@ -5,11 +5,24 @@ separated by one space, keys and values contain no whitespace, and a line is at 
 MAX_LINE_BYTES bytes counting its "\\n" (a longer one is answered "ERROR line too long" and the
 connection is closed).
 
-    client                          server
-    AUTH <secret_hex>               OK | ERROR bad secret (then close)      first line only
-    PUT <key> <value>               OK                                      overwrites
-    GET <key> <timeout_ms>          VALUE <value> | TIMEOUT                 blocks until set
-    anything else                   ERROR unknown request (then close)
+    client                               server
+                                         HELLO <server_nonce>            on connect
+    AUTH <client_nonce> <client_proof>   OK <server_proof> | ERROR bad secret (then close)
+    PUT <key> <value>                    OK                              overwrites
+    GET <key> <timeout_ms>               VALUE <value> | TIMEOUT         blocks until set
+    anything else                        ERROR unknown request (then close)
+
+Authentication is mutual and the secret never crosses the wire: nonces are NONCE_BYTES random
+bytes, proofs HMAC-SHA256(secret, server_nonce || client_nonce || context) with the context
+b"horovodlike rendezvous client" for the client's proof and b"... server" for the server's, all
+in lower-case hex (see answer_hello for the client's side).
+
+Once the launcher stops the job (abort()), a GET of a key that is not set is answered
+"ABORTED <reason>" (the reason is the rest of the line) instead of waiting, a blocked GET at
+once; and each client authenticated by then is sent "ABORT <reason>" unasked, once, so that a
+rank waiting on its peers during set-up learns it at once (a client skips that line when it
+waits for a reply). PUT, and GET of a key that is set, go on working: ranks that fail
+afterwards still report why (failures.py).
 
 Each connection has its own daemon thread, so a slow or broken client never blocks another;
 a client that does not authenticate within AUTH_TIMEOUT_S is disconnected.
@@ -17,7 +30,9 @@ a client that does not authenticate within AUTH_TIMEOUT_S is disconnected.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
+import secrets
 import select
 import socket
 import threading
@@ -25,6 +40,9 @@ import time
 
 MAX_LINE_BYTES = 4096
 AUTH_TIMEOUT_S = 10.0
+NONCE_BYTES = 32
+_CLIENT_CONTEXT = b"horovodlike rendezvous client"
+_SERVER_CONTEXT = b"horovodlike rendezvous server"
 # How often a blocked GET checks whether its client has gone away.
 _DISCONNECT_CHECK_S = 0.5
 # Before closing, how long and how much of a client's unread input to discard.
@@ -34,6 +52,35 @@ _DRAIN_LIMIT_BYTES = 1 << 20
 
 class _LineTooLong(Exception):
     pass
+
+
+def _proof(secret: str, server_nonce: bytes, client_nonce: bytes, context: bytes) -> str:
+    return hmac.new(secret.encode(), server_nonce + client_nonce + context,
+                    hashlib.sha256).hexdigest()
+
+
+def _nonce(text: str) -> bytes | None:
+    if len(text) != 2 * NONCE_BYTES:
+        return None
+    try:
+        return bytes.fromhex(text)
+    except ValueError:
+        return None
+
+
+def answer_hello(secret: str, hello: str) -> tuple[str, str]:
+    """The client's side of the handshake. From the server's first line ("HELLO <nonce>",
+    without "\\n"), returns the line to send ("AUTH ...") and the reply that proves the server
+    knows the secret too ("OK <proof>"; compare it with hmac.compare_digest). Raises ValueError
+    when `hello` is not a greeting of this protocol."""
+    fields = hello.split(" ")
+    server_nonce = _nonce(fields[1]) if len(fields) == 2 and fields[0] == "HELLO" else None
+    if server_nonce is None:
+        raise ValueError(f"not a horovodlike rendezvous server greeting: {hello[:60]!r}")
+    client_nonce = secrets.token_bytes(NONCE_BYTES)
+    return (f"AUTH {client_nonce.hex()} "
+            f"{_proof(secret, server_nonce, client_nonce, _CLIENT_CONTEXT)}",
+            f"OK {_proof(secret, server_nonce, client_nonce, _SERVER_CONTEXT)}")
 
 
 class _LineReader:
@@ -99,6 +146,9 @@ class RendezvousServer:
         self._accept_thread: threading.Thread | None = None
         self._connections: set[socket.socket] = set()
         self._connections_lock = threading.Lock()
+        self._send_locks: dict[socket.socket, threading.Lock] = {}
+        self._authenticated: set[socket.socket] = set()
+        self._abort_reason: str | None = None
         self._stopping = threading.Event()
         self.port: int | None = None
 
@@ -140,6 +190,25 @@ class RendezvousServer:
         if self._accept_thread is not None:
             self._accept_thread.join(timeout=2)
 
+    def abort(self, reason: str) -> None:
+        """Tells the ranks that the job is being stopped: a GET blocked now or later on a key
+        that is not set is answered "ABORTED <reason>", and each authenticated client is sent
+        "ABORT <reason>" at once."""
+        reason = " ".join(reason.split()) or "stopped"
+        with self._store_changed:
+            if self._abort_reason is not None:
+                return
+            self._abort_reason = reason
+            self._store_changed.notify_all()
+        with self._connections_lock:
+            clients = list(self._authenticated)
+        for connection in clients:
+            self._send(connection, f"ABORT {reason}")
+
+    @property
+    def aborted(self) -> bool:
+        return self._abort_reason is not None
+
     def keys(self) -> set[str]:
         """The keys set so far."""
         with self._store_changed:
@@ -170,6 +239,7 @@ class RendezvousServer:
     def _serve(self, connection: socket.socket) -> None:
         with self._connections_lock:
             self._connections.add(connection)
+            self._send_locks[connection] = threading.Lock()
         try:
             self._serve_requests(connection)
         except (OSError, _LineTooLong) as error:
@@ -180,27 +250,42 @@ class RendezvousServer:
         finally:
             with self._connections_lock:
                 self._connections.discard(connection)
+                self._authenticated.discard(connection)
             _close_gracefully(connection)
+            with self._connections_lock:
+                self._send_locks.pop(connection, None)
 
-    @staticmethod
-    def _send(connection: socket.socket, line: str) -> None:
-        try:
-            connection.sendall(line.encode("ascii") + b"\n")
-        except OSError:
-            pass
+    def _send(self, connection: socket.socket, line: str) -> None:
+        """Sends one line whole: abort() may write to a connection its own thread serves."""
+        with self._connections_lock:
+            lock = self._send_locks.get(connection)
+        if lock is None:
+            return
+        with lock:
+            try:
+                connection.sendall(line.encode("ascii", "replace") + b"\n")
+            except OSError:
+                pass
 
     def _serve_requests(self, connection: socket.socket) -> None:
         reader = _LineReader(connection)
+        server_nonce = secrets.token_bytes(NONCE_BYTES)
+        self._send(connection, f"HELLO {server_nonce.hex()}")
         line = reader.readline(deadline=time.monotonic() + self._auth_timeout)
         if line is None:
             return
         fields = _fields(line)
-        if (fields is None or len(fields) != 2 or fields[0] != "AUTH"
-                or not hmac.compare_digest(fields[1].encode("ascii"), self._secret)):
+        client_nonce = _nonce(fields[1]) if fields and len(fields) == 3 else None
+        secret = self._secret.decode("ascii")
+        if (client_nonce is None or fields[0] != "AUTH" or not hmac.compare_digest(
+                fields[2].encode("ascii"),
+                _proof(secret, server_nonce, client_nonce, _CLIENT_CONTEXT).encode("ascii"))):
             self._send(connection, "ERROR bad secret")
             return
         connection.settimeout(None)
-        self._send(connection, "OK")
+        self._send(connection, f"OK {_proof(secret, server_nonce, client_nonce, _SERVER_CONTEXT)}")
+        with self._connections_lock:
+            self._authenticated.add(connection)
 
         while not self._stopping.is_set():
             line = reader.readline()
@@ -213,7 +298,10 @@ class RendezvousServer:
             elif (fields and fields[0] == "GET" and len(fields) == 3
                   and fields[2].isdigit()):
                 value = self._wait_for(connection, fields[1], int(fields[2]) / 1000.0)
-                self._send(connection, "TIMEOUT" if value is None else f"VALUE {value}")
+                if self._abort_reason is not None and value is None:
+                    self._send(connection, f"ABORTED {self._abort_reason}")
+                else:
+                    self._send(connection, "TIMEOUT" if value is None else f"VALUE {value}")
             else:
                 self._send(connection, "ERROR unknown request")
                 return
@@ -223,7 +311,7 @@ class RendezvousServer:
         with self._store_changed:
             while key not in self._store:
                 remaining = deadline - time.monotonic()
-                if remaining <= 0 or self._stopping.is_set():
+                if remaining <= 0 or self._stopping.is_set() or self._abort_reason is not None:
                     return None
                 self._store_changed.wait(min(remaining, _DISCONNECT_CHECK_S))
                 if key not in self._store and _peer_closed(connection):

@@ -1,6 +1,8 @@
 """A minimal client of the launcher's rendezvous protocol, for test ranks (stdlib only, no
 horovodlike import, so the tests do not depend on the core being built)."""
 
+import hashlib
+import hmac
 import os
 import socket
 
@@ -9,8 +11,16 @@ class RendezvousClient:
     def __init__(self, address: str, port: int, secret: str, timeout: float = 10.0):
         self._socket = socket.create_connection((address, port), timeout=timeout)
         self._reader = self._socket.makefile("rb")
-        reply = self.request(f"AUTH {secret}")
-        if reply != "OK":
+        # The server greets with a nonce; both sides prove they know the secret (rendezvous.py).
+        hello = self._reader.readline().decode().rstrip("\n")
+        assert hello.startswith("HELLO "), hello
+        server_nonce, client_nonce = bytes.fromhex(hello[6:]), os.urandom(32)
+
+        def proof(role):
+            return hmac.new(secret.encode(), server_nonce + client_nonce +
+                            f"horovodlike rendezvous {role}".encode(), hashlib.sha256).hexdigest()
+        reply = self.request(f"AUTH {client_nonce.hex()} {proof('client')}")
+        if reply != f"OK {proof('server')}":
             raise RuntimeError(f"rendezvous refused AUTH: {reply}")
 
     @classmethod
