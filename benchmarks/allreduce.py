@@ -90,12 +90,27 @@ def worker_horovodlike(args):
         warmup, timed = iterations(nbytes, args.iter_scale)
         results[nbytes] = _time_loop(lambda: hvd.allreduce_(buf, op=hvd.Sum, name="bench"),
                                      warmup, timed)
-    info = {"transport": os.environ.get("HOROVOD_CPU_OPERATIONS", "")}
-    if hasattr(hvd, "mpi_ops") and hasattr(hvd.mpi_ops._core, "transport_name"):
-        info["transport"] = hvd.mpi_ops._core.transport_name()
+    info = {"transport": _horovodlike_transport()}
     if rank == 0:
         _write(args.out, results, info)
     hvd.shutdown()
+
+
+def _horovodlike_transport():
+    """The transport this rank runs on: the core's own word when it says (build_info's
+    cpu_operations), else "shm" when the process maps a horovodlike shared segment, else the CPU
+    operations asked for (or "tcp")."""
+    from horovodlike import _core
+    in_use = dict(_core.build_info()).get("cpu_operations")
+    if in_use:
+        return in_use
+    try:
+        with open("/proc/self/maps") as maps:
+            if any("/hvdl-" in line for line in maps):
+                return "shm"
+    except OSError:
+        pass
+    return os.environ.get("HOROVOD_CPU_OPERATIONS") or "tcp"
 
 
 def worker_mpi(args):
@@ -210,15 +225,15 @@ def libraries(np_: int, wanted: set[str]) -> tuple[list[Library], list[str]]:
     if not info:
         skipped.append("horovodlike: the core does not load (build it first)")
     else:
-        found.append(Library("hvdl-shm" if info.get("shm") else "hvdl", "horovodlike",
-                             launch + [py, me]))
-        if info.get("shm"):
-            found.append(Library("hvdl-tcp", "horovodlike", launch + [py, me],
-                                 {"HOROVOD_SHM_DISABLE": "1"}))
+        # The default: shared memory between the ranks of this host (TCP if shm is not built).
+        found.append(Library("hvdl-shm", "horovodlike", launch + [py, me]))
+        found.append(Library("hvdl-tcp", "horovodlike", launch + [py, me],
+                             {"HOROVOD_SHM_DISABLE": "1"}))
+        # The Gloo and MPI backends, when this build has them: the launcher's --gloo / --mpi.
         for backend in ("gloo", "mpi"):
             if info.get(backend):
-                found.append(Library(f"hvdl-{backend}", "horovodlike", launch + [py, me],
-                                     {"HOROVOD_CPU_OPERATIONS": backend}))
+                found.append(Library(f"hvdl-{backend}", "horovodlike",
+                                     launch + [f"--{backend}", py, me]))
     mpirun = shutil.which("mpirun")
     if mpirun and _module_available("mpi4py"):
         found.append(Library("MPI", "mpi", [mpirun, "--allow-run-as-root", "--oversubscribe",
@@ -311,6 +326,9 @@ def main():
                 print(f"round {round_ + 1}: {error}", flush=True)
                 continue
             infos[lib.label] = result["info"]
+            expected = lib.label.split("-", 1)[1] if lib.label.startswith("hvdl-") else None
+            if expected and result["info"].get("transport") not in (expected, None):
+                print(f"note: {lib.label} ran on {result['info']['transport']}", flush=True)
             for n in sizes:
                 medians[lib.label][n].append(statistics.median(result["samples"][str(n)]))
             print(f"round {round_ + 1}/{args.repeat}: {lib.label} done in "
@@ -318,10 +336,37 @@ def main():
     table = {label: {n: statistics.median(v) for n, v in per.items() if v}
              for label, per in medians.items()}
     print_table(table, sizes, args.np)
+    print_round_ratios(medians, sizes)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"np": args.np, "median_seconds": table, "per_round": medians,
                        "info": infos}, f, indent=1, default=str)
+
+
+def print_round_ratios(medians: dict, sizes: list[int]) -> None:
+    """Each peer's time over horovodlike's in the same round (min / median / max over rounds):
+    on a shared machine, rounds differ more than the libraries within a round do."""
+    ours = [label for label in medians if label.startswith("hvdl") and any(medians[label].values())]
+    peers = [label for label in medians if not label.startswith("hvdl")
+             and any(medians[label].values())]
+    if not ours or not peers:
+        return
+    reference = ours[0]
+    print()
+    print(f"per-round ratios, peer time / {reference} time in the same round: min / median / max")
+    rows = [["size"] + peers]
+    for n in sizes:
+        row = [format_size(n)]
+        for p in peers:
+            pairs = [b / a for a, b in zip(medians[reference][n], medians[p][n]) if a and b]
+            row.append(f"{min(pairs):.2f} / {statistics.median(pairs):.2f} / {max(pairs):.2f}"
+                       if pairs else "-")
+        rows.append(row)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for i, row in enumerate(rows):
+        print("| " + " | ".join(c.rjust(w) for c, w in zip(row, widths)) + " |")
+        if i == 0:
+            print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
 
 
 def _fmt_time(seconds: float) -> str:

@@ -26,8 +26,18 @@ def job_env(extra=None):
     return env
 
 
+# HOROVODLIKE_TEST_TRANSPORT=gloo|mpi runs every launched job over that transport (default tcp).
+TRANSPORT_FLAGS = {"tcp": [], "gloo": ["--gloo"], "mpi": ["--mpi"]}
+
+
 def launch(np, script, *args, env=None, timeout=240, launcher_args=()):
     """Runs `horovodlikerun -np N python script args` and returns the CompletedProcess."""
+    transport = os.environ.get("HOROVODLIKE_TEST_TRANSPORT", "tcp") or "tcp"
+    if transport not in TRANSPORT_FLAGS:
+        raise ValueError(f"HOROVODLIKE_TEST_TRANSPORT={transport!r}: use one of "
+                         f"{', '.join(TRANSPORT_FLAGS)}")
+    if not any(flag in launcher_args for flag in ("--gloo", "--mpi")):
+        launcher_args = [*TRANSPORT_FLAGS[transport], *launcher_args]
     command = [sys.executable, "-m", "horovodlike.runner.launch", "-np", str(np),
                *launcher_args, sys.executable, str(WORKERS / script), *map(str, args)]
     return subprocess.run(command, env=job_env(env), capture_output=True, text=True,

@@ -32,21 +32,30 @@ void RingAllreduce::Run(Transport& transport, void* buf, size_t count, DataType 
   if (scratch_.size() < segment_elems * elem) scratch_.resize(segment_elems * elem);
 
   // Reduce-scatter: after n - 1 steps this rank holds the full reduction of chunk (rank + 1).
+  // The outgoing chunk of a step was finished in the step before, so its bytes may run ahead
+  // of the incoming ones: each call sends half a segment beyond the segment it receives. While
+  // this rank reduces segment j, the right neighbour already receives the start of segment
+  // j + 1 instead of waiting for this rank's next call. (Deadlock-free like the plain ring:
+  // every rank sends at least what its neighbour's matching call expects.)
+  const size_t lead_elems = segment_elems / 2;
   for (int step = 0; step < n - 1; ++step) {
-    int send_chunk = (rank - step + n) % n;
-    int recv_chunk = (rank - step - 1 + 2 * n) % n;
-    size_t send_len = length(send_chunk), recv_len = length(recv_chunk);
-    size_t done_send = 0, done_recv = 0;
-    while (done_send < send_len || done_recv < recv_len) {
-      size_t s = std::min(segment_elems, send_len - done_send);
-      size_t r = std::min(segment_elems, recv_len - done_recv);
-      transport.sendrecv(right, data + (begin(send_chunk) + done_send) * elem, s * elem, left,
-                         scratch_.data(), r * elem);
-      if (r > 0) {
-        ReduceInto(data + (begin(recv_chunk) + done_recv) * elem, scratch_.data(), r, dtype, op);
-      }
-      done_send += s;
-      done_recv += r;
+    const int send_chunk = (rank - step + n) % n;
+    const int recv_chunk = (rank - step - 1 + 2 * n) % n;
+    const size_t send_len = length(send_chunk), recv_len = length(recv_chunk);
+    uint8_t* const send_base = data + begin(send_chunk) * elem;
+    uint8_t* const recv_base = data + begin(recv_chunk) * elem;
+    size_t sent = 0, received = 0;
+    while (received < recv_len || sent < send_len) {
+      const size_t r = std::min(segment_elems, recv_len - received);
+      const size_t target = received + r >= recv_len
+          ? send_len
+          : std::min(send_len, received + r + lead_elems);
+      const size_t s = target > sent ? target - sent : 0;
+      transport.sendrecv(right, send_base + sent * elem, s * elem, left, scratch_.data(),
+                         r * elem);
+      if (r > 0) ReduceInto(recv_base + received * elem, scratch_.data(), r, dtype, op);
+      sent += s;
+      received += r;
     }
   }
   // Allgather: pass the finished chunks around the ring, straight into place.

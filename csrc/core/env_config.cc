@@ -64,6 +64,20 @@ Config Config::FromEnvironment() {
   c.local_size = static_cast<int>(GetInt("HOROVOD_LOCAL_SIZE", c.size));
   c.cross_rank = static_cast<int>(GetInt("HOROVOD_CROSS_RANK", 0));
   c.cross_size = static_cast<int>(GetInt("HOROVOD_CROSS_SIZE", 1));
+  c.launched_by_mpirun = Get("OMPI_COMM_WORLD_RANK") != nullptr &&
+                         Get("OMPI_COMM_WORLD_SIZE") != nullptr;
+  if (c.launched_by_mpirun && Get("HOROVOD_RANK") == nullptr) {
+    c.rank = static_cast<int>(GetInt("OMPI_COMM_WORLD_RANK", 0));
+    c.size = static_cast<int>(GetInt("OMPI_COMM_WORLD_SIZE", 1));
+    c.local_rank = static_cast<int>(GetInt("OMPI_COMM_WORLD_LOCAL_RANK", c.rank));
+    c.local_size = static_cast<int>(GetInt("OMPI_COMM_WORLD_LOCAL_SIZE", c.size));
+    // Open MPI names no host index. Exact on one host; on several, an estimate that assumes
+    // equal hosts filled in rank order (--map-by slot). The MPI transport replaces both with
+    // what MPI reports.
+    const int hosts = static_cast<int>(GetInt("OMPI_MCA_orte_num_nodes", 1));
+    c.cross_size = hosts > 1 ? hosts : 1;
+    c.cross_rank = hosts > 1 ? c.rank / c.local_size : 0;
+  }
   if (c.size < 1 || c.rank < 0 || c.rank >= c.size) {
     throw InvalidArgument("HOROVOD_RANK=" + std::to_string(c.rank) + " and HOROVOD_SIZE=" +
                           std::to_string(c.size) + " do not describe a rank of the job");

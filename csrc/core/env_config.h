@@ -13,6 +13,9 @@ struct Config {
   int local_size = 1;
   int cross_rank = 0;
   int cross_size = 1;
+  // Started by mpirun (Open MPI's OMPI_COMM_WORLD_* variables are set): the MPI transport is
+  // the default, and without HOROVOD_RANK the rank and size come from Open MPI.
+  bool launched_by_mpirun = false;
 
   std::string rendezvous_addr;  // empty: no launcher (single process)
   int rendezvous_port = 0;

@@ -7,6 +7,7 @@
 #include "../core/hmac.h"
 #include "../core/message.h"
 #include "../core/runtime.h"
+#include "../transport/factory.h"
 
 namespace py = pybind11;
 using namespace horovodlike;
@@ -120,19 +121,21 @@ PYBIND11_MODULE(_core, m) {
     info["version"] = HOROVODLIKE_VERSION;
     info["tcp"] = true;
     info["shm"] = false;
-    info["mpi"] = false;
-    info["gloo"] = false;
-    info["nccl"] = false;
 #ifdef HOROVODLIKE_MPI_FOUND
-    info["mpi_found_at_build"] = true;
+    info["mpi"] = true;
 #else
-    info["mpi_found_at_build"] = false;
+    info["mpi"] = false;
 #endif
 #ifdef HOROVODLIKE_GLOO_FOUND
-    info["gloo_found_at_build"] = true;
+    info["gloo"] = true;
 #else
-    info["gloo_found_at_build"] = false;
+    info["gloo"] = false;
 #endif
+    info["nccl"] = false;
+    // The transport of the running job ("tcp", "shm", "shm+tcp", "mpi", "gloo"), None before
+    // init().
+    const char* in_use = Runtime::IsInitialized() ? LastTransportName() : nullptr;
+    info["cpu_operations"] = in_use != nullptr ? py::object(py::str(in_use)) : py::none();
     return info;
   });
   m.attr("STATUS_OK") = static_cast<int>(StatusCode::kOk);

@@ -10,7 +10,12 @@ namespace horovodlike {
 struct Config;
 
 // Connects every rank of the job; `generation` counts init() calls so a re-init rendezvouses
-// under fresh keys.
-std::unique_ptr<Transport> CreateTransport(const Config& config, int generation);
+// under fresh keys. A backend that knows the job's layout better than the environment (MPI)
+// updates the local and cross rank and size in `config`.
+std::unique_ptr<Transport> CreateTransport(Config& config, int generation);
+
+// name() of the transport the last successful CreateTransport returned ("tcp", "mpi", "gloo"),
+// or nullptr before the first.
+const char* LastTransportName();
 
 }  // namespace horovodlike

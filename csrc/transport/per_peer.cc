@@ -30,8 +30,9 @@ double PeerTimeoutSeconds() {
   return seconds > 0 ? seconds : 300.0;  // the TCP transport has rejected bad values already
 }
 
-// What makes two ranks able to share memory: the same kernel (boot id), the same /dev/shm
-// (device and inode of the mount) and, as a cheap extra guard, the same host name.
+// Ranks share memory when the launcher placed them on the same host (HOROVOD_HOSTNAME: the
+// layout the user gave, which local_rank/cross_rank follow too) and they really can: the same
+// kernel (boot id), the same /dev/shm (device and inode of the mount), the same host name.
 std::string HostIdentity() {
   std::string boot_id;
   std::ifstream("/proc/sys/kernel/random/boot_id") >> boot_id;
@@ -39,8 +40,9 @@ std::string HostIdentity() {
   if (boot_id.empty() || ::stat("/dev/shm", &st) != 0) return "";
   char host[256] = {0};
   ::gethostname(host, sizeof(host) - 1);
-  return boot_id + "/" + std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino) + "/" +
-         host;
+  const char* launcher_host = std::getenv("HOROVOD_HOSTNAME");
+  return std::string(launcher_host != nullptr ? launcher_host : "") + "/" + boot_id + "/" +
+         std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino) + "/" + host;
 }
 
 }  // namespace

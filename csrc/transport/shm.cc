@@ -12,9 +12,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
-#include <random>
 #include <sstream>
 
+#include "../core/hmac.h"
 #include "../core/logging.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -34,8 +34,10 @@ using Clock = std::chrono::steady_clock;
 // Defaults, tuned on a 2-core machine (see the README's Performance section). A member of the
 // group takes the creator's values from the segment header, so these agree on every rank.
 constexpr size_t kDefaultChannelBytes = 1 << 20;
-constexpr size_t kDefaultChunkBytes = 512 << 10;
+constexpr size_t kDefaultChunkBytes = 1 << 20;
 constexpr size_t kDefaultSmallBytes = 64 << 10;
+// Longest busy-wait before sleeping (adapted downwards at run time, see WaitUntil).
+constexpr size_t kDefaultSpinMicroseconds = 20;
 // A sleeper wakes this often to check that its peers are alive.
 constexpr int kSleepSliceMs = 10;
 
@@ -57,13 +59,14 @@ size_t FloorPowerOfTwo(size_t n) {
   return p;
 }
 
-uint64_t HashSecret(const std::string& secret) {
-  uint64_t h = 1469598103934665603ULL;  // FNV-1a: the name must not reveal the secret itself
-  for (unsigned char c : secret + "/shm") {
-    h ^= c;
-    h *= 1099511628211ULL;
-  }
-  return h;
+// The segment's name: derived from the job's secret (so that no other job's name collides and
+// the name reveals nothing about the secret), the generation and the creating rank.
+std::string SegmentName(const std::string& secret, int generation, int leader) {
+  const std::string context = "shm-segment/" + std::to_string(generation) + "/" +
+                              std::to_string(leader);
+  const Sha256Digest mac = HmacSha256(secret, context);
+  return "/hvdl-" + ToHex(mac.data(), 12) + "-g" + std::to_string(generation) + "-r" +
+         std::to_string(leader);
 }
 
 // State and start time of a process from /proc/<pid>/stat; false when there is no such process.
@@ -136,33 +139,35 @@ std::unique_ptr<ShmTransport> ShmTransport::Connect(Transport& bootstrap,
   const int leader = group.at(0);
   const auto index = static_cast<int>(std::find(group.begin(), group.end(), me) - group.begin());
   const size_t ranks = group.size();
-  if (ranks < 2 || index >= static_cast<int>(ranks)) return nullptr;
+  if (ranks < 2 || ranks > shm::kMaxRanks || index >= static_cast<int>(ranks)) return nullptr;
+
+  // Tuning knobs (see the README's Performance section), checked on every rank before any
+  // message so that a bad value fails init() everywhere alike. Only the creator's geometry
+  // counts: the members read it from the segment.
+  size_t channel = EnvBytes("HOROVOD_SHM_CHANNEL_BYTES", kDefaultChannelBytes, 4096,
+                            size_t{1} << 30);
+  size_t chunk = EnvBytes("HOROVOD_SHM_CHUNK_BYTES", kDefaultChunkBytes, 4096, size_t{1} << 30);
+  size_t small = EnvBytes("HOROVOD_SHM_SMALL_BYTES", kDefaultSmallBytes, 0, size_t{1} << 30);
+  const int64_t spin_us = static_cast<int64_t>(
+      EnvBytes("HOROVOD_SHM_SPIN_US", kDefaultSpinMicroseconds, 0, 1000000));
+  // The channels shrink with the number of pairs and the staging with the number of ranks, so
+  // that big hosts stay within a modest /dev/shm (Docker's default is 64 MiB).
+  channel = FloorPowerOfTwo(std::max<size_t>(
+      8 << 10, std::min(channel, (size_t{32} << 20) / (ranks * (ranks - 1)))));
+  chunk = shm::RoundUp(std::min(chunk, std::max<size_t>(64 << 10, (size_t{16} << 20) /
+                                                                      (2 * ranks))),
+                       shm::kPage);
+  small = std::min(small, chunk);
 
   ShmSegment segment;
   Offer offer{};
   uint8_t my_ok = 0;
   if (me == leader) {
     try {
-      // The channel size shrinks with the number of pairs so that big hosts stay within a
-      // modest /dev/shm (Docker's default is 64 MiB).
-      size_t channel = EnvBytes("HOROVOD_SHM_CHANNEL_BYTES", kDefaultChannelBytes, 4096,
-                                size_t{1} << 30);
-      channel = FloorPowerOfTwo(
-          std::max<size_t>(64 << 10, std::min(channel, (size_t{32} << 20) / (ranks * (ranks - 1)))));
-      size_t chunk = EnvBytes("HOROVOD_SHM_CHUNK_BYTES", kDefaultChunkBytes, 4096,
-                              size_t{1} << 30);
-      chunk = shm::RoundUp(std::min(chunk, std::max<size_t>(64 << 10, (size_t{16} << 20) /
-                                                                          (2 * ranks))),
-                           shm::kPage);
-      size_t small = EnvBytes("HOROVOD_SHM_SMALL_BYTES", kDefaultSmallBytes, 0, size_t{1} << 30);
-      small = std::min(small, chunk);
       shm::Layout layout(ranks, channel, chunk);
-      std::random_device random;
-      uint64_t nonce = (static_cast<uint64_t>(random()) << 32) ^ random();
-      char name[128];
-      std::snprintf(name, sizeof(name), "/hvdl-%016llx-g%d-r%d",
-                    static_cast<unsigned long long>(HashSecret(options.secret)),
-                    options.generation, leader);
+      uint64_t nonce = 0;
+      RandomBytes(&nonce, sizeof(nonce));
+      const std::string name = SegmentName(options.secret, options.generation, leader);
       segment = ShmSegment::Create(name, layout.total);
       auto* header = reinterpret_cast<shm::SegmentHeader*>(segment.data());
       header->nonce = nonce;
@@ -182,7 +187,7 @@ std::unique_ptr<ShmTransport> ShmTransport::Connect(Transport& bootstrap,
       offer.ranks = static_cast<uint32_t>(ranks);
       offer.nonce = nonce;
       offer.total_bytes = layout.total;
-      std::snprintf(offer.name, sizeof(offer.name), "%s", name);
+      std::snprintf(offer.name, sizeof(offer.name), "%s", name.c_str());
       my_ok = 1;
     } catch (const std::exception& e) {
       HVDL_LOG(kWarning, "shared memory for the ranks of this host is unavailable (" << e.what()
@@ -249,11 +254,12 @@ std::unique_ptr<ShmTransport> ShmTransport::Connect(Transport& bootstrap,
     bootstrap.recv(leader, &all_ok, sizeof(all_ok));
     if (!all_ok) return nullptr;
   }
-  return std::unique_ptr<ShmTransport>(new ShmTransport(std::move(segment), group, index, options));
+  return std::unique_ptr<ShmTransport>(
+      new ShmTransport(std::move(segment), group, index, options, spin_us));
 }
 
 ShmTransport::ShmTransport(ShmSegment segment, std::vector<int> members, int index,
-                           const Options& options)
+                           const Options& options, int64_t spin_us)
     : segment_(std::move(segment)), members_(std::move(members)), index_(index),
       peer_timeout_(static_cast<int64_t>(options.peer_timeout_seconds * 1000)) {
   const auto* header = reinterpret_cast<const shm::SegmentHeader*>(segment_.data());
@@ -265,9 +271,9 @@ ShmTransport::ShmTransport(ShmSegment segment, std::vector<int> members, int ind
   // Spinning only pays while every rank of the host has a core to itself; with more ranks than
   // cores a spinner would steal the time of the rank it waits for.
   const bool oversubscribed = static_cast<int>(members_.size()) > UsableCpus();
-  const size_t spin_us = EnvBytes("HOROVOD_SHM_SPIN_US", oversubscribed ? 0 : 50, 0, 1000000);
-  spin_ = std::chrono::microseconds(spin_us);
-  yields_ = oversubscribed ? 8 : 0;
+  max_spin_ns_ = oversubscribed && std::getenv("HOROVOD_SHM_SPIN_US") == nullptr ? 0
+                                                                                : 1000 * spin_us;
+  spin_budget_ns_ = max_spin_ns_;
 }
 
 ShmTransport::~ShmTransport() = default;
@@ -309,9 +315,10 @@ void ShmTransport::NotifyAll() {
   }
 }
 
-void ShmTransport::FailPeer(int peer, const std::string& what) {
+void ShmTransport::FailPeer(int peer, const std::string& what, TransportError::Cause cause) {
   if (aborted_) throw TransportError("the transport was shut down");
-  throw TransportError("lost connection to rank " + std::to_string(members_[peer]) + ": " + what);
+  throw TransportError("lost connection to rank " + std::to_string(members_[peer]) + ": " + what,
+                       members_[peer], cause);
 }
 
 void ShmTransport::CheckPeers(bool check_processes) {
@@ -322,35 +329,41 @@ void ShmTransport::CheckPeers(bool check_processes) {
     if (p == index_) continue;
     const shm::RankControl& c = control(p);
     if (c.aborted.load(std::memory_order_acquire) != 0) {
-      FailPeer(p, "it stopped after an error");
+      FailPeer(p, "it stopped after an error", TransportError::Cause::kPeerLost);
     }
     if (check_processes && !ProcessAlive(c.pid, c.start_time)) {
-      FailPeer(p, "the process exited or was killed");
+      FailPeer(p, "the process exited or was killed (shared memory peer)",
+               TransportError::Cause::kPeerLost);
     }
   }
 }
 
-template <class Ready>
-void ShmTransport::WaitUntil(const Ready& ready) {
+template <class Ready, class Culprit>
+void ShmTransport::WaitUntil(const Ready& ready, const Culprit& culprit) {
   if (ready()) return;
   const auto start = Clock::now();
-  // 1. Spin: a peer that is running answers within microseconds.
-  if (spin_.count() > 0) {
-    const auto spin_end = start + spin_;
+  // 1. Spin, for an adaptive time: a peer that is running answers within microseconds, but a
+  // peer that waits for a core (more runnable threads than cores: other jobs, or this job's own
+  // Python threads) is only delayed by a spinner. So the budget halves after every spin that
+  // ended in sleep and grows after every spin that succeeded; at zero, one wait in 32 probes.
+  const int64_t budget_ns =
+      spin_budget_ns_ > 0 ? spin_budget_ns_ : ((++spin_probe_ & 31) == 0 ? max_spin_ns_ : 0);
+  if (budget_ns > 0) {
+    const auto spin_end = start + std::chrono::nanoseconds(budget_ns);
     do {
-      for (int i = 0; i < 128; ++i) {
+      for (int i = 0; i < 64; ++i) {
         HVDL_CPU_RELAX();
-        if (ready()) return;
+        if (ready()) {
+          spin_budget_ns_ = std::min(max_spin_ns_, spin_budget_ns_ * 2 + max_spin_ns_ / 8);
+          return;
+        }
       }
       CheckPeers(false);
     } while (Clock::now() < spin_end);
+    spin_budget_ns_ /= 2;
+    if (spin_budget_ns_ < max_spin_ns_ / 16) spin_budget_ns_ = 0;
   }
-  // 2. Yield: with more ranks than cores, let the one we wait for run.
-  for (int i = 0; i < yields_; ++i) {
-    ::sched_yield();
-    if (ready()) return;
-  }
-  // 3. Sleep on the doorbell, in slices, checking the peers between them.
+  // 2. Sleep on the doorbell, in slices, checking the peers between them.
   shm::RankControl& mine = control(index_);
   auto last_progress_check = start;
   while (true) {
@@ -369,10 +382,13 @@ void ShmTransport::WaitUntil(const Ready& ready) {
       mine.sleeping.store(0, std::memory_order_relaxed);
       CheckPeers(true);
       if (now - start > peer_timeout_) {
-        throw TransportError(
-            "lost connection to a peer: no progress for " +
-            std::to_string(peer_timeout_.count() / 1000) +
-            " s (HOROVOD_PEER_TIMEOUT_SECONDS); a peer is stopped or stuck");
+        char seconds[32];
+        std::snprintf(seconds, sizeof(seconds), "%g", peer_timeout_.count() / 1000.0);
+        FailPeer(culprit(),
+                 std::string("nothing received or sent for ") + seconds +
+                     " s (HOROVOD_PEER_TIMEOUT_SECONDS); the peer is stopped, hung or "
+                     "unreachable",
+                 TransportError::Cause::kPeerTimeout);
       }
     }
   }
@@ -380,14 +396,13 @@ void ShmTransport::WaitUntil(const Ready& ready) {
 }
 
 void ShmTransport::WaitForPeers(Progress progress, uint64_t step) {
-  WaitUntil([&] {
+  auto behind = [&] {
     for (int p = 0; p < size(); ++p) {
-      if (p != index_ && (control(p).*progress).load(std::memory_order_acquire) < step) {
-        return false;
-      }
+      if (p != index_ && (control(p).*progress).load(std::memory_order_acquire) < step) return p;
     }
-    return true;
-  });
+    return -1;
+  };
+  WaitUntil([&] { return behind() < 0; }, [&] { return std::max(0, behind()); });
 }
 
 void ShmTransport::Publish(Progress progress, uint64_t step) {
@@ -488,6 +503,15 @@ void ShmTransport::sendrecv(int to, const void* sbuf, size_t sn, int from, void*
         }
       }
       return false;
+    }, [&] {
+      // Blame the side that is not moving: no incoming data first, else no room to send.
+      if (rn > 0) {
+        const shm::ChannelControl& c = channel(from, index_);
+        if (c.head.load(std::memory_order_acquire) == c.tail.load(std::memory_order_relaxed)) {
+          return from;
+        }
+      }
+      return sn > 0 ? to : from;
     });
   }
 }

@@ -57,7 +57,8 @@ class ShmTransport : public Transport {
   const char* name() const override { return "shm"; }
 
  private:
-  ShmTransport(ShmSegment segment, std::vector<int> members, int index, const Options& options);
+  ShmTransport(ShmSegment segment, std::vector<int> members, int index, const Options& options,
+               int64_t spin_us);
 
   shm::RankControl& control(int r) const;
   shm::ChannelControl& channel(int from, int to) const;
@@ -71,11 +72,12 @@ class ShmTransport : public Transport {
   void Notify(int peer);
   void NotifyAll();
   // Returns once ready() holds; throws TransportError when this transport is aborted, a peer
-  // stopped or died, or nothing happened for the peer timeout.
-  template <class Ready>
-  void WaitUntil(const Ready& ready);
+  // stopped or died, or nothing happened for the peer timeout (then naming culprit(), the peer
+  // it waits for).
+  template <class Ready, class Culprit>
+  void WaitUntil(const Ready& ready, const Culprit& culprit);
   void CheckPeers(bool check_processes);
-  [[noreturn]] void FailPeer(int peer, const std::string& what);
+  [[noreturn]] void FailPeer(int peer, const std::string& what, TransportError::Cause cause);
 
   // Native allreduce (shm_allreduce.cc).
   void AllreduceOneRound(uint8_t* data, size_t count, size_t elem, DataType dtype, ReduceOp op);
@@ -94,8 +96,9 @@ class ShmTransport : public Transport {
   size_t chunk_bytes_;
   size_t small_bytes_;
   shm::Layout layout_;
-  std::chrono::microseconds spin_;
-  int yields_;
+  int64_t max_spin_ns_;       // HOROVOD_SHM_SPIN_US
+  int64_t spin_budget_ns_;    // adapted per wait, see WaitUntil
+  uint32_t spin_probe_ = 0;
   std::chrono::milliseconds peer_timeout_;
   std::atomic<bool> aborted_{false};
   uint64_t step_ = 0;  // native allreduce steps so far; the same on every rank

@@ -26,6 +26,38 @@
 #include "shm.h"
 
 namespace horovodlike {
+namespace {
+
+// mine[i] += theirs[i] and out[i] = the sum, in one pass: the reduced slice goes to this rank's
+// buffer and to its staging slot together (the common two-rank Sum of float32 / float64).
+template <class T>
+void AddAndCopy(T* __restrict__ mine, const T* __restrict__ theirs, T* __restrict__ out,
+                size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    const T v = mine[i] + theirs[i];
+    mine[i] = v;
+    out[i] = v;
+  }
+}
+
+// Reduces the other ranks' copies of this rank's slice into `mine` (in rank order) and copies
+// the result to `out`.
+void ReduceSlice(uint8_t* mine, const uint8_t* const* theirs, int count_theirs, uint8_t* out,
+                 size_t count, DataType dtype, ReduceOp op) {
+  const bool sum = op == ReduceOp::kSum || op == ReduceOp::kAverage;
+  if (count_theirs == 1 && sum && dtype == DataType::kFloat32) {
+    AddAndCopy(reinterpret_cast<float*>(mine), reinterpret_cast<const float*>(theirs[0]),
+               reinterpret_cast<float*>(out), count);
+  } else if (count_theirs == 1 && sum && dtype == DataType::kFloat64) {
+    AddAndCopy(reinterpret_cast<double*>(mine), reinterpret_cast<const double*>(theirs[0]),
+               reinterpret_cast<double*>(out), count);
+  } else {
+    for (int i = 0; i < count_theirs; ++i) ReduceInto(mine, theirs[i], count, dtype, op);
+    std::memcpy(out, mine, count * DataTypeSize(dtype));
+  }
+}
+
+}  // namespace
 
 bool ShmTransport::NativeAllreduce(void* buf, size_t count, DataType dtype, ReduceOp op) {
   if (count == 0 || size() == 1) return true;
@@ -88,11 +120,13 @@ void ShmTransport::AllreduceSliced(uint8_t* data, size_t count, size_t elem, Dat
     const size_t len = chunk_len(c);
     const size_t b = bound(len, index_), e = bound(len, index_ + 1);
     if (e > b) {
-      uint8_t* mine = data + (c * chunk_elems + b) * elem;
+      const uint8_t* theirs[shm::kMaxRanks];
+      int count_theirs = 0;
       for (int p = 0; p < n; ++p) {
-        if (p != index_) ReduceInto(mine, staging(p, step) + b * elem, e - b, dtype, op);
+        if (p != index_) theirs[count_theirs++] = staging(p, step) + b * elem;
       }
-      std::memcpy(staging(index_, step) + b * elem, mine, (e - b) * elem);
+      ReduceSlice(data + (c * chunk_elems + b) * elem, theirs, count_theirs,
+                  staging(index_, step) + b * elem, e - b, dtype, op);
     }
     Publish(&shm::RankControl::reduced, step);
   };

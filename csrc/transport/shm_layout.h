@@ -18,6 +18,8 @@ namespace shm {
 constexpr uint64_t kMagic = 0x31484d534c445648ULL;  // "HVDLSMH1"
 constexpr size_t kPage = 4096;
 constexpr size_t kLine = 64;
+// Larger groups use TCP: the channels grow with the square of the ranks.
+constexpr size_t kMaxRanks = 256;
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "needs lock-free 64-bit atomics");
 static_assert(std::atomic<uint32_t>::is_always_lock_free, "needs lock-free 32-bit atomics");

@@ -321,6 +321,15 @@ void AcceptPeers(const Config& config, int generation, int listen_fd, std::vecto
 std::unique_ptr<TcpTransport> TcpTransport::Connect(const Config& config, int generation) {
   const double timeout_seconds = config.peer_timeout_seconds;
   if (config.size == 1) {
+    if (!config.rendezvous_addr.empty() && config.rendezvous_port > 0) {
+      // Started by the launcher: tell it this rank joined, or --start-timeout stops the job.
+      const auto deadline = std::chrono::steady_clock::now() +
+                            std::chrono::milliseconds(
+                                static_cast<int64_t>(config.start_timeout_seconds * 1000));
+      RendezvousClient rendezvous(config.rendezvous_addr, config.rendezvous_port,
+                                  config.secret_key, deadline);
+      rendezvous.Put("addr/" + std::to_string(generation) + "/0", "single");
+    }
     return std::unique_ptr<TcpTransport>(new TcpTransport(0, 1, {-1}, timeout_seconds));
   }
   if (config.rendezvous_addr.empty() || config.rendezvous_port <= 0) {

@@ -1,4 +1,7 @@
 // The interface every collective is written against. Blocking, point-to-point, full duplex.
+// Between two ranks the bytes form one ordered stream: a send need not be matched by a receive of
+// the same size (a collective may send a whole chunk while its peer receives it in segments), so
+// a backend with message semantics (MPI, Gloo) must buffer or split to honour this.
 #pragma once
 
 #include <cstddef>

@@ -115,12 +115,20 @@ def rocm_built():
     return False
 
 
+def _cpu_operations():
+    """The transport the running job uses ("tcp", "shm+tcp", "mpi", "gloo"...); None before
+    init()."""
+    return _core.build_info().get("cpu_operations")
+
+
 def mpi_enabled():
-    return False
+    """True when the running job communicates over MPI (a job started by mpirun)."""
+    return _cpu_operations() == "mpi"
 
 
 def gloo_enabled():
-    return False
+    """True when the running job communicates over Gloo (horovodlikerun --gloo)."""
+    return _cpu_operations() == "gloo"
 
 
 def mpi_threads_supported():

@@ -28,6 +28,7 @@ class JobSettings:
     cache_capacity: int | None = None
     log_level: str | None = None
     network_interface: str | None = None
+    cpu_operations: str | None = None  # "gloo": HOROVOD_CPU_OPERATIONS and HOROVOD_CONTROLLER
 
 
 def format_number(value: float) -> str:
@@ -45,6 +46,14 @@ def horovod_environment(assignment: RankAssignment, job: JobSettings) -> dict[st
         "HOROVOD_CROSS_RANK": str(assignment.cross_rank),
         "HOROVOD_CROSS_SIZE": str(assignment.cross_size),
         "HOROVOD_HOSTNAME": assignment.hostname,
+    }
+    env.update(job_environment(job))
+    return env
+
+
+def job_environment(job: JobSettings) -> dict[str, str]:
+    """The HOROVOD_* variables every rank shares (all that mpirun's ranks get from us)."""
+    env = {
         "HOROVOD_RENDEZVOUS_ADDR": job.rendezvous_addr,
         "HOROVOD_RENDEZVOUS_PORT": str(job.rendezvous_port),
         "HOROVOD_SECRET_KEY": job.secret_key,
@@ -60,6 +69,9 @@ def horovod_environment(assignment: RankAssignment, job: JobSettings) -> dict[st
         env["HOROVOD_LOG_LEVEL"] = job.log_level
     if job.network_interface is not None:
         env["HOROVOD_GLOO_IFACE"] = job.network_interface
+    if job.cpu_operations is not None:
+        env["HOROVOD_CPU_OPERATIONS"] = job.cpu_operations
+        env["HOROVOD_CONTROLLER"] = job.cpu_operations
     return env
 
 

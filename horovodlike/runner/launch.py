@@ -9,15 +9,19 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
+import shlex
 import sys
 
 from horovodlike.runner import network
 from horovodlike.runner.check_build import check_build
 from horovodlike.runner.elastic_driver import ElasticDriver, discover_with_script
 from horovodlike.runner.environment import (JobSettings, format_number, horovod_environment,
-                                            local_rank_environment, remote_rank_environment)
+                                            job_environment, local_rank_environment,
+                                            remote_rank_environment)
 from horovodlike.runner.hosts import HostError, HostSlots, assign_ranks, parse_hostfile, parse_hosts
 from horovodlike.runner.job import Job
+from horovodlike.runner.mpi_run import (MPIRUN_SETS_PER_RANK, MpiError, MpiJob,
+                                        find_open_mpi_mpirun, forwarded_names, mpirun_command)
 from horovodlike.runner.output import Console
 from horovodlike.runner.rank_process import RankProcess
 from horovodlike.runner.rendezvous import RendezvousServer
@@ -76,6 +80,16 @@ def make_parser() -> argparse.ArgumentParser:
                         help="print the host assignment and the rendezvous address")
     parser.add_argument("--network-interface", dest="network_interface",
                         help="interface to listen on and communicate over (HOROVOD_GLOO_IFACE)")
+
+    controller = parser.add_argument_group("controller and transport (default: the built-in "
+                                           "TCP transport)")
+    backends = controller.add_mutually_exclusive_group()
+    backends.add_argument("--gloo", dest="use_gloo", action="store_true",
+                          help="communicate over Gloo (HOROVOD_CPU_OPERATIONS=gloo)")
+    backends.add_argument("--mpi", dest="use_mpi", action="store_true",
+                          help="start the ranks with Open MPI's mpirun and communicate over MPI")
+    controller.add_argument("--mpi-args", dest="mpi_args",
+                            help="extra arguments for mpirun, as one quoted string")
 
     tuning = parser.add_argument_group("tunable parameters (passed to the ranks)")
     tuning.add_argument("--fusion-threshold-mb", dest="fusion_threshold_mb", type=float,
@@ -145,6 +159,8 @@ def _validate(args, parser) -> None:
         parser.error(f"--ssh-port must be a port number, got {args.ssh_port}")
     if args.ssh_identity_file is not None and not os.path.isfile(args.ssh_identity_file):
         parser.error(f"--ssh-identity-file {args.ssh_identity_file} does not exist")
+    if args.mpi_args is not None and not args.use_mpi:
+        parser.error("--mpi-args needs --mpi")
     if args.network_interface is not None:
         if args.network_interface not in network.interface_names():
             parser.error(f"--network-interface {args.network_interface}: no such interface "
@@ -180,7 +196,8 @@ def _job_settings(args, address: str, port: int, secret: str, timeout: float) ->
     return JobSettings(rendezvous_addr=address, rendezvous_port=port, secret_key=secret,
                        start_timeout_s=timeout, fusion_threshold_bytes=fusion,
                        cycle_time_ms=args.cycle_time_ms, cache_capacity=cache,
-                       log_level=args.log_level, network_interface=args.network_interface)
+                       log_level=args.log_level, network_interface=args.network_interface,
+                       cpu_operations="gloo" if args.use_gloo else None)
 
 
 def _is_elastic(args) -> bool:
@@ -194,6 +211,8 @@ def main(argv: list[str] | None = None) -> int:
         return check_build()
     _validate(args, parser)
     if _is_elastic(args):
+        if args.use_mpi:
+            parser.error("--mpi cannot be combined with elastic training")
         return _run_elastic(args, parser)
     try:
         assignments = assign_ranks(_hosts(args), args.num_proc)
@@ -203,6 +222,12 @@ def main(argv: list[str] | None = None) -> int:
     local = {a.hostname: network.is_local_host(a.hostname) for a in assignments}
     bind_address, connect_address = _rendezvous_addresses(
         all(local.values()), args.network_interface, parser)
+
+    if args.use_mpi:
+        def run_mpirun(console, server, job, launcher_env, cwd):
+            return _run_with_mpirun(args, parser, job, assignments, all(local.values()),
+                                    console)
+        return _with_rendezvous(args, bind_address, connect_address, timeout, run_mpirun)
 
     def run(console, server, job, launcher_env, cwd):
         processes = [_rank_process(args, a, horovod_environment(a, job), local[a.hostname],
@@ -230,6 +255,37 @@ def _with_rendezvous(args, bind_address, connect_address, timeout, run) -> int:
         return run(console, server, job, dict(os.environ), os.getcwd())
     finally:
         server.stop()
+
+
+def _run_with_mpirun(args, parser, job: JobSettings, assignments, all_local: bool,
+                     console: Console) -> int:
+    """--mpi: mpirun starts and places the ranks. They still get the rendezvous server, which
+    HOROVOD_CPU_OPERATIONS=gloo or tcp under mpirun use."""
+    try:
+        mpirun = find_open_mpi_mpirun()
+    except MpiError as error:
+        parser.error(str(error))
+    try:
+        mpi_args = shlex.split(args.mpi_args or "")
+    except ValueError as error:
+        parser.error(f"--mpi-args: {error}")
+    job_env = {"PYTHONUNBUFFERED": os.environ.get("PYTHONUNBUFFERED", "1"),
+               "HOROVOD_CONTROLLER": os.environ.get("HOROVOD_CONTROLLER", "mpi"),
+               **job_environment(job)}
+    env = {name: value for name, value in os.environ.items()
+           if name not in MPIRUN_SETS_PER_RANK}
+    env.update(job_env)
+    argv = mpirun_command(
+        mpirun, _hosts(args), args.num_proc, args.command, forwarded_names(os.environ, job_env),
+        as_root=hasattr(os, "geteuid") and os.geteuid() == 0,
+        oversubscribe=all_local and args.num_proc > (os.cpu_count() or 1),
+        network_interface=args.network_interface, ssh_port=args.ssh_port,
+        ssh_identity_file=args.ssh_identity_file, mpi_args=mpi_args)
+    if args.verbose:
+        console.message("running: " + " ".join(shlex.quote(word) for word in argv), "stdout")
+    hostnames = {a.rank: a.hostname for a in assignments}
+    return MpiJob(argv, env, console, args.num_proc, hostnames,
+                  output_dir=args.output_filename).run()
 
 
 def _rank_process(args, assignment, rank_env, is_local, launcher_env, cwd) -> RankProcess:

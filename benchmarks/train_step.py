@@ -1,0 +1,212 @@
+"""Training throughput: horovodlike's DistributedOptimizer beside torch DistributedDataParallel
+with Gloo, same model, same synthetic data, same machine, in the same run.
+
+    python benchmarks/train_step.py --np 2
+
+The model is a stack of Linear + LayerNorm layers of mixed widths (23.0 million parameters in
+66 tensors, from 10 values to 2 million): many gradients of different sizes, as in real
+networks, so that the comparison covers the per-tensor overheads and the fusion of small
+tensors as well as bandwidth. Each rank trains on its own synthetic batch with SGD + momentum;
+each job reports samples/s over all ranks (median over its timed windows). The jobs run in
+turns (--repeat rounds); the table gives the median over rounds and the ratio to DDP.
+A third job, "no sync", trains the same ranks without any gradient exchange: the ceiling that
+communication can only lower.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WIDTHS = [512, 1024, 1536, 1024, 2048, 1024, 1536, 768, 1024, 2048, 1024, 512, 1024, 1536, 1024,
+          2048, 512]
+CLASSES = 10
+
+
+def build_model():
+    import torch.nn as nn
+    layers = []
+    for fan_in, fan_out in zip(WIDTHS[:-1], WIDTHS[1:]):
+        layers += [nn.Linear(fan_in, fan_out), nn.LayerNorm(fan_out), nn.GELU()]
+    layers.append(nn.Linear(WIDTHS[-1], CLASSES))
+    return nn.Sequential(*layers)
+
+
+def train(args, model, optimizer, rank, world):
+    """Runs warm-up then timed windows of steps; returns samples/s over all ranks per window."""
+    import torch
+    generator = torch.Generator().manual_seed(1234 + rank)
+    x = torch.randn(args.batch_size, WIDTHS[0], generator=generator)
+    y = torch.randint(0, CLASSES, (args.batch_size,), generator=generator)
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def step():
+        optimizer.zero_grad()
+        loss_fn(model(x), y).backward()
+        optimizer.step()
+
+    for _ in range(args.warmup):
+        step()
+    rates = []
+    for _ in range(args.windows):
+        start = time.perf_counter()
+        for _ in range(args.steps):
+            step()
+        elapsed = time.perf_counter() - start
+        rates.append(args.batch_size * world * args.steps / elapsed)
+    return rates
+
+
+def worker_horovodlike(args):
+    import torch
+    import horovodlike.torch as hvd
+    torch.set_num_threads(1)
+    hvd.init()
+    torch.manual_seed(0)
+    model = build_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    rates = train(args, model, optimizer, hvd.rank(), hvd.size())
+    if hvd.rank() == 0:
+        _write(args.out, rates, model)
+    hvd.shutdown()
+
+
+def worker_ddp(args):
+    import torch
+    import torch.distributed as dist
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(build_model())
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    rates = train(args, model, optimizer, dist.get_rank(), dist.get_world_size())
+    if dist.get_rank() == 0:
+        _write(args.out, rates, model)
+    dist.destroy_process_group()
+
+
+def worker_nosync(args):
+    import torch
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = build_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    rates = train(args, model, optimizer, rank, world)
+    if rank == 0:
+        _write(args.out, rates, model)
+
+
+WORKERS = {"horovodlike": worker_horovodlike, "ddp": worker_ddp, "nosync": worker_nosync}
+
+
+def _write(path, rates, model):
+    params = list(model.parameters())
+    with open(path, "w") as f:
+        json.dump({"rates": rates, "tensors": len(params),
+                   "parameters": sum(p.numel() for p in params)}, f)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_job(kind, args, worker_args):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_")}
+    env["OMP_NUM_THREADS"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), REPO]))
+    me = os.path.abspath(__file__)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "result.json")
+        tail = ["--worker", kind, "--out", out] + worker_args
+        if kind == "horovodlike":
+            procs = [subprocess.Popen([sys.executable, "-m", "horovodlike.runner.launch", "-np",
+                                       str(args.np), sys.executable, me] + tail, env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)]
+        else:
+            env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
+                        "WORLD_SIZE": str(args.np)})
+            procs = [subprocess.Popen([sys.executable, me] + tail,
+                                      env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                     for r in range(args.np)]
+        outputs = [p.communicate(timeout=args.timeout)[0] for p in procs]
+        if any(p.returncode != 0 for p in procs) or not os.path.exists(out):
+            raise RuntimeError(f"{kind} failed:\n" + "\n".join(outputs)[-3000:])
+        with open(out) as f:
+            return json.load(f)
+
+
+LABELS = {"horovodlike": "horovodlike DistributedOptimizer", "ddp": "torch DDP (Gloo)",
+          "nosync": "no sync (ceiling)"}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--np", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=32, help="per rank (default 32)")
+    parser.add_argument("--steps", type=int, default=10, help="steps per timed window")
+    parser.add_argument("--windows", type=int, default=5, help="timed windows per job")
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--repeat", type=int, default=3, help="rounds of all jobs (default 3)")
+    parser.add_argument("--only", default="", help="comma-separated: horovodlike,ddp,nosync")
+    parser.add_argument("--json", help="also write the results to this file")
+    parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        WORKERS[args.worker](args)
+        return
+
+    kinds = [k for k in ("horovodlike", "ddp", "nosync")
+             if not args.only or k in args.only.split(",")]
+    worker_args = ["--batch-size", str(args.batch_size), "--steps", str(args.steps),
+                   "--windows", str(args.windows), "--warmup", str(args.warmup)]
+    per_round = {k: [] for k in kinds}
+    model_info = {}
+    for round_ in range(args.repeat):
+        for kind in kinds:
+            start = time.time()
+            result = run_job(kind, args, worker_args)
+            per_round[kind].append(statistics.median(result["rates"]))
+            model_info = {"tensors": result["tensors"], "parameters": result["parameters"]}
+            print(f"round {round_ + 1}/{args.repeat}: {LABELS[kind]}: "
+                  f"{per_round[kind][-1]:.1f} samples/s ({time.time() - start:.0f} s)", flush=True)
+
+    table = {k: statistics.median(v) for k, v in per_round.items() if v}
+    print()
+    print(f"training throughput, {args.np} ranks, batch {args.batch_size} per rank, "
+          f"{model_info.get('parameters', 0) / 1e6:.1f}M parameters in "
+          f"{model_info.get('tensors', 0)} tensors, SGD with momentum, median of "
+          f"{args.repeat} rounds")
+    rows = [["job", "samples/s", "vs DDP"]]
+    for kind, rate in table.items():
+        ratio = f"{rate / table['ddp']:.2f}x" if "ddp" in table else "-"
+        rows.append([LABELS[kind], f"{rate:.1f}", ratio])
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    for i, row in enumerate(rows):
+        print("| " + " | ".join(c.ljust(w) if j == 0 else c.rjust(w)
+                                for j, (c, w) in enumerate(zip(row, widths))) + " |")
+        if i == 0:
+            print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"np": args.np, "samples_per_s": table, "per_round": per_round,
+                       **model_info}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

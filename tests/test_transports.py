@@ -1,0 +1,213 @@
+"""The Gloo and MPI transports, asked for explicitly (`--gloo`, `--mpi`): the requested transport
+is the one the ranks use; the collective and training workers pass over each; a failed or
+killed rank ends the job loudly; and the digits example trains to the same weights over tcp,
+gloo and mpi. (HOROVODLIKE_TEST_TRANSPORT runs the rest of the suite over one of them.)"""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import REPO, assert_all_ranks, job_env, launch
+from horovodlike import _core
+
+BUILD = _core.build_info()
+needs_gloo = pytest.mark.skipif(not BUILD["gloo"], reason="this build has no Gloo")
+needs_mpi = pytest.mark.skipif(not BUILD["mpi"] or shutil.which("mpirun") is None,
+                               reason="this build has no MPI, or mpirun is not installed")
+GLOO = pytest.param("gloo", marks=needs_gloo)
+MPI = pytest.param("mpi", marks=needs_mpi)
+FLAGS = {"tcp": [], "gloo": ["--gloo"], "mpi": ["--mpi"]}
+
+
+def processes_mentioning(text):
+    """Live processes whose command line contains `text` (and that are not zombies)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if text in cmdline and state != "Z":
+            found.append((int(entry.name), cmdline))
+    return found
+
+
+@pytest.mark.parametrize("transport", [GLOO, MPI])
+def test_the_requested_transport_is_the_one_used(transport):
+    result = launch(3, "transport_worker.py", "report", launcher_args=FLAGS[transport])
+    assert_all_ranks(result, 3, "transport OK")
+    lines = [line for line in result.stdout.splitlines() if "transport OK" in line]
+    for rank in range(3):
+        line = next(line for line in lines if line.startswith(f"[{rank}]<stdout>:"))
+        assert f"transport={transport} " in line, line
+        assert f"mpi_enabled={transport == 'mpi'} " in line, line
+        assert f"gloo_enabled={transport == 'gloo'} " in line, line
+        # One host: every rank is local, and the cross communicator is the rank alone.
+        assert (f"size=3 local_rank={rank} local_size=3 cross_rank=0 cross_size=1"
+                in line), line
+
+
+def test_the_default_transport_is_tcp_or_shared_memory():
+    # Not through launch(), which HOROVODLIKE_TEST_TRANSPORT may point at another transport.
+    result = subprocess.run(
+        [sys.executable, "-m", "horovodlike.runner.launch", "-np", "2", sys.executable,
+         str(REPO / "tests" / "workers" / "transport_worker.py"), "report"],
+        env=job_env(), capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert_all_ranks(result, 2, "mpi_enabled=False gloo_enabled=False")
+    assert re.search(r"transport=(tcp|shm|shm\+tcp) ", result.stdout), result.stdout
+
+
+@pytest.mark.parametrize("transport", [GLOO, MPI])
+@pytest.mark.parametrize("np_", [2, 3])
+def test_collectives_over(transport, np_):
+    result = launch(np_, "collectives_worker.py", launcher_args=FLAGS[transport])
+    assert_all_ranks(result, np_, "450 allreduce checks passed; collectives OK")
+
+
+@pytest.mark.parametrize("transport", [GLOO, MPI])
+@pytest.mark.parametrize("np_", [2, 3])
+def test_training_over(transport, np_):
+    result = launch(np_, "training_worker.py", launcher_args=FLAGS[transport])
+    assert_all_ranks(result, np_, "training OK")
+
+
+@pytest.mark.parametrize("transport", ["tcp", GLOO, MPI])
+def test_a_rank_that_gives_up_fails_the_others_and_all_start_again(transport, tmp_path):
+    """The last rank is stopped; the others time out on it (2 s), and it learns on waking that
+    they gave up (MPI: an abort notice; Gloo, TCP, shared memory: the closed connections)
+    instead of waiting for ever. Then all shut down, init() again, and work."""
+    result = launch(3, "transport_worker.py", "stall", tmp_path, timeout=120,
+                    launcher_args=FLAGS[transport])
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-6000:]
+    for rank in range(3):
+        outcome, recovered = (tmp_path / f"rank{rank}.txt").read_text().splitlines()
+        assert outcome.startswith("HorovodInternalError after"), (rank, outcome)
+        assert float(outcome.split()[2]) < 5.0, (rank, outcome)
+        # The default transport is tcp, with shared memory between the ranks of a host.
+        names = ("tcp", "shm", "shm+tcp") if transport == "tcp" else (transport,)
+        assert recovered in [f"recovered over {name}" for name in names], (rank, recovered)
+
+
+@needs_gloo
+def test_killed_rank_under_gloo_fails_the_others_quickly(tmp_path):
+    start = time.time()
+    result = launch(3, "kill_worker.py", tmp_path, timeout=90, launcher_args=["--gloo"])
+    elapsed = time.time() - start
+    assert result.returncode == 128 + 9, result.stdout + result.stderr
+    assert "rank 1" in result.stderr and "SIGKILL" in result.stderr, result.stderr
+    for rank in (0, 2):
+        report = (tmp_path / f"rank{rank}.txt").read_text().splitlines()
+        assert report[0].startswith("HorovodInternalError after"), report
+        assert "lost connection to rank" in report[0], report
+        assert float(report[0].split()[2]) < 5.0, report
+        assert report[1] == "HorovodInternalError", report
+    assert elapsed < 60, elapsed
+    assert not processes_mentioning(str(tmp_path))
+
+
+@needs_mpi
+def test_killed_rank_under_mpi_ends_the_job(tmp_path):
+    """Open MPI ends the whole job when a rank dies (the survivors are killed by mpirun:
+    SIGTERM, which kill_worker ignores, then SIGKILL), so they report nothing; the launcher
+    names the rank with mpirun's verdict and exits at once with its code."""
+    start = time.time()
+    result = launch(3, "kill_worker.py", tmp_path, timeout=90, launcher_args=["--mpi"])
+    elapsed = time.time() - start
+    assert result.returncode == 128 + 9, result.stdout + result.stderr
+    assert re.search(r"horovodlikerun: rank 1 \(on \S+\) was killed by signal 9 \(SIGKILL\)",
+                     result.stderr), result.stderr
+    assert elapsed < 60, elapsed
+    assert not processes_mentioning(str(tmp_path))
+
+
+@needs_mpi
+def test_mpi_output_is_tagged_like_ours(tmp_path):
+    """mpirun's `[1,<rank>]<stdout>:` tags, even of a line written in pieces by two ranks at
+    once, come out as `[<rank>]<stdout>:line`, and --output-filename gets the raw lines."""
+    script = tmp_path / "pieces.py"
+    script.write_text(
+        "import os, sys, time\n"
+        "rank = os.environ['OMPI_COMM_WORLD_RANK']\n"
+        "for i in range(3):\n"
+        "    sys.stdout.write(f'rank {rank} piece'); sys.stdout.flush(); time.sleep(0.05)\n"
+        "    sys.stdout.write(f' {i} done\\n'); sys.stdout.flush()\n"
+        "print(f'rank {rank} to stderr', file=sys.stderr)\n")
+    out_dir = tmp_path / "out"
+    result = subprocess.run(
+        [sys.executable, "-m", "horovodlike.runner.launch", "-np", "2", "--mpi",
+         "--output-filename", str(out_dir), sys.executable, str(script)],
+        env=job_env(), capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for rank in (0, 1):
+        for i in range(3):
+            assert f"[{rank}]<stdout>:rank {rank} piece {i} done" in result.stdout.splitlines()
+        assert f"[{rank}]<stderr>:rank {rank} to stderr" in result.stderr.splitlines()
+        raw = (out_dir / f"rank.{rank}" / "stdout").read_text()
+        assert raw == "".join(f"rank {rank} piece {i} done\n" for i in range(3))
+    assert "[1," not in result.stdout + result.stderr
+
+
+def run_digits(transport, weights):
+    command = [sys.executable, "-m", "horovodlike.runner.launch", "-np", "2",
+               *FLAGS[transport], sys.executable, str(REPO / "examples" / "pytorch_digits.py"),
+               "--epochs", "2", "--seed", "5", "--save-weights", str(weights)]
+    result = subprocess.run(command, env=job_env(), capture_output=True, text=True,
+                            timeout=300, cwd=REPO)
+    assert result.returncode == 0, (transport, result.stdout[-3000:] + result.stderr[-3000:])
+    with np.load(weights) as arrays:
+        return {name: arrays[name] for name in arrays.files}
+
+
+@pytest.fixture(scope="module")
+def tcp_digits_weights(tmp_path_factory):
+    return run_digits("tcp", tmp_path_factory.mktemp("digits") / "tcp.npz")
+
+
+@pytest.mark.parametrize("transport", [GLOO, MPI])
+def test_digits_example_trains_to_the_same_weights_as_over_tcp(transport, tcp_digits_weights,
+                                                               tmp_path):
+    expected = tcp_digits_weights
+    got = run_digits(transport, tmp_path / f"{transport}.npz")
+    assert sorted(got) == sorted(expected)
+    for name in expected:
+        assert np.allclose(got[name], expected[name], rtol=1e-5, atol=1e-7), \
+            f"{name}: max difference {np.abs(got[name] - expected[name]).max()}"
+
+
+def test_mpirun_command_line():
+    from horovodlike.runner.hosts import HostSlots
+    from horovodlike.runner.mpi_run import forwarded_names, mpirun_command
+
+    launcher_env = {"PATH": "/bin", "PYTHONPATH": "/src", "HOME": "/root",
+                    "OMPI_MCA_btl": "self", "HOROVOD_RANK": "3", "HOROVOD_FUSION_THRESHOLD": "0"}
+    job = {"HOROVOD_SECRET_KEY": "s3cret", "HOROVOD_CONTROLLER": "mpi"}
+    names = forwarded_names(launcher_env, job)
+    # The login session's, MPI's own and one rank's variables stay behind.
+    assert sorted(names) == ["HOROVOD_CONTROLLER", "HOROVOD_FUSION_THRESHOLD",
+                             "HOROVOD_SECRET_KEY", "PATH", "PYTHONPATH", "PYTHONUNBUFFERED"]
+    argv = mpirun_command("/usr/bin/mpirun", [HostSlots("a", 2), HostSlots("b", 2)], 3,
+                          ["/usr/bin/python3", "train.py"], names, as_root=True,
+                          oversubscribe=False, network_interface="eth1", ssh_port=2222,
+                          mpi_args=["--mca", "btl", "^openib"])
+    assert argv[:12] == ["/usr/bin/mpirun", "--allow-run-as-root", "--tag-output", "-np", "3",
+                         "-H", "a:2,b:2", "--bind-to", "none", "--map-by", "slot", "-mca"]
+    assert argv[-5:] == ["--mca", "btl", "^openib", "/usr/bin/python3", "train.py"]
+    assert ["-mca", "btl_tcp_if_include", "eth1"] == argv[11:14]
+    assert ["-mca", "plm_rsh_args", "-p 2222"] == argv[17:20]
+    assert "--oversubscribe" not in argv
+    assert ["-x", "HOROVOD_SECRET_KEY"] == argv[argv.index("HOROVOD_SECRET_KEY") - 1:][:2]
+    assert "s3cret" not in " ".join(argv)  # values travel in mpirun's environment
+    local = mpirun_command("mpirun", [HostSlots("localhost", 4)], 4, ["python3", "x.py"], [],
+                           as_root=False, oversubscribe=True)
+    assert "--allow-run-as-root" not in local and "--oversubscribe" in local

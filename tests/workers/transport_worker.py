@@ -1,0 +1,69 @@
+"""Which transport a job really uses, and how it fails and recovers.
+
+`report`: prints the transport in use (build_info, mpi_enabled, gloo_enabled) and the rank's
+topology, and checks one allreduce.
+`stall REPORT_DIR`: the last rank stops (SIGSTOP) for a few seconds; the others, with a short
+peer timeout, give up on it, raise HorovodInternalError and tell it so: when it resumes, it
+raises HorovodInternalError too instead of waiting for ever. Then every rank calls shutdown()
+and init() and checks that collectives work again over the same transport.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import torch
+
+import horovodlike.torch as hvd
+from horovodlike.common.basics import build_info
+
+mode = sys.argv[1]
+if mode == "stall" and int(os.environ.get("OMPI_COMM_WORLD_RANK",
+                                          os.environ.get("HOROVOD_RANK", "0"))) != \
+        int(os.environ.get("OMPI_COMM_WORLD_SIZE", os.environ.get("HOROVOD_SIZE", "1"))) - 1:
+    os.environ["HOROVOD_PEER_TIMEOUT_SECONDS"] = "2"  # read by init(): this rank gives up fast
+hvd.init()
+rank, size = hvd.rank(), hvd.size()
+transport = build_info()["cpu_operations"]
+
+
+def check_allreduce(name):
+    out = hvd.allreduce(torch.full((1000,), float(rank + 1)), op=hvd.Sum, name=name)
+    expected = size * (size + 1) / 2
+    assert torch.all(out == expected), f"{name}: got {out[:3]}, expected {expected}"
+
+
+if mode == "report":
+    check_allreduce("report")
+    print(f"rank {rank}: transport={transport} mpi_enabled={hvd.mpi_enabled()} "
+          f"gloo_enabled={hvd.gloo_enabled()} size={size} local_rank={hvd.local_rank()} "
+          f"local_size={hvd.local_size()} cross_rank={hvd.cross_rank()} "
+          f"cross_size={hvd.cross_size()}; transport OK", flush=True)
+    sys.exit(0)
+
+assert mode == "stall", mode
+report_dir = sys.argv[2]
+check_allreduce("warmup")
+stalled = rank == size - 1
+if stalled:
+    # A helper wakes this rank up again after the others have given up on it.
+    subprocess.Popen(["sh", "-c", f"sleep 6; kill -CONT {os.getpid()}"])
+    os.kill(os.getpid(), signal.SIGSTOP)
+start = time.time()
+try:
+    for step in range(1000):
+        hvd.allreduce(torch.ones(100000), name="during")
+    outcome = "no error"
+except hvd.HorovodInternalError as e:
+    outcome = f"HorovodInternalError after {time.time() - start:.2f} s: {e}"
+# Every rank starts again: the failed runtime is shut down and a new one connects.
+hvd.shutdown()
+hvd.init()
+check_allreduce("after.reinit")
+recovered = f"recovered over {build_info()['cpu_operations']}"
+with open(os.path.join(report_dir, f"rank{rank}.txt"), "w") as f:
+    f.write(outcome + "\n" + recovered + "\n")
+print(f"rank {rank}: {outcome}; {recovered}", flush=True)
+hvd.shutdown()
