@@ -75,6 +75,13 @@ def test_collectives_over(transport, np_):
 
 
 @pytest.mark.parametrize("transport", [GLOO, MPI])
+def test_alltoall_reducescatter_process_sets_and_join_over(transport):
+    result = launch(3, "api_worker.py", env={"HOROVOD_DYNAMIC_PROCESS_SETS": "1"},
+                    launcher_args=FLAGS[transport])
+    assert_all_ranks(result, 3, "api OK")
+
+
+@pytest.mark.parametrize("transport", [GLOO, MPI])
 @pytest.mark.parametrize("np_", [2, 3])
 def test_training_over(transport, np_):
     result = launch(np_, "training_worker.py", launcher_args=FLAGS[transport])
