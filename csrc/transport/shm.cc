@@ -1,5 +1,6 @@
 #include "shm.h"
 
+#include <fcntl.h>
 #include <linux/futex.h>
 #include <sched.h>
 #include <sys/syscall.h>
@@ -11,7 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
+#include <ctime>
 #include <sstream>
 
 #include "../core/hmac.h"
@@ -36,8 +37,11 @@ using Clock = std::chrono::steady_clock;
 constexpr size_t kDefaultChannelBytes = 1 << 20;
 constexpr size_t kDefaultChunkBytes = 1 << 20;
 constexpr size_t kDefaultSmallBytes = 64 << 10;
-// Longest busy-wait before sleeping (adapted downwards at run time, see WaitUntil).
-constexpr size_t kDefaultSpinMicroseconds = 20;
+// Longest busy-wait before sleeping (see WaitUntil), and when a spinner checks whether other
+// threads wait for a core.
+constexpr size_t kDefaultSpinMicroseconds = 2000;
+constexpr auto kFirstLoadCheck = std::chrono::microseconds(2);
+constexpr auto kLoadCheckInterval = std::chrono::microseconds(50);
 // A sleeper wakes this often to check that its peers are alive.
 constexpr int kSleepSliceMs = 10;
 
@@ -273,10 +277,14 @@ ShmTransport::ShmTransport(ShmSegment segment, std::vector<int> members, int ind
   const bool oversubscribed = static_cast<int>(members_.size()) > UsableCpus();
   max_spin_ns_ = oversubscribed && std::getenv("HOROVOD_SHM_SPIN_US") == nullptr ? 0
                                                                                 : 1000 * spin_us;
-  spin_budget_ns_ = max_spin_ns_;
+  // Runnable threads on the machine, for WaitUntil.
+  loadavg_fd_ = ::open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
+  cpus_ = UsableCpus();
 }
 
-ShmTransport::~ShmTransport() = default;
+ShmTransport::~ShmTransport() {
+  if (loadavg_fd_ >= 0) ::close(loadavg_fd_);
+}
 
 shm::RankControl& ShmTransport::control(int r) const {
   return reinterpret_cast<shm::RankControl*>(segment_.data() + layout_.controls)[r];
@@ -342,26 +350,27 @@ template <class Ready, class Culprit>
 void ShmTransport::WaitUntil(const Ready& ready, const Culprit& culprit) {
   if (ready()) return;
   const auto start = Clock::now();
-  // 1. Spin, for an adaptive time: a peer that is running answers within microseconds, but a
-  // peer that waits for a core (more runnable threads than cores: other jobs, or this job's own
-  // Python threads) is only delayed by a spinner. So the budget halves after every spin that
-  // ended in sleep and grows after every spin that succeeded; at zero, one wait in 32 probes.
-  const int64_t budget_ns =
-      spin_budget_ns_ > 0 ? spin_budget_ns_ : ((++spin_probe_ & 31) == 0 ? max_spin_ns_ : 0);
-  if (budget_ns > 0) {
-    const auto spin_end = start + std::chrono::nanoseconds(budget_ns);
-    do {
+  // 1. Spin while that costs nobody: a peer that is running answers within microseconds, and
+  // waking from a futex costs tens (an inter-processor interrupt, in a VM an exit too). But
+  // when more threads are runnable than there are cores (the training loops' forward and
+  // backward, the peers' own threads, other jobs), a spinner only delays whoever waits for its
+  // core, possibly the very peer it waits for: then sleep at once.
+  if (max_spin_ns_ > 0) {
+    const auto spin_end = start + std::chrono::nanoseconds(max_spin_ns_);
+    auto next_check = start + kFirstLoadCheck;
+    while (true) {
       for (int i = 0; i < 64; ++i) {
         HVDL_CPU_RELAX();
-        if (ready()) {
-          spin_budget_ns_ = std::min(max_spin_ns_, spin_budget_ns_ * 2 + max_spin_ns_ / 8);
-          return;
-        }
+        if (ready()) return;
       }
       CheckPeers(false);
-    } while (Clock::now() < spin_end);
-    spin_budget_ns_ /= 2;
-    if (spin_budget_ns_ < max_spin_ns_ / 16) spin_budget_ns_ = 0;
+      const auto now = Clock::now();
+      if (now >= spin_end) break;
+      if (now >= next_check) {
+        if (CpusOversubscribed()) break;
+        next_check = now + kLoadCheckInterval;
+      }
+    }
   }
   // 2. Sleep on the doorbell, in slices, checking the peers between them.
   shm::RankControl& mine = control(index_);
@@ -393,6 +402,18 @@ void ShmTransport::WaitUntil(const Ready& ready, const Culprit& culprit) {
     }
   }
   mine.sleeping.store(0, std::memory_order_relaxed);
+}
+
+bool ShmTransport::CpusOversubscribed() const {
+  if (loadavg_fd_ < 0) return false;
+  char text[128];
+  const ssize_t n = ::pread(loadavg_fd_, text, sizeof(text) - 1, 0);
+  if (n <= 0) return false;
+  text[n] = '\0';
+  // "0.52 0.58 0.59 3/467 12345": the fourth field is runnable threads / all threads, now.
+  const char* p = text;
+  for (int spaces = 0; *p != '\0' && spaces < 3; ++p) spaces += *p == ' ';
+  return std::strtol(p, nullptr, 10) > cpus_;
 }
 
 void ShmTransport::WaitForPeers(Progress progress, uint64_t step) {

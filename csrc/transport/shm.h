@@ -4,13 +4,14 @@
 //     through the ring in slices the receiver copies out while the sender writes the next;
 //   - NativeAllreduce: every rank stages its input in the segment and reduces its own slice
 //     reading every rank's staging directly, then copies the other slices out (shm_allreduce.cc);
-//   - waiting: spin for a bounded time, then sleep on a futex in the segment (the "doorbell")
-//     that the other side rings only when this rank is asleep; bounded so that more ranks than
-//     cores still make progress.
+//   - waiting: spin (bounded, and only while no thread on the machine waits for a core),
+//     then sleep on a futex in the segment (the "doorbell") that the other side rings only when
+//     this rank is asleep; no spinning at all with more ranks on the host than cores.
 // A peer that dies cannot close anything here, so every sleep is cut into short slices and
 // between them the peers' processes are checked through /proc (pid + start time, against pid
-// reuse), as is the "aborted" flag a stopping peer sets: a dead or stopped peer is a
-// TransportError within tens of milliseconds.
+// reuse), as is the "aborted" flag a peer sets when its runtime stops: a dead peer, or one that
+// stopped after an error, is a TransportError within tens of milliseconds; a peer that is alive
+// but makes no progress (SIGSTOP, a hang) fails after the peer timeout, as over TCP.
 //
 // Ranks are numbered within the host's group (0..size-1); members() maps them to job ranks.
 #pragma once
@@ -77,6 +78,9 @@ class ShmTransport : public Transport {
   template <class Ready, class Culprit>
   void WaitUntil(const Ready& ready, const Culprit& culprit);
   void CheckPeers(bool check_processes);
+  // Whether more threads are runnable on this machine than this process may use cores
+  // (/proc/loadavg, read at the moment).
+  bool CpusOversubscribed() const;
   [[noreturn]] void FailPeer(int peer, const std::string& what, TransportError::Cause cause);
 
   // Native allreduce (shm_allreduce.cc).
@@ -96,9 +100,9 @@ class ShmTransport : public Transport {
   size_t chunk_bytes_;
   size_t small_bytes_;
   shm::Layout layout_;
-  int64_t max_spin_ns_;       // HOROVOD_SHM_SPIN_US
-  int64_t spin_budget_ns_;    // adapted per wait, see WaitUntil
-  uint32_t spin_probe_ = 0;
+  int64_t max_spin_ns_;  // HOROVOD_SHM_SPIN_US; 0 with more ranks on this host than cores
+  int loadavg_fd_ = -1;
+  int cpus_ = 1;
   std::chrono::milliseconds peer_timeout_;
   std::atomic<bool> aborted_{false};
   uint64_t step_ = 0;  // native allreduce steps so far; the same on every rank
