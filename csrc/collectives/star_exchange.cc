@@ -51,11 +51,13 @@ void BroadcastFromRoot(Transport& transport, std::vector<uint8_t>& message, int 
   }
 }
 
-void BitwiseAndAllreduce(Transport& transport, std::vector<uint64_t>& bits, int root) {
+void BitwiseAndAllreduce(Transport& transport, std::vector<uint64_t>& bits, int root,
+                         std::vector<uint64_t>& scratch) {
   if (transport.size() == 1) return;
   const size_t bytes = bits.size() * sizeof(uint64_t);
   if (transport.rank() == root) {
-    std::vector<uint64_t> other(bits.size());
+    std::vector<uint64_t>& other = scratch;
+    other.resize(bits.size());
     for (int r = 0; r < transport.size(); ++r) {
       if (r == root) continue;
       transport.recv(r, other.data(), bytes);

@@ -14,7 +14,9 @@ std::vector<std::vector<uint8_t>> GatherToRoot(Transport& transport,
                                                const std::vector<uint8_t>& message, int root);
 // The root's `message` replaces every other rank's.
 void BroadcastFromRoot(Transport& transport, std::vector<uint8_t>& message, int root);
-// Every rank's `bits` becomes the AND of all ranks' (all have the same length).
-void BitwiseAndAllreduce(Transport& transport, std::vector<uint64_t>& bits, int root);
+// Every rank's `bits` becomes the AND of all ranks' (all have the same length). `scratch` is
+// the root's receive buffer, kept by the caller so that a round allocates nothing.
+void BitwiseAndAllreduce(Transport& transport, std::vector<uint64_t>& bits, int root,
+                         std::vector<uint64_t>& scratch);
 
 }  // namespace horovodlike

@@ -66,14 +66,61 @@ Controller::Controller(Transport& transport, const Config& config)
       last_stall_check_(std::chrono::steady_clock::now()),
       last_stall_warning_(std::chrono::steady_clock::now() - std::chrono::hours(24)) {}
 
-void Controller::ToUncached(int slot) {
-  if (cached_ready_.erase(slot) == 0) return;
-  const std::string& name = cache_.response(slot).names.at(0);
-  uncached_.push_back(local_.at(name));
+void Controller::SetCachedReady(int slot) {
+  const size_t word = static_cast<size_t>(slot) / 64;
+  if (word >= cached_ready_.size()) cached_ready_.resize(word + 1, 0);
+  cached_ready_[word] |= 1ULL << (slot % 64);
+  if (static_cast<size_t>(slot) >= cached_since_.size()) cached_since_.resize(slot + 1);
+  cached_since_[slot] = std::chrono::steady_clock::now();
 }
 
-Controller::Round Controller::Negotiate(std::vector<Request> new_requests,
-                                        bool shutdown_requested) {
+bool Controller::ClearCachedReady(int slot) {
+  if (!IsCachedReady(slot)) return false;
+  cached_ready_[slot / 64] &= ~(1ULL << (slot % 64));
+  return true;
+}
+
+void Controller::ToUncached(int slot) {
+  if (!ClearCachedReady(slot)) return;
+  // A hit has the cached request's parameters: that is this rank's request.
+  Request request = cache_.request(slot);
+  request.rank = transport_.rank();
+  local_[request.name] = request;
+  uncached_.push_back(std::move(request));
+}
+
+void Controller::CommitPreviousRound() {
+  for (int slot : ready_slots_) cache_.Touch(slot);
+  ready_slots_.clear();
+  // Every rank puts the same responses in the same order, whether or not it had the tensor
+  // itself (a joined rank does not).
+  for (const Response& response : decided_) {
+    if (response.type == Response::Type::kJoin) joined_ = false;
+    const std::string& name = response.names.at(0);
+    auto it = local_.find(name);
+    const bool cacheable = response.type != Response::Type::kError &&
+                           response.type != Response::Type::kJoin &&
+                           response.type != Response::Type::kAddProcessSet &&
+                           response.type != Response::Type::kRemoveProcessSet;
+    if (cacheable && cache_.enabled()) {
+      Request request = it != local_.end() ? it->second : RequestFromResponse(response);
+      Request evicted;
+      const int slot = cache_.Put(response, request, &evicted);
+      // The eviction took a slot this rank was waiting on: ask for that tensor the slow way.
+      if (slot >= 0 && ClearCachedReady(slot)) {
+        evicted.rank = transport_.rank();
+        local_[evicted.name] = evicted;
+        uncached_.push_back(std::move(evicted));
+      }
+    }
+    if (it != local_.end()) local_.erase(it);
+  }
+  decided_.clear();
+}
+
+const Controller::Round& Controller::Negotiate(std::vector<Request>& new_requests,
+                                               bool shutdown_requested) {
+  CommitPreviousRound();
   for (Request& request : new_requests) {
     if (request.op == OpType::kJoin) joined_ = true;
     int slot = -1;
@@ -81,21 +128,22 @@ Controller::Round Controller::Negotiate(std::vector<Request> new_requests,
     // is ready; a group split between cache and coordinator could never complete.
     auto lookup = cache_.enabled() && request.group_id == 0 ? cache_.Find(request, &slot)
                                                             : ResponseCache::Lookup::kMiss;
-    local_[request.name] = request;
     if (lookup == ResponseCache::Lookup::kHit) {
-      cached_ready_.insert(slot);
-      cached_since_[slot] = std::chrono::steady_clock::now();
+      SetCachedReady(slot);
     } else {
+      local_[request.name] = request;
       uncached_.push_back(std::move(request));
     }
   }
+  new_requests.clear();
 
   // Bit vector: [flags][ready bits][not-stale bits][not-shutting-down bit per rank], all
   // combined with AND.
   const int slots = cache_.num_slots();
   const size_t words = (static_cast<size_t>(slots) + 63) / 64;
   const size_t rank_words = (static_cast<size_t>(transport_.size()) + 63) / 64;
-  std::vector<uint64_t> bits(1 + 2 * words + rank_words, 0);
+  std::vector<uint64_t>& bits = bits_;
+  bits.assign(1 + 2 * words + rank_words, 0);
   bits[0] = (uncached_.empty() ? kFlagNoUncached : 0) |
             (shutdown_requested ? 0 : kFlagNoShutdown) |
             (StallCheckDue() ? 0 : kFlagNoStallCheck);
@@ -103,7 +151,7 @@ Controller::Round Controller::Negotiate(std::vector<Request> new_requests,
   if (shutdown_requested) {
     bits[1 + 2 * words + transport_.rank() / 64] &= ~(1ULL << (transport_.rank() % 64));
   }
-  for (int slot : cached_ready_) bits[1 + slot / 64] |= 1ULL << (slot % 64);
+  for (size_t w = 0; w < words && w < cached_ready_.size(); ++w) bits[1 + w] = cached_ready_[w];
   if (joined_) {
     // A joined rank contributes zeros to any allreduce the others are ready for.
     for (int slot = 0; slot < slots; ++slot) {
@@ -119,9 +167,12 @@ Controller::Round Controller::Negotiate(std::vector<Request> new_requests,
       bits[1 + words + slot / 64] &= ~(1ULL << (slot % 64));
     }
   }
-  BitwiseAndAllreduce(transport_, bits, kCoordinator);
+  BitwiseAndAllreduce(transport_, bits, kCoordinator, bits_scratch_);
 
-  Round round;
+  Round& round = round_;
+  round.parts.clear();
+  round.ends.clear();
+  round.shutdown_ranks.clear();
   round.shutdown = (bits[0] & kFlagNoShutdown) == 0;
   for (int r = 0; round.shutdown && r < transport_.size(); ++r) {
     if ((bits[1 + 2 * words + r / 64] >> (r % 64) & 1) == 0) round.shutdown_ranks.push_back(r);
@@ -136,11 +187,12 @@ Controller::Round Controller::Negotiate(std::vector<Request> new_requests,
       cache_.Erase(slot);
     }
   }
-  std::vector<Response> ready;
+  order_.clear();
   for (int slot = 0; slot < slots; ++slot) {
     if ((bits[1 + slot / 64] >> (slot % 64) & 1) != 0 && cache_.occupied(slot)) {
-      ready.push_back(cache_.response(slot));
-      cached_ready_.erase(slot);
+      order_.push_back(&cache_.response(slot));
+      ready_slots_.push_back(slot);
+      ClearCachedReady(slot);
     }
   }
 
@@ -154,35 +206,11 @@ Controller::Round Controller::Negotiate(std::vector<Request> new_requests,
       EncodeResponses(CoordinatorCollect(gathered), reply);
     }
     BroadcastFromRoot(transport_, reply.bytes(), kCoordinator);
-    auto decided = DecodeResponses(reply.bytes().data(), reply.bytes().size());
-    ready.insert(ready.end(), std::make_move_iterator(decided.begin()),
-                 std::make_move_iterator(decided.end()));
+    decided_ = DecodeResponses(reply.bytes().data(), reply.bytes().size());
+    for (const Response& response : decided_) order_.push_back(&response);
   }
   if (stall_check) ExchangeStallReports();
-
-  // Every rank updates its cache with the same responses in the same order, whether or not it
-  // had the tensor itself (a joined rank does not).
-  for (const Response& response : ready) {
-    if (response.type == Response::Type::kJoin) joined_ = false;
-    for (const std::string& name : response.names) {
-      auto it = local_.find(name);
-      const bool cacheable = response.type != Response::Type::kError &&
-                             response.type != Response::Type::kJoin &&
-                             response.type != Response::Type::kAddProcessSet &&
-                             response.type != Response::Type::kRemoveProcessSet;
-      if (cacheable && cache_.enabled()) {
-        Response single = response;
-        single.names = {name};
-        Request request = it != local_.end() ? it->second : RequestFromResponse(single);
-        std::string evicted;
-        int slot = cache_.Put(single, request, &evicted);
-        // The eviction took a slot this rank was waiting on: ask for that tensor the slow way.
-        if (slot >= 0 && cached_ready_.erase(slot) > 0) uncached_.push_back(local_.at(evicted));
-      }
-      if (it != local_.end()) local_.erase(it);
-    }
-  }
-  round.responses = Fuse(ready, config_.fusion_threshold_bytes);
+  Fuse(config_.fusion_threshold_bytes);
   return round;
 }
 
@@ -408,19 +436,15 @@ void Controller::ExchangeStallReports() {
   };
   // Every rank: the cached tensors it has ready and how long it has waited on each, in ms.
   std::vector<int64_t> slots, waited_ms;
-  for (int slot : cached_ready_) {
-    auto since = cached_since_.find(slot);
+  for (int slot = 0; slot < cache_.num_slots(); ++slot) {
+    if (!IsCachedReady(slot)) continue;
     slots.push_back(slot);
-    waited_ms.push_back(since == cached_since_.end()
-                            ? 0 : static_cast<int64_t>(seconds_since(since->second) * 1000));
-  }
-  for (auto it = cached_since_.begin(); it != cached_since_.end();) {
-    it = cached_ready_.count(it->first) ? std::next(it) : cached_since_.erase(it);
+    waited_ms.push_back(static_cast<int64_t>(seconds_since(cached_since_[slot]) * 1000));
   }
   if (joined_) {  // a joined rank stands in for every allreduce
     for (int slot = 0; slot < cache_.num_slots(); ++slot) {
       if (cache_.occupied(slot) && cache_.response(slot).type == Response::Type::kAllreduce &&
-          !cached_ready_.count(slot)) {
+          !IsCachedReady(slot)) {
         slots.push_back(slot);
         waited_ms.push_back(0);
       }
@@ -509,42 +533,38 @@ void Controller::ExchangeStallReports() {
   if (!message.empty()) throw TransportError(message, origin, TransportError::Cause::kStall);
 }
 
-std::vector<Response> Controller::Fuse(const std::vector<Response>& responses,
-                                       int64_t threshold) {
-  std::vector<Response> fused;
-  std::vector<bool> used(responses.size(), false);
-  for (size_t i = 0; i < responses.size(); ++i) {
-    if (used[i]) continue;
-    Response group = responses[i];
-    used[i] = true;
-    const bool allreduce = group.type == Response::Type::kAllreduce;
-    const bool grouped_gather = group.group_id != 0 &&
-                                (group.type == Response::Type::kAllgather ||
-                                 group.type == Response::Type::kReducescatter);
+void Controller::Fuse(int64_t threshold) {
+  const size_t n = order_.size();
+  used_.assign(n, 0);
+  for (size_t i = 0; i < n; ++i) {
+    if (used_[i]) continue;
+    const Response& first = *order_[i];
+    used_[i] = 1;
+    round_.parts.push_back(&first);
+    int64_t total_bytes = first.total_bytes;
+    const bool allreduce = first.type == Response::Type::kAllreduce;
+    const bool grouped_gather = first.group_id != 0 &&
+                                (first.type == Response::Type::kAllgather ||
+                                 first.type == Response::Type::kReducescatter);
     if (allreduce || grouped_gather) {
-      for (size_t j = i + 1; j < responses.size(); ++j) {
-        const Response& r = responses[j];
+      for (size_t j = i + 1; j < n; ++j) {
+        const Response& r = *order_[j];
         // Members of one group always fuse; other allreduces while under the threshold.
-        const bool same_group = group.group_id != 0 && r.group_id == group.group_id;
-        if (used[j] || r.type != group.type || r.dtype != group.dtype ||
-            r.reduce_op != group.reduce_op || r.prescale != group.prescale ||
-            r.postscale != group.postscale || r.device != group.device ||
+        const bool same_group = first.group_id != 0 && r.group_id == first.group_id;
+        if (used_[j] || r.type != first.type || r.dtype != first.dtype ||
+            r.reduce_op != first.reduce_op || r.prescale != first.prescale ||
+            r.postscale != first.postscale || r.device != first.device ||
             (!same_group && (!allreduce || r.group_id != 0 ||
-                             group.total_bytes + r.total_bytes > threshold))) {
+                             total_bytes + r.total_bytes > threshold))) {
           continue;
         }
-        group.names.insert(group.names.end(), r.names.begin(), r.names.end());
-        group.tensor_sizes.insert(group.tensor_sizes.end(), r.tensor_sizes.begin(),
-                                  r.tensor_sizes.end());
-        group.first_dims.insert(group.first_dims.end(), r.first_dims.begin(),
-                                r.first_dims.end());
-        group.total_bytes += r.total_bytes;
-        used[j] = true;
+        round_.parts.push_back(&r);
+        total_bytes += r.total_bytes;
+        used_[j] = 1;
       }
     }
-    fused.push_back(std::move(group));
+    round_.ends.push_back(round_.parts.size());
   }
-  return fused;
 }
 
 }  // namespace horovodlike

@@ -27,18 +27,23 @@ class Controller {
  public:
   Controller(Transport& transport, const Config& config);
 
+  // What to run this round, identical on every rank. Each part is the response of one
+  // tensor; parts fused into one collective are adjacent: collective g is parts[ends[g - 1]]
+  // up to parts[ends[g]] (from 0 for g = 0). The parts point into the response cache and into
+  // this controller, and stay valid until the next Negotiate.
   struct Round {
-    std::vector<Response> responses;  // fused, in execution order; identical on every rank
+    std::vector<const Response*> parts;
+    std::vector<size_t> ends;
     bool shutdown = false;            // some rank asked to shut down
     std::vector<int> shutdown_ranks;  // which ones (ranks of this set)
   };
-  // Throws TransportError when a peer fails, and (cause kStall) on every rank of the set when
-  // a stalled tensor passes HOROVOD_STALL_SHUTDOWN_TIME_SECONDS.
-  Round Negotiate(std::vector<Request> new_requests, bool shutdown_requested);
-
-  // Fuses compatible allreduces (same dtype, op, scaling, device) up to the threshold in
-  // bytes. Deterministic: every rank fuses the same list the same way.
-  static std::vector<Response> Fuse(const std::vector<Response>& responses, int64_t threshold);
+  // Consumes `new_requests` (left empty, its capacity kept). Throws TransportError when a peer
+  // fails, and (cause kStall) on every rank of the set when a stalled tensor passes
+  // HOROVOD_STALL_SHUTDOWN_TIME_SECONDS.
+  //
+  // A round made only of tensors seen before allocates nothing: the bit vectors, the list of
+  // parts and the cache keep their storage from round to round.
+  const Round& Negotiate(std::vector<Request>& new_requests, bool shutdown_requested);
 
  private:
   static constexpr int kCoordinator = 0;
@@ -55,16 +60,42 @@ class Controller {
   bool StallCheckDue() const;
   void ExchangeStallReports();
   void ToUncached(int slot);
+  // Applies the previous round to the response cache, the same way on every rank: cached
+  // tensors become the most recently used, new responses go in (evicting the least recently
+  // used). Deferred to the next round so that the parts stay valid while they execute.
+  void CommitPreviousRound();
+  // Groups round_.parts into collectives: compatible allreduces (same dtype, op, scaling,
+  // device) while under the fusion threshold in bytes, and the members of a grouped call.
+  // Deterministic: every rank fuses the same list the same way.
+  void Fuse(int64_t threshold);
+
+  // This rank's cached tensors ready to run: a bit per cache slot, and since when.
+  bool IsCachedReady(int slot) const {
+    return static_cast<size_t>(slot / 64) < cached_ready_.size() &&
+           (cached_ready_[slot / 64] >> (slot % 64) & 1) != 0;
+  }
+  void SetCachedReady(int slot);
+  bool ClearCachedReady(int slot);  // returns whether it was set
 
   Transport& transport_;
   const Config& config_;
   ResponseCache cache_;
 
-  // This rank's requests not yet executed, by name.
+  // This rank's uncached requests not yet executed, by name (cached ones live in the cache).
   std::unordered_map<std::string, Request> local_;
   std::vector<Request> uncached_;  // not yet sent to the coordinator
-  std::set<int> cached_ready_;     // cache slots this rank has ready
+  std::vector<uint64_t> cached_ready_;  // bit per cache slot this rank has ready
+  std::vector<std::chrono::steady_clock::time_point> cached_since_;  // per slot
   bool joined_ = false;            // this rank called join() and contributes zeros
+
+  // Reused from round to round.
+  Round round_;
+  std::vector<uint64_t> bits_;
+  std::vector<uint64_t> bits_scratch_;
+  std::vector<int> ready_slots_;        // cached parts of this round, to commit next round
+  std::vector<Response> decided_;       // the coordinator's responses of this round
+  std::vector<const Response*> order_;  // the parts before fusion
+  std::vector<char> used_;
 
   struct Pending {
     std::vector<Request> by_rank;
@@ -80,7 +111,6 @@ class Controller {
   std::map<int64_t, std::vector<Response>> group_ready_;  // coordinator: group id -> members
   std::chrono::steady_clock::time_point last_stall_check_;
   std::chrono::steady_clock::time_point last_stall_warning_;
-  std::map<int, std::chrono::steady_clock::time_point> cached_since_;  // slot -> ready here since
 };
 
 }  // namespace horovodlike

@@ -22,25 +22,31 @@ int64_t ScatterRows(int64_t rows, int r, int n) { return rows / n + (r < rows % 
 
 }  // namespace
 
-void Executor::Execute(const Response& response) {
-  std::vector<TensorEntry> entries;
-  for (size_t i = 0; i < response.names.size(); ++i) {
-    TensorEntry entry;
-    if (!queue_.Take(QueueKey(process_set_id_, response.names[i]), &entry)) {
+void Executor::Execute(const Response* const* parts, size_t count) {
+  const Response& response = *parts[0];
+  std::vector<TensorEntry>& entries = entries_;
+  entries.clear();
+  for (size_t i = 0; i < count; ++i) {
+    const std::string& name = parts[i]->names.at(0);
+    entries.emplace_back();
+    TensorEntry& entry = entries.back();
+    QueueKey(process_set_id_, name, &key_);
+    if (!queue_.Take(key_, &entry)) {
       if (response.type != Response::Type::kAllreduce) {
-        throw TransportError("internal error: negotiated tensor '" + response.names[i] +
+        throw TransportError("internal error: negotiated tensor '" + name +
                              "' has no local entry");
       }
       // This rank has joined: it takes part with zeros and keeps nothing.
-      entry.request.name = response.names[i];
-      entry.request.shape = {response.tensor_sizes.at(i)};
+      entry.request.name = name;
+      entry.request.shape = {parts[i]->tensor_sizes.at(0)};
     }
-    entries.push_back(std::move(entry));
   }
+  // Completes every handle and lets go of the entries (the vector keeps its storage).
   auto complete = [&](Status status) {
     for (auto& e : entries) {
       if (e.handle) handles_.Complete(e.handle, status);
     }
+    entries.clear();
   };
   if (response.type == Response::Type::kError) {
     ++errors_;
@@ -50,7 +56,7 @@ void Executor::Execute(const Response& response) {
   try {
     switch (response.type) {
       case Response::Type::kAllreduce: Allreduce(response, entries); break;
-      case Response::Type::kAllgather: Allgather(response, entries); break;
+      case Response::Type::kAllgather: Allgather(parts, entries); break;
       case Response::Type::kReducescatter: Reducescatter(response, entries); break;
       case Response::Type::kAlltoall: Alltoall(response, entries.at(0)); break;
       case Response::Type::kBroadcast: Broadcast(response, entries.at(0)); break;
@@ -135,12 +141,13 @@ void Executor::Allreduce(const Response& response, std::vector<TensorEntry>& ent
   }
 }
 
-void Executor::Allgather(const Response& response, std::vector<TensorEntry>& entries) {
+void Executor::Allgather(const Response* const* parts, std::vector<TensorEntry>& entries) {
+  const Response& response = *parts[0];
   const int n = transport_.size();
   const int rank = transport_.rank();
   const size_t k = entries.size();
-  // first_dims is tensor-major: first_dims[t * n + r] is rank r's rows of tensor t.
-  auto rows = [&](size_t t, int r) { return static_cast<size_t>(response.first_dims[t * n + r]); };
+  // Each part's first_dims: every rank's rows of that tensor.
+  auto rows = [&](size_t t, int r) { return static_cast<size_t>(parts[t]->first_dims[r]); };
   std::vector<size_t> row_bytes(k), block_bytes(n, 0);
   for (size_t t = 0; t < k; ++t) {
     row_bytes[t] = RowBytes(entries[t].request.shape, response.dtype);
@@ -153,8 +160,7 @@ void Executor::Allgather(const Response& response, std::vector<TensorEntry>& ent
     state.output.resize(total_rows * row_bytes[t]);
     state.output_shape = entries[t].request.shape;
     state.output_shape[0] = static_cast<int64_t>(total_rows);
-    state.first_dims.assign(response.first_dims.begin() + t * n,
-                            response.first_dims.begin() + (t + 1) * n);
+    state.first_dims = parts[t]->first_dims;
   }
   if (k == 1) {
     // Straight into the output: blocks are already in rank order.

@@ -27,8 +27,9 @@ class Executor {
       : transport_(transport), queue_(queue), handles_(handles), process_set_id_(process_set_id),
         on_process_set_change_(std::move(on_process_set_change)) {}
 
-  // Throws TransportError after returning this response's entries to the queue.
-  void Execute(const Response& response);
+  // Runs one collective: `parts` are the responses of its tensors (one, or several fused; see
+  // Controller::Round). Throws TransportError after returning the entries to the queue.
+  void Execute(const Response* const* parts, size_t count);
 
   // Counters since init, for tests and tuning: collectives run and tensors they carried.
   struct Stats {
@@ -42,7 +43,7 @@ class Executor {
 
  private:
   void Allreduce(const Response& response, std::vector<TensorEntry>& entries);
-  void Allgather(const Response& response, std::vector<TensorEntry>& entries);
+  void Allgather(const Response* const* parts, std::vector<TensorEntry>& entries);
   void Reducescatter(const Response& response, std::vector<TensorEntry>& entries);
   void Alltoall(const Response& response, TensorEntry& entry);
   void Broadcast(const Response& response, TensorEntry& entry);
@@ -55,6 +56,9 @@ class Executor {
   int process_set_id_;
   ProcessSetChange on_process_set_change_;
   FusionBuffer fusion_;
+  // Reused by every collective, so that running one allocates nothing.
+  std::vector<TensorEntry> entries_;
+  std::string key_;
   RingAllreduce ring_;
   RingReducescatter reducescatter_;
   std::atomic<int64_t> allreduce_collectives_{0};

@@ -72,13 +72,12 @@ void ProcessSetTable::Remove(int id) {
   }
 }
 
-std::vector<int> ProcessSetTable::MemberIds() {
+void ProcessSetTable::MemberIds(std::vector<int>* out) {
+  out->clear();
   std::lock_guard<std::mutex> lock(mutex_);
-  std::vector<int> out;
   for (auto& [id, set] : sets_) {
-    if (set->controller) out.push_back(id);
+    if (set->controller) out->push_back(id);
   }
-  return out;
 }
 
 ProcessSet* ProcessSetTable::Member(int id) {

@@ -33,7 +33,7 @@ class ProcessSetTable {
   int Add(const std::vector<int>& ranks);
   void Remove(int id);
   // Ids of the sets this rank belongs to, ascending (background thread only).
-  std::vector<int> MemberIds();
+  void MemberIds(std::vector<int>* out);
   // The set if it still exists and this rank is a member, else null (background thread only;
   // valid until the next Remove).
   ProcessSet* Member(int id);

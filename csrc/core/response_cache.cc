@@ -9,8 +9,7 @@ ResponseCache::Lookup ResponseCache::Find(const Request& request, int* slot) con
   return slots_[it->second].request.SameParameters(request) ? Lookup::kHit : Lookup::kInvalid;
 }
 
-int ResponseCache::Put(const Response& response, const Request& request,
-                       std::string* evicted_name) {
+int ResponseCache::Put(const Response& response, const Request& request, Request* evicted_request) {
   if (capacity_ <= 0) return -1;
   int evicted = -1;
   const std::string& name = response.names.at(0);
@@ -32,8 +31,8 @@ int ResponseCache::Put(const Response& response, const Request& request,
       for (int i = 1; i < num_slots(); ++i) {
         if (slots_[i].last_used < slots_[slot].last_used) slot = i;
       }
-      *evicted_name = slots_[slot].response.names.at(0);
-      by_name_.erase(*evicted_name);
+      by_name_.erase(slots_[slot].response.names.at(0));
+      *evicted_request = std::move(slots_[slot].request);
       evicted = slot;
     }
     by_name_[name] = slot;

@@ -21,8 +21,11 @@ class ResponseCache {
   // kHit: same name, same parameters; kInvalid: same name, different parameters.
   Lookup Find(const Request& request, int* slot) const;
   // Inserts or refreshes the response of a single executed tensor; evicts the least recently
-  // used slot when full; then returns that slot and sets `evicted_name`, else returns -1.
-  int Put(const Response& response, const Request& request, std::string* evicted_name);
+  // used slot when full; then returns that slot and moves its request to `evicted`, else
+  // returns -1.
+  int Put(const Response& response, const Request& request, Request* evicted);
+  // Marks an occupied slot the most recently used.
+  void Touch(int slot) { slots_[slot].last_used = ++clock_; }
   void Erase(int slot);
   const Response& response(int slot) const { return slots_[slot].response; }
   const Request& request(int slot) const { return slots_[slot].request; }

@@ -1,5 +1,7 @@
 #include "runtime.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <chrono>
 #include <map>
@@ -71,6 +73,8 @@ Runtime::Runtime(Config config, std::unique_ptr<Transport> transport, int genera
       process_sets_(*transport_, config_, queue_, handles_,
                     [this](const Response& r) { return ChangeProcessSets(r); }) {
   loop_ = std::thread([this] { Loop(); });
+  // Named for top, gdb and py-spy (and tests that look at this thread alone).
+  pthread_setname_np(loop_.native_handle(), "hvdl-loop");
 }
 
 Runtime::~Runtime() {
@@ -217,41 +221,53 @@ int64_t Runtime::ChangeProcessSets(const Response& response) {
 
 void Runtime::Loop() {
   const auto cycle = std::chrono::microseconds(static_cast<int64_t>(config_.cycle_time_ms * 1000));
+  // Kept across rounds with their storage, so that a round of tensors seen before allocates
+  // nothing here (nor in the controller and executor).
+  std::vector<std::pair<int, Request>> popped;
   std::map<int, std::vector<Request>> by_set;
+  std::vector<int> set_ids;
   try {
     while (true) {
       queue_.WaitForWork(cycle);
-      for (auto& [set_id, request] : queue_.PopNewRequests()) {
-        by_set[set_id].push_back(std::move(request));
-      }
+      queue_.PopNewRequests(&popped);
+      for (auto& [set_id, request] : popped) by_set[set_id].push_back(std::move(request));
       bool shutdown = false;
       std::vector<int> shutdown_ranks;
       // Every rank visits its sets in the same (id) order, so each set's members negotiate
       // and execute in step; sets added this round are visited from the next one.
-      for (int id : process_sets_.MemberIds()) {
+      process_sets_.MemberIds(&set_ids);
+      for (int id : set_ids) {
         ProcessSet* set = process_sets_.Member(id);
         if (set == nullptr) continue;  // removed earlier in this round
-        auto round = set->controller->Negotiate(std::move(by_set[id]),
-                                                id == 0 && shutdown_requested_.load());
-        by_set.erase(id);
-        for (const Response& response : round.responses) set->executor->Execute(response);
-        if (id == 0) {
-          shutdown = round.shutdown;
+        const Controller::Round& round = set->controller->Negotiate(
+            by_set[id], id == 0 && shutdown_requested_.load());
+        size_t begin = 0;
+        for (size_t end : round.ends) {
+          set->executor->Execute(round.parts.data() + begin, end - begin);
+          begin = end;
+        }
+        if (id == 0 && round.shutdown) {
+          shutdown = true;
           shutdown_ranks = round.shutdown_ranks;
         }
       }
-      for (auto& [id, requests] : by_set) {
+      for (auto it = by_set.begin(); it != by_set.end();) {
+        if (it->second.empty()) {
+          ++it;
+          continue;
+        }
         // Requests for a set removed while they were queued.
-        for (const Request& request : requests) {
+        for (const Request& request : it->second) {
           TensorEntry entry;
-          if (queue_.Take(QueueKey(id, request.name), &entry)) {
+          if (queue_.Take(QueueKey(it->first, request.name), &entry)) {
             handles_.Complete(entry.handle, Status::Error(StatusCode::kInvalidArgument,
-                                                          "process set " + std::to_string(id) +
+                                                          "process set " +
+                                                              std::to_string(it->first) +
                                                               " was removed"));
           }
         }
+        it = by_set.erase(it);
       }
-      by_set.clear();
       if (shutdown) {
         std::vector<int> others;
         for (int r : shutdown_ranks) if (r != config_.rank) others.push_back(r);

@@ -1,9 +1,20 @@
 #include "tensor_queue.h"
 
+#include <cstdio>
+
 namespace horovodlike {
 
 std::string QueueKey(int process_set_id, const std::string& name) {
-  return std::to_string(process_set_id) + ":" + name;
+  std::string key;
+  QueueKey(process_set_id, name, &key);
+  return key;
+}
+
+void QueueKey(int process_set_id, const std::string& name, std::string* key) {
+  char id[16];
+  const int n = std::snprintf(id, sizeof(id), "%d:", process_set_id);
+  key->assign(id, static_cast<size_t>(n));
+  key->append(name);
 }
 
 void TensorQueue::Add(TensorEntry entry) {
@@ -21,11 +32,10 @@ void TensorQueue::Add(TensorEntry entry) {
   cv_.notify_one();
 }
 
-std::vector<std::pair<int, Request>> TensorQueue::PopNewRequests() {
+void TensorQueue::PopNewRequests(std::vector<std::pair<int, Request>>* out) {
+  out->clear();
   std::lock_guard<std::mutex> lock(mutex_);
-  std::vector<std::pair<int, Request>> out;
-  out.swap(new_requests_);
-  return out;
+  out->swap(new_requests_);
 }
 
 void TensorQueue::WaitForWork(std::chrono::microseconds timeout) {

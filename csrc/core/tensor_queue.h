@@ -17,6 +17,8 @@ namespace horovodlike {
 
 // Entries are keyed by process set and name: one name may be in flight in several sets.
 std::string QueueKey(int process_set_id, const std::string& name);
+// The same, written into `key` (reusing its storage).
+void QueueKey(int process_set_id, const std::string& name, std::string* key);
 
 struct TensorEntry {
   std::string key;  // QueueKey(process set, request.name)
@@ -31,8 +33,9 @@ class TensorQueue {
  public:
   // Throws InvalidArgument when an entry of the same name is still in flight.
   void Add(TensorEntry entry);
-  // New requests since the last call, with the process set each belongs to.
-  std::vector<std::pair<int, Request>> PopNewRequests();
+  // Moves the new requests since the last call into `out` (replacing its contents), with the
+  // process set each belongs to. Swaps storage with the queue, so neither side reallocates.
+  void PopNewRequests(std::vector<std::pair<int, Request>>* out);
   // Blocks up to `timeout` for new requests or a Notify(); returns at once if some are queued.
   void WaitForWork(std::chrono::microseconds timeout);
   void Notify();

@@ -13,7 +13,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
-#include <sstream>
 
 #include "../core/hmac.h"
 #include "../core/logging.h"
@@ -77,24 +76,30 @@ std::string SegmentName(const std::string& secret, int generation, int leader) {
 bool ReadProcessStat(int pid, char* state, uint64_t* start_time) {
   char path[64];
   std::snprintf(path, sizeof(path), "/proc/%d/stat", pid);
-  FILE* f = std::fopen(path, "r");
-  if (f == nullptr) return false;
+  // open/read rather than stdio or streams: a waiting rank checks its peers this way every
+  // few milliseconds, and that must not allocate.
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
   char text[1024];
-  size_t n = std::fread(text, 1, sizeof(text) - 1, f);
-  std::fclose(f);
+  const ssize_t n = ::read(fd, text, sizeof(text) - 1);
+  ::close(fd);
+  if (n <= 0) return false;
   text[n] = '\0';
   // The command name (field 2) may hold spaces and parentheses: fields resume after the last ')'.
   const char* p = std::strrchr(text, ')');
   if (p == nullptr) return false;
-  std::istringstream fields(p + 1);
-  std::string field;
   // Field 3 is the state; field 22 the start time in clock ticks since boot.
   for (int i = 3; i <= 22; ++i) {
-    if (!(fields >> field)) return false;
-    if (i == 3) *state = field[0];
+    while (*p == ' ' || *p == ')') ++p;
+    if (*p == '\0') return false;
+    if (i == 3) *state = *p;
+    if (i == 22) {
+      *start_time = std::strtoull(p, nullptr, 10);
+      return true;
+    }
+    while (*p != ' ' && *p != '\0') ++p;
   }
-  *start_time = std::strtoull(field.c_str(), nullptr, 10);
-  return true;
+  return false;
 }
 
 bool ProcessAlive(int pid, uint64_t start_time) {
