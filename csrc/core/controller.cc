@@ -61,10 +61,26 @@ std::string FormatDouble(double v) {
 
 }  // namespace
 
-Controller::Controller(Transport& transport, const Config& config)
+Controller::Controller(Transport& transport, const Config& config, bool carries_parameters)
     : transport_(transport), config_(config), cache_(config.cache_capacity),
+      carries_parameters_(carries_parameters),
       last_stall_check_(std::chrono::steady_clock::now()),
-      last_stall_warning_(std::chrono::steady_clock::now() - std::chrono::hours(24)) {}
+      last_stall_warning_(std::chrono::steady_clock::now() - std::chrono::hours(24)) {
+  parameters_.fusion_threshold_bytes = config.fusion_threshold_bytes;
+  parameters_.cycle_time_ms = config.cycle_time_ms;
+  parameters_.cache_enabled = config.cache_capacity > 0;
+  proposal_ = parameters_;
+}
+
+void Controller::ApplyCacheSetting() {
+  if (parameters_.cache_enabled == cache_active_) return;
+  if (!parameters_.cache_enabled) {
+    const std::vector<int> ready(cached_ready_.begin(), cached_ready_.end());
+    for (int slot : ready) ToUncached(slot);
+  }
+  cache_.SetActive(parameters_.cache_enabled);
+  cache_active_ = parameters_.cache_enabled;
+}
 
 void Controller::ToUncached(int slot) {
   if (cached_ready_.erase(slot) == 0) return;
@@ -119,7 +135,23 @@ Controller::Round Controller::Negotiate(std::vector<Request> new_requests,
       bits[1 + words + slot / 64] &= ~(1ULL << (slot % 64));
     }
   }
+  const size_t parameter_words = bits.size();
+  if (carries_parameters_) {
+    if (transport_.rank() == kCoordinator) {
+      proposal_.AppendTo(bits);
+    } else {
+      TunedParameters::AppendIdentityTo(bits);
+    }
+  }
   BitwiseAndAllreduce(transport_, bits, kCoordinator);
+  if (carries_parameters_) {
+    TunedParameters decided = TunedParameters::FromWords(bits.data() + parameter_words);
+    if (decided != parameters_) {
+      parameters_ = decided;
+      parameters_round_ = rounds_;
+    }
+  }
+  ++rounds_;
 
   Round round;
   round.shutdown = (bits[0] & kFlagNoShutdown) == 0;
@@ -182,7 +214,8 @@ Controller::Round Controller::Negotiate(std::vector<Request> new_requests,
       if (it != local_.end()) local_.erase(it);
     }
   }
-  round.responses = Fuse(ready, config_.fusion_threshold_bytes);
+  ApplyCacheSetting();
+  round.responses = Fuse(ready, parameters_.fusion_threshold_bytes);
   return round;
 }
 

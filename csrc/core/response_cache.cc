@@ -11,7 +11,7 @@ ResponseCache::Lookup ResponseCache::Find(const Request& request, int* slot) con
 
 int ResponseCache::Put(const Response& response, const Request& request,
                        std::string* evicted_name) {
-  if (capacity_ <= 0) return -1;
+  if (!enabled()) return -1;
   int evicted = -1;
   const std::string& name = response.names.at(0);
   int slot;
@@ -44,6 +44,14 @@ int ResponseCache::Put(const Response& response, const Request& request,
   s.request = request;
   s.last_used = ++clock_;
   return evicted;
+}
+
+void ResponseCache::SetActive(bool active) {
+  if (!active) {
+    // The slots stay allocated, empty: the bit vectors keep their length on every rank.
+    for (int slot = 0; slot < num_slots(); ++slot) Erase(slot);
+  }
+  active_ = active;
 }
 
 void ResponseCache::Erase(int slot) {
