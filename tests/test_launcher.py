@@ -119,7 +119,8 @@ def test_local_ranks_get_their_environment(tmp_path):
         assert e["PYTHONUNBUFFERED"] == "1"
         assert e["FROM_LAUNCHER"] == "kept"
         for unset in ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME", "HOROVOD_CACHE_CAPACITY",
-                      "HOROVOD_LOG_LEVEL", "HOROVOD_GLOO_IFACE"):
+                      "HOROVOD_LOG_LEVEL", "HOROVOD_GLOO_IFACE", "HOROVOD_AUTOTUNE",
+                      "HOROVOD_AUTOTUNE_LOG"):
             assert unset not in e
     # a second job gets a new secret
     launch(["-np", "1", sys.executable, RANK, "--record", str(tmp_path)], env=env)
@@ -132,6 +133,10 @@ def test_flags_become_environment_and_verbose_prints_plan(tmp_path):
     result = launch(["-np", "2", "--start-timeout", "20", "--fusion-threshold-mb", "2",
                      "--cycle-time-ms", "2.5", "--cache-capacity", "100", "--disable-cache",
                      "--log-level", "DEBUG", "--network-interface", "lo", "--verbose",
+                     "--autotune", "--autotune-log-file", "tune.csv",
+                     "--autotune-warmup-samples", "0", "--autotune-steps-per-sample", "4",
+                     "--autotune-bayes-opt-max-samples", "9",
+                     "--autotune-gaussian-process-noise", "0.25",
                      sys.executable, RANK, "--record", str(tmp_path), "--join"], env=env)
     assert result.returncode == 0, result.stderr
     for r in records(tmp_path, 2):
@@ -142,6 +147,10 @@ def test_flags_become_environment_and_verbose_prints_plan(tmp_path):
         assert e["HOROVOD_CACHE_CAPACITY"] == "0"  # --disable-cache wins
         assert e["HOROVOD_LOG_LEVEL"] == "DEBUG"
         assert e["HOROVOD_GLOO_IFACE"] == "lo"
+        assert (e["HOROVOD_AUTOTUNE"], e["HOROVOD_AUTOTUNE_LOG"]) == ("1", "tune.csv")
+        assert (e["HOROVOD_AUTOTUNE_WARMUP_SAMPLES"], e["HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE"],
+                e["HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES"],
+                e["HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE"]) == ("0", "4", "9", "0.25")
     port = records(tmp_path, 1)[0]["env"]["HOROVOD_RENDEZVOUS_PORT"]
     assert (f"horovodlikerun: rendezvous server listening on 127.0.0.1:{port}; "
             f"ranks connect to 127.0.0.1:{port}") in result.stdout

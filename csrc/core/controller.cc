@@ -61,10 +61,25 @@ std::string FormatDouble(double v) {
 
 }  // namespace
 
-Controller::Controller(Transport& transport, const Config& config)
+Controller::Controller(Transport& transport, const Config& config, bool carries_parameters)
     : transport_(transport), config_(config), cache_(config.cache_capacity),
+      carries_parameters_(carries_parameters),
       last_stall_check_(std::chrono::steady_clock::now()),
-      last_stall_warning_(std::chrono::steady_clock::now() - std::chrono::hours(24)) {}
+      last_stall_warning_(std::chrono::steady_clock::now() - std::chrono::hours(24)) {
+  parameters_.fusion_threshold_bytes = config.fusion_threshold_bytes;
+  parameters_.cycle_time_ms = config.cycle_time_ms;
+  parameters_.cache_enabled = config.cache_capacity > 0;
+  proposal_ = parameters_;
+}
+
+void Controller::ApplyCacheSetting() {
+  if (parameters_.cache_enabled == cache_active_) return;
+  if (!parameters_.cache_enabled) {
+    for (int slot = 0; slot < cache_.num_slots(); ++slot) ToUncached(slot);
+  }
+  cache_.SetActive(parameters_.cache_enabled);
+  cache_active_ = parameters_.cache_enabled;
+}
 
 void Controller::SetCachedReady(int slot) {
   const size_t word = static_cast<size_t>(slot) / 64;
@@ -167,7 +182,23 @@ const Controller::Round& Controller::Negotiate(std::vector<Request>& new_request
       bits[1 + words + slot / 64] &= ~(1ULL << (slot % 64));
     }
   }
+  const size_t parameter_words = bits.size();
+  if (carries_parameters_) {
+    if (transport_.rank() == kCoordinator) {
+      proposal_.AppendTo(bits);
+    } else {
+      TunedParameters::AppendIdentityTo(bits);
+    }
+  }
   BitwiseAndAllreduce(transport_, bits, kCoordinator, bits_scratch_);
+  if (carries_parameters_) {
+    const TunedParameters decided = TunedParameters::FromWords(bits.data() + parameter_words);
+    if (decided != parameters_) {
+      parameters_ = decided;
+      parameters_round_ = rounds_;
+    }
+  }
+  ++rounds_;
 
   Round& round = round_;
   round.parts.clear();
@@ -210,7 +241,8 @@ const Controller::Round& Controller::Negotiate(std::vector<Request>& new_request
     for (const Response& response : decided_) order_.push_back(&response);
   }
   if (stall_check) ExchangeStallReports();
-  Fuse(config_.fusion_threshold_bytes);
+  ApplyCacheSetting();
+  Fuse(parameters_.fusion_threshold_bytes);
   return round;
 }
 

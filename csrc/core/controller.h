@@ -6,6 +6,9 @@
 // tensors ready on all ranks run without any other message. Only when some rank has uncached
 // work do the ranks send their requests to the coordinator (rank 0 of the set), which checks
 // that all ranks asked for the same thing and answers with the responses to run.
+//
+// The global set's rounds also carry the tuned parameters (fusion threshold, cycle time,
+// response cache) from its coordinator to every rank, so that all switch in the same round.
 #pragma once
 
 #include <chrono>
@@ -19,13 +22,15 @@
 #include "env_config.h"
 #include "message.h"
 #include "response_cache.h"
+#include "tuned_parameters.h"
 #include "../transport/transport.h"
 
 namespace horovodlike {
 
 class Controller {
  public:
-  Controller(Transport& transport, const Config& config);
+  // `carries_parameters`: this is the global set, whose coordinator decides the parameters.
+  Controller(Transport& transport, const Config& config, bool carries_parameters = false);
 
   // What to run this round, identical on every rank. Each part is the response of one
   // tensor; parts fused into one collective are adjacent: collective g is parts[ends[g - 1]]
@@ -44,6 +49,15 @@ class Controller {
   // A round made only of tensors seen before allocates nothing: the bit vectors, the list of
   // parts and the cache keep their storage from round to round.
   const Round& Negotiate(std::vector<Request>& new_requests, bool shutdown_requested);
+
+  // Global set, coordinator: the parameters the next round puts in force (ignored elsewhere).
+  void Propose(const TunedParameters& parameters) { proposal_ = parameters; }
+  // Other sets: the parameters the global round of this loop iteration put in force.
+  void SetParameters(const TunedParameters& parameters) { parameters_ = parameters; }
+  // The parameters of the last round, and the round in which they took effect (rounds are
+  // numbered alike on every rank of the set).
+  const TunedParameters& parameters() const { return parameters_; }
+  int64_t parameters_round() const { return parameters_round_; }
 
  private:
   static constexpr int kCoordinator = 0;
@@ -76,10 +90,18 @@ class Controller {
   }
   void SetCachedReady(int slot);
   bool ClearCachedReady(int slot);  // returns whether it was set
+  // Switches the response cache as the parameters say; cached work goes the slow way.
+  void ApplyCacheSetting();
 
   Transport& transport_;
   const Config& config_;
   ResponseCache cache_;
+  const bool carries_parameters_;
+  TunedParameters parameters_;
+  TunedParameters proposal_;
+  int64_t rounds_ = 0;
+  int64_t parameters_round_ = 0;
+  bool cache_active_ = true;
 
   // This rank's uncached requests not yet executed, by name (cached ones live in the cache).
   std::unordered_map<std::string, Request> local_;

@@ -1,5 +1,6 @@
 #include "env_config.h"
 
+#include <cmath>
 #include <cstdlib>
 #include <string>
 
@@ -52,6 +53,30 @@ int ParseLogLevel(const char* value) {
   }
   throw InvalidArgument(std::string("HOROVOD_LOG_LEVEL='") + value +
                         "' is not one of TRACE, DEBUG, INFO, WARNING, ERROR, FATAL");
+}
+
+// Read whether or not tuning is on, so that a mistyped value is reported before it matters.
+void ReadAutotune(Config& c) {
+  c.fusion_threshold_given = Get("HOROVOD_FUSION_THRESHOLD") != nullptr;
+  c.cycle_time_given = Get("HOROVOD_CYCLE_TIME") != nullptr;
+  c.cache_capacity_given = Get("HOROVOD_CACHE_CAPACITY") != nullptr;
+  c.autotune = GetBool("HOROVOD_AUTOTUNE", false);
+  if (const char* log = Get("HOROVOD_AUTOTUNE_LOG")) c.autotune_log = log;
+  auto count = [](const char* name, int64_t fallback, int64_t least) {
+    const int64_t v = GetInt(name, fallback);
+    if (v < least || v > 1000000) {
+      throw InvalidArgument(std::string(name) + "=" + std::to_string(v) + " must be between " +
+                            std::to_string(least) + " and 1000000");
+    }
+    return static_cast<int>(v);
+  };
+  c.autotune_warmup_samples = count("HOROVOD_AUTOTUNE_WARMUP_SAMPLES", 3, 0);
+  c.autotune_steps_per_sample = count("HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", 10, 1);
+  c.autotune_max_samples = count("HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", 20, 1);
+  c.autotune_noise = GetDouble("HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", 0.8);
+  if (!(c.autotune_noise >= 0) || c.autotune_noise == HUGE_VAL) {
+    throw InvalidArgument("HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE must be a finite number >= 0");
+  }
 }
 
 }  // namespace
@@ -111,6 +136,7 @@ Config Config::FromEnvironment() {
     throw InvalidArgument("HOROVOD_PEER_TIMEOUT_SECONDS must be a positive number of seconds");
   }
   c.log_level = ParseLogLevel(Get("HOROVOD_LOG_LEVEL"));
+  ReadAutotune(c);
   return c;
 }
 

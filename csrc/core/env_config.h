@@ -33,6 +33,18 @@ struct Config {
   double peer_timeout_seconds = 300.0;  // a peer silent for this long counts as failed
   int log_level = 3;  // 0 trace, 1 debug, 2 info, 3 warning, 4 error, 5 fatal
 
+  // Autotuning (HOROVOD_AUTOTUNE*, see parameter_manager.h). Parameters the user set explicitly
+  // are held constant while the others are tuned.
+  bool autotune = false;
+  std::string autotune_log;  // CSV of the samples, written by rank 0; empty: none
+  int autotune_warmup_samples = 3;
+  int autotune_steps_per_sample = 10;
+  int autotune_max_samples = 20;
+  double autotune_noise = 0.8;
+  bool fusion_threshold_given = false;
+  bool cycle_time_given = false;
+  bool cache_capacity_given = false;
+
   // Reads HOROVOD_* variables; throws InvalidArgument naming the variable on a bad value.
   static Config FromEnvironment();
 };

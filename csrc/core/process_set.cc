@@ -13,7 +13,8 @@ ProcessSetTable::ProcessSetTable(Transport& transport, const Config& config, Ten
   auto global = std::make_unique<ProcessSet>();
   global->id = 0;
   for (int r = 0; r < transport.size(); ++r) global->ranks.push_back(r);
-  global->controller = std::make_unique<Controller>(transport_, config_);
+  global->controller = std::make_unique<Controller>(transport_, config_,
+                                                    /*carries_parameters=*/true);
   global->executor = std::make_unique<Executor>(transport_, queue_, handles_, 0, on_change_);
   sets_[0] = std::move(global);
 }

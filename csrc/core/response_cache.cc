@@ -9,8 +9,9 @@ ResponseCache::Lookup ResponseCache::Find(const Request& request, int* slot) con
   return slots_[it->second].request.SameParameters(request) ? Lookup::kHit : Lookup::kInvalid;
 }
 
-int ResponseCache::Put(const Response& response, const Request& request, Request* evicted_request) {
-  if (capacity_ <= 0) return -1;
+int ResponseCache::Put(const Response& response, const Request& request,
+                       Request* evicted_request) {
+  if (!enabled()) return -1;
   int evicted = -1;
   const std::string& name = response.names.at(0);
   int slot;
@@ -43,6 +44,14 @@ int ResponseCache::Put(const Response& response, const Request& request, Request
   s.request = request;
   s.last_used = ++clock_;
   return evicted;
+}
+
+void ResponseCache::SetActive(bool active) {
+  if (!active) {
+    // The slots stay allocated, empty: the bit vectors keep their length on every rank.
+    for (int slot = 0; slot < num_slots(); ++slot) Erase(slot);
+  }
+  active_ = active;
 }
 
 void ResponseCache::Erase(int slot) {

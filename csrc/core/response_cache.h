@@ -17,7 +17,9 @@ class ResponseCache {
   enum class Lookup { kMiss, kHit, kInvalid };
 
   explicit ResponseCache(int capacity) : capacity_(capacity) {}
-  bool enabled() const { return capacity_ > 0; }
+  bool enabled() const { return capacity_ > 0 && active_; }
+  // Switches the cache off (emptying it) or back on; every rank does so in the same round.
+  void SetActive(bool active);
   // kHit: same name, same parameters; kInvalid: same name, different parameters.
   Lookup Find(const Request& request, int* slot) const;
   // Inserts or refreshes the response of a single executed tensor; evicts the least recently
@@ -41,6 +43,7 @@ class ResponseCache {
     uint64_t last_used = 0;
   };
   int capacity_;
+  bool active_ = true;
   uint64_t clock_ = 0;
   std::vector<Slot> slots_;
   std::unordered_map<std::string, int> by_name_;

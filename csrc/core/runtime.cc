@@ -35,6 +35,16 @@ void Runtime::Init() {
   // Elastic workers join rounds formed by the driver: the round names the rendezvous keys, so
   // a worker started late meets the others under the same keys.
   const int generation = config.elastic_round >= 0 ? config.elastic_round : g_generation++;
+  // Rank 0 decides the tuned parameters; a log file it cannot write fails init before any
+  // connection is made.
+  std::unique_ptr<ParameterManager> tuner;
+  if (config.autotune && config.rank == 0) {
+    TunedParameters initial;
+    initial.fusion_threshold_bytes = config.fusion_threshold_bytes;
+    initial.cycle_time_ms = config.cycle_time_ms;
+    initial.cache_enabled = config.cache_capacity > 0;
+    tuner = std::make_unique<ParameterManager>(config, initial);
+  }
   std::unique_ptr<Transport> transport;
   try {
     transport = CreateTransport(config, generation);
@@ -43,7 +53,8 @@ void Runtime::Init() {
     ReportFailureToLauncher(config, generation, {e.peer(), FailureKind(e.cause()), e.what()});
     throw;
   }
-  g_runtime.reset(new Runtime(std::move(config), std::move(transport), generation));
+  g_runtime.reset(
+      new Runtime(std::move(config), std::move(transport), generation, std::move(tuner)));
 }
 
 void Runtime::Shutdown() {
@@ -68,10 +79,14 @@ Runtime& Runtime::Get() {
   return *g_runtime;
 }
 
-Runtime::Runtime(Config config, std::unique_ptr<Transport> transport, int generation)
+Runtime::Runtime(Config config, std::unique_ptr<Transport> transport, int generation,
+                 std::unique_ptr<ParameterManager> tuner)
     : config_(std::move(config)), generation_(generation), transport_(std::move(transport)),
       process_sets_(*transport_, config_, queue_, handles_,
-                    [this](const Response& r) { return ChangeProcessSets(r); }) {
+                    [this](const Response& r) { return ChangeProcessSets(r); }),
+      tuner_(std::move(tuner)) {
+  tuned_.parameters = process_sets_.Member(0)->controller->parameters();
+  tuned_.parameters.tuning = config_.autotune;  // until rank 0's first round says otherwise
   loop_ = std::thread([this] { Loop(); });
   // Named for top, gdb and py-spy (and tests that look at this thread alone).
   pthread_setname_np(loop_.native_handle(), "hvdl-loop");
@@ -219,8 +234,14 @@ int64_t Runtime::ChangeProcessSets(const Response& response) {
   return id;
 }
 
+Runtime::TunedState Runtime::tuned() {
+  std::lock_guard<std::mutex> lock(tuned_mutex_);
+  return tuned_;
+}
+
 void Runtime::Loop() {
-  const auto cycle = std::chrono::microseconds(static_cast<int64_t>(config_.cycle_time_ms * 1000));
+  using Clock = std::chrono::steady_clock;
+  TunedParameters in_force = tuned().parameters;
   // Kept across rounds with their storage, so that a round of tensors seen before allocates
   // nothing here (nor in the controller and executor).
   std::vector<std::pair<int, Request>> popped;
@@ -228,7 +249,9 @@ void Runtime::Loop() {
   std::vector<int> set_ids;
   try {
     while (true) {
-      queue_.WaitForWork(cycle);
+      // The cycle time may change between rounds (autotuning).
+      queue_.WaitForWork(
+          std::chrono::microseconds(static_cast<int64_t>(in_force.cycle_time_ms * 1000)));
       queue_.PopNewRequests(&popped);
       for (auto& [set_id, request] : popped) by_set[set_id].push_back(std::move(request));
       bool shutdown = false;
@@ -239,11 +262,28 @@ void Runtime::Loop() {
       for (int id : set_ids) {
         ProcessSet* set = process_sets_.Member(id);
         if (set == nullptr) continue;  // removed earlier in this round
+        // The global set (visited first) puts the tuned parameters in force on every rank;
+        // the other sets follow them in the same iteration.
+        if (id == 0 && tuner_) {
+          tuner_->RoundStarted(Clock::now());
+          set->controller->Propose(tuner_->current());
+        } else if (id != 0) {
+          set->controller->SetParameters(in_force);
+        }
         const Controller::Round& round = set->controller->Negotiate(
             by_set[id], id == 0 && shutdown_requested_.load());
+        if (id == 0 && set->controller->parameters() != in_force) {
+          in_force = set->controller->parameters();
+          std::lock_guard<std::mutex> lock(tuned_mutex_);
+          tuned_ = {in_force, set->controller->parameters_round()};
+        }
         size_t begin = 0;
         for (size_t end : round.ends) {
-          set->executor->Execute(round.parts.data() + begin, end - begin);
+          const Response* const* parts = round.parts.data() + begin;
+          set->executor->Execute(parts, end - begin);
+          if (tuner_ && parts[0]->type == Response::Type::kAllreduce) {
+            tuner_->ObserveAllreduce(id, parts, end - begin, Clock::now());
+          }
           begin = end;
         }
         if (id == 0 && round.shutdown) {

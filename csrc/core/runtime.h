@@ -14,6 +14,7 @@
 #include "env_config.h"
 #include "executor.h"
 #include "handle_table.h"
+#include "parameter_manager.h"
 #include "tensor_queue.h"
 #include "../transport/transport.h"
 
@@ -55,11 +56,19 @@ class Runtime {
   // Ranks of a process set; throws InvalidArgument when it does not exist.
   std::vector<int> ProcessSetRanks(int id);
   std::vector<int> ProcessSetIds() { return process_sets_.Ids(); }
+  // The parameters in force (the same on every rank after each round) and the global round in
+  // which they took effect.
+  struct TunedState {
+    TunedParameters parameters;
+    int64_t round = 0;
+  };
+  TunedState tuned();
 
   ~Runtime();
 
  private:
-  Runtime(Config config, std::unique_ptr<Transport> transport, int generation);
+  Runtime(Config config, std::unique_ptr<Transport> transport, int generation,
+          std::unique_ptr<ParameterManager> tuner);
   void Loop();
   // Tells the launcher why the loop stopped (see ReportFailureToLauncher), then fails all work
   // (`internal`: a failure, which also closes the connections; else a peer's shutdown).
@@ -74,6 +83,9 @@ class Runtime {
   TensorQueue queue_;
   HandleTable handles_;
   ProcessSetTable process_sets_;
+  std::unique_ptr<ParameterManager> tuner_;  // rank 0 with HOROVOD_AUTOTUNE only
+  std::mutex tuned_mutex_;
+  TunedState tuned_;
   std::atomic<bool> shutdown_requested_{false};
   std::atomic<bool> stopped_{false};
   std::mutex stop_mutex_;

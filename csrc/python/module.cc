@@ -6,6 +6,7 @@
 
 #include "../core/hmac.h"
 #include "../core/message.h"
+#include "../core/parameter_manager.h"
 #include "../core/runtime.h"
 #include "../transport/factory.h"
 
@@ -114,6 +115,14 @@ PYBIND11_MODULE(_core, m) {
     d["allreduce_collectives"] = s.allreduce_collectives;
     d["allreduce_tensors"] = s.allreduce_tensors;
     d["errors"] = s.errors;
+    // The tuned parameters in force on this rank (the same on every rank after each round).
+    auto tuned = Runtime::Get().tuned();
+    d["fusion_threshold_bytes"] = tuned.parameters.fusion_threshold_bytes;
+    d["cycle_time_ms"] = tuned.parameters.cycle_time_ms;
+    d["cache_enabled"] = tuned.parameters.cache_enabled;
+    d["parameters_round"] = tuned.round;
+    d["autotune"] = CurrentConfig().autotune;
+    d["autotune_done"] = CurrentConfig().autotune && !tuned.parameters.tuning;
     return d;
   });
   m.def("build_info", [] {
@@ -176,6 +185,49 @@ PYBIND11_MODULE(_core, m) {
     Sha256Digest digest = hash.Finish();
     return py::bytes(reinterpret_cast<const char*>(digest.data()), digest.size());
   });
+  // Test-only (tests/test_autotune.py): runs the autotuner's decisions without a job, scoring
+  // each point with `score(fusion_threshold_bytes, cycle_time_ms, cache_enabled)`; returns the
+  // samples as (fusion threshold, cycle time, cache, score) and the parameters it settled on.
+  m.def("_autotune_for_testing", [](py::function score, int max_samples, double noise,
+                                    int warmup_samples, bool tune_cache, std::string log_file,
+                                    py::object fixed_fusion, py::object fixed_cycle) {
+    Config config;
+    config.autotune = true;
+    config.autotune_max_samples = max_samples;
+    config.autotune_noise = noise;
+    config.autotune_warmup_samples = warmup_samples;
+    config.autotune_log = log_file;
+    config.cache_capacity_given = !tune_cache;
+    if (!fixed_fusion.is_none()) {
+      config.fusion_threshold_bytes = fixed_fusion.cast<int64_t>();
+      config.fusion_threshold_given = true;
+    }
+    if (!fixed_cycle.is_none()) {
+      config.cycle_time_ms = fixed_cycle.cast<double>();
+      config.cycle_time_given = true;
+    }
+    TunedParameters initial;
+    initial.fusion_threshold_bytes = config.fusion_threshold_bytes;
+    initial.cycle_time_ms = config.cycle_time_ms;
+    ParameterManager manager(config, initial);
+    for (int i = 0; manager.tuning() && i < 100000; ++i) {
+      const TunedParameters& p = manager.current();
+      manager.RecordScore(
+          score(p.fusion_threshold_bytes, p.cycle_time_ms, p.cache_enabled).cast<double>());
+    }
+    py::list samples;
+    for (const auto& s : manager.samples()) {
+      samples.append(py::make_tuple(s.parameters.fusion_threshold_bytes,
+                                    s.parameters.cycle_time_ms, s.parameters.cache_enabled,
+                                    s.score));
+    }
+    const TunedParameters& chosen = manager.current();
+    return py::make_tuple(samples, py::make_tuple(chosen.fusion_threshold_bytes,
+                                                  chosen.cycle_time_ms, chosen.cache_enabled,
+                                                  chosen.tuning));
+  }, py::arg("score"), py::arg("max_samples") = 20, py::arg("noise") = 0.8,
+     py::arg("warmup_samples") = 0, py::arg("tune_cache") = true, py::arg("log_file") = "",
+     py::arg("fixed_fusion") = py::none(), py::arg("fixed_cycle") = py::none());
   m.def("_hmac_sha256_for_testing", [](py::bytes key, py::bytes message) {
     Sha256Digest mac = HmacSha256(std::string(key), std::string(message));
     return py::bytes(reinterpret_cast<const char*>(mac.data()), mac.size());

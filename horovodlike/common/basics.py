@@ -83,6 +83,14 @@ def is_homogeneous():
     return _core.size() == _core.local_size() * _core.cross_size()
 
 
+def _runtime_stats():
+    """This rank's counters and the tuned parameters in force: allreduce_collectives,
+    allreduce_tensors, errors, fusion_threshold_bytes, cycle_time_ms, cache_enabled,
+    parameters_round (the negotiation round in which they took effect, numbered alike on every
+    rank), autotune (HOROVOD_AUTOTUNE is on) and autotune_done (it fixed its choice)."""
+    return dict(_core.stats())
+
+
 def build_info():
     return dict(_core.build_info())
 

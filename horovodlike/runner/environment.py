@@ -29,6 +29,12 @@ class JobSettings:
     log_level: str | None = None
     network_interface: str | None = None
     cpu_operations: str | None = None  # "gloo": HOROVOD_CPU_OPERATIONS and HOROVOD_CONTROLLER
+    autotune: bool = False
+    autotune_log_file: str | None = None
+    autotune_warmup_samples: int | None = None
+    autotune_steps_per_sample: int | None = None
+    autotune_bayes_opt_max_samples: int | None = None
+    autotune_gaussian_process_noise: float | None = None
 
 
 def format_number(value: float) -> str:
@@ -72,6 +78,18 @@ def job_environment(job: JobSettings) -> dict[str, str]:
     if job.cpu_operations is not None:
         env["HOROVOD_CPU_OPERATIONS"] = job.cpu_operations
         env["HOROVOD_CONTROLLER"] = job.cpu_operations
+    if job.autotune:
+        env["HOROVOD_AUTOTUNE"] = "1"
+    for name, value in (("HOROVOD_AUTOTUNE_LOG", job.autotune_log_file),
+                        ("HOROVOD_AUTOTUNE_WARMUP_SAMPLES", job.autotune_warmup_samples),
+                        ("HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", job.autotune_steps_per_sample),
+                        ("HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES",
+                         job.autotune_bayes_opt_max_samples)):
+        if value is not None:
+            env[name] = str(value)
+    if job.autotune_gaussian_process_noise is not None:
+        env["HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE"] = format_number(
+            job.autotune_gaussian_process_noise)
     return env
 
 

@@ -103,6 +103,29 @@ def make_parser() -> argparse.ArgumentParser:
     tuning.add_argument("--log-level", dest="log_level", choices=LOG_LEVELS,
                         help="core log level (HOROVOD_LOG_LEVEL)")
 
+    autotune = parser.add_argument_group(
+        "autotuning (fusion threshold, cycle time and response cache; those set explicitly "
+        "above are held constant)")
+    autotune.add_argument("--autotune", dest="autotune", action="store_true",
+                          help="tune the parameters while training (HOROVOD_AUTOTUNE=1)")
+    autotune.add_argument("--autotune-log-file", dest="autotune_log_file",
+                          help="CSV of every sample and the chosen values, written by rank 0 "
+                               "(HOROVOD_AUTOTUNE_LOG)")
+    autotune.add_argument("--autotune-warmup-samples", dest="autotune_warmup_samples", type=int,
+                          help="samples discarded at the start (HOROVOD_AUTOTUNE_WARMUP_SAMPLES,"
+                               " default 3)")
+    autotune.add_argument("--autotune-steps-per-sample", dest="autotune_steps_per_sample",
+                          type=int, help="training steps per sample "
+                                         "(HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE, default 10)")
+    autotune.add_argument("--autotune-bayes-opt-max-samples",
+                          dest="autotune_bayes_opt_max_samples", type=int,
+                          help="samples of the Bayesian optimisation "
+                               "(HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES, default 20)")
+    autotune.add_argument("--autotune-gaussian-process-noise",
+                          dest="autotune_gaussian_process_noise", type=float,
+                          help="noise of the Gaussian process, relative to the scores' variance "
+                               "(HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE, default 0.8)")
+
     elastic = parser.add_argument_group(
         "elastic training (on when --host-discovery-script, --min-np or --max-np is given)")
     elastic.add_argument("--min-np", dest="min_np", type=int,
@@ -155,6 +178,16 @@ def _validate(args, parser) -> None:
         parser.error("--cycle-time-ms must be > 0")
     if args.cache_capacity is not None and args.cache_capacity < 0:
         parser.error("--cache-capacity must be >= 0")
+    for flag, value, least in (("--autotune-warmup-samples", args.autotune_warmup_samples, 0),
+                               ("--autotune-steps-per-sample", args.autotune_steps_per_sample, 1),
+                               ("--autotune-bayes-opt-max-samples",
+                                args.autotune_bayes_opt_max_samples, 1)):
+        if value is not None and value < least:
+            parser.error(f"{flag} must be >= {least}, got {value}")
+    noise = args.autotune_gaussian_process_noise
+    if noise is not None and not 0 <= noise < float("inf"):
+        parser.error(f"--autotune-gaussian-process-noise must be a finite number >= 0, "
+                     f"got {noise}")
     if args.ssh_port is not None and not 0 < args.ssh_port < 65536:
         parser.error(f"--ssh-port must be a port number, got {args.ssh_port}")
     if args.ssh_identity_file is not None and not os.path.isfile(args.ssh_identity_file):
@@ -197,7 +230,12 @@ def _job_settings(args, address: str, port: int, secret: str, timeout: float) ->
                        start_timeout_s=timeout, fusion_threshold_bytes=fusion,
                        cycle_time_ms=args.cycle_time_ms, cache_capacity=cache,
                        log_level=args.log_level, network_interface=args.network_interface,
-                       cpu_operations="gloo" if args.use_gloo else None)
+                       cpu_operations="gloo" if args.use_gloo else None,
+                       autotune=args.autotune, autotune_log_file=args.autotune_log_file,
+                       autotune_warmup_samples=args.autotune_warmup_samples,
+                       autotune_steps_per_sample=args.autotune_steps_per_sample,
+                       autotune_bayes_opt_max_samples=args.autotune_bayes_opt_max_samples,
+                       autotune_gaussian_process_noise=args.autotune_gaussian_process_noise)
 
 
 def _is_elastic(args) -> bool:
