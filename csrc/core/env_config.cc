@@ -111,6 +111,7 @@ Config Config::FromEnvironment() {
     throw InvalidArgument("HOROVOD_PEER_TIMEOUT_SECONDS must be a positive number of seconds");
   }
   c.log_level = ParseLogLevel(Get("HOROVOD_LOG_LEVEL"));
+  c.hierarchical_allreduce = GetBool("HOROVOD_HIERARCHICAL_ALLREDUCE", false);
   return c;
 }
 

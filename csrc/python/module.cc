@@ -114,6 +114,7 @@ PYBIND11_MODULE(_core, m) {
     d["allreduce_collectives"] = s.allreduce_collectives;
     d["allreduce_tensors"] = s.allreduce_tensors;
     d["errors"] = s.errors;
+    d["hierarchical_allreduces"] = s.hierarchical_allreduces;
     return d;
   });
   m.def("build_info", [] {
@@ -132,6 +133,8 @@ PYBIND11_MODULE(_core, m) {
     info["gloo"] = false;
 #endif
     info["nccl"] = false;
+    // HOROVOD_HIERARCHICAL_ALLREDUCE over the built-in transport (always built in).
+    info["hierarchical_allreduce"] = true;
     // The transport of the running job ("tcp", "shm", "shm+tcp", "mpi", "gloo"), None before
     // init().
     const char* in_use = Runtime::IsInitialized() ? LastTransportName() : nullptr;

@@ -100,6 +100,10 @@ def make_parser() -> argparse.ArgumentParser:
                         help="response cache capacity (HOROVOD_CACHE_CAPACITY)")
     tuning.add_argument("--disable-cache", dest="disable_cache", action="store_true",
                         help="disable the response cache (HOROVOD_CACHE_CAPACITY=0)")
+    tuning.add_argument("--hierarchical-allreduce", dest="hierarchical_allreduce",
+                        action="store_true",
+                        help="allreduce inside each host, then across hosts "
+                             "(HOROVOD_HIERARCHICAL_ALLREDUCE=1)")
     tuning.add_argument("--log-level", dest="log_level", choices=LOG_LEVELS,
                         help="core log level (HOROVOD_LOG_LEVEL)")
 
@@ -197,7 +201,8 @@ def _job_settings(args, address: str, port: int, secret: str, timeout: float) ->
                        start_timeout_s=timeout, fusion_threshold_bytes=fusion,
                        cycle_time_ms=args.cycle_time_ms, cache_capacity=cache,
                        log_level=args.log_level, network_interface=args.network_interface,
-                       cpu_operations="gloo" if args.use_gloo else None)
+                       cpu_operations="gloo" if args.use_gloo else None,
+                       hierarchical_allreduce=args.hierarchical_allreduce)
 
 
 def _is_elastic(args) -> bool:
