@@ -10,7 +10,11 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from conftest import REPO, WORKERS, assert_all_ranks, job_env
+from horovodlike.runner import launch
+from horovodlike.runner.environment import job_environment
 
 TWO_BY_TWO = "localhost:2,127.0.0.1:2"
 TWO_PLUS_ONE = "localhost:2,127.0.0.1:1"
@@ -72,3 +76,18 @@ def test_killed_rank_during_a_hierarchical_allreduce_fails_the_others_quickly(tm
         assert float(report[0].split()[2]) < 5.0, report
         assert report[1] == "HorovodInternalError", report
     assert elapsed < 45, elapsed
+
+
+@pytest.mark.parametrize("flags, value", [([], None), (["--hierarchical-allreduce"], "1"),
+                                          (["--no-hierarchical-allreduce"], "0")])
+def test_launcher_flags_set_the_variable(flags, value):
+    args = launch.make_parser().parse_args(["-np", "2", *flags, "python", "train.py"])
+    env = job_environment(launch._job_settings(args, "127.0.0.1", 1234, "ab" * 32, 30.0))
+    assert env.get("HOROVOD_HIERARCHICAL_ALLREDUCE") == value
+
+
+def test_launcher_flags_exclude_each_other(capsys):
+    with pytest.raises(SystemExit):
+        launch.make_parser().parse_args(["-np", "2", "--hierarchical-allreduce",
+                                         "--no-hierarchical-allreduce", "python", "train.py"])
+    assert "not allowed with argument" in capsys.readouterr().err

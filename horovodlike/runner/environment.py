@@ -29,7 +29,7 @@ class JobSettings:
     log_level: str | None = None
     network_interface: str | None = None
     cpu_operations: str | None = None  # "gloo": HOROVOD_CPU_OPERATIONS and HOROVOD_CONTROLLER
-    hierarchical_allreduce: bool = False  # True: HOROVOD_HIERARCHICAL_ALLREDUCE=1
+    hierarchical_allreduce: bool | None = None  # HOROVOD_HIERARCHICAL_ALLREDUCE=1 or 0
 
 
 def format_number(value: float) -> str:
@@ -70,8 +70,8 @@ def job_environment(job: JobSettings) -> dict[str, str]:
         env["HOROVOD_LOG_LEVEL"] = job.log_level
     if job.network_interface is not None:
         env["HOROVOD_GLOO_IFACE"] = job.network_interface
-    if job.hierarchical_allreduce:
-        env["HOROVOD_HIERARCHICAL_ALLREDUCE"] = "1"
+    if job.hierarchical_allreduce is not None:
+        env["HOROVOD_HIERARCHICAL_ALLREDUCE"] = "1" if job.hierarchical_allreduce else "0"
     if job.cpu_operations is not None:
         env["HOROVOD_CPU_OPERATIONS"] = job.cpu_operations
         env["HOROVOD_CONTROLLER"] = job.cpu_operations
