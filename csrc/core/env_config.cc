@@ -137,6 +137,7 @@ Config Config::FromEnvironment() {
   }
   c.log_level = ParseLogLevel(Get("HOROVOD_LOG_LEVEL"));
   ReadAutotune(c);
+  c.hierarchical_allreduce = GetBool("HOROVOD_HIERARCHICAL_ALLREDUCE", false);
   return c;
 }
 

@@ -32,6 +32,8 @@ struct Config {
   double stall_shutdown_seconds = 0.0;  // 0: a stall never stops the job
   double peer_timeout_seconds = 300.0;  // a peer silent for this long counts as failed
   int log_level = 3;  // 0 trace, 1 debug, 2 info, 3 warning, 4 error, 5 fatal
+  // HOROVOD_HIERARCHICAL_ALLREDUCE: allreduce inside each host, then across hosts (TCP transport).
+  bool hierarchical_allreduce = false;
 
   // Autotuning (HOROVOD_AUTOTUNE*, see parameter_manager.h). Parameters the user set explicitly
   // are held constant while the others are tuned.

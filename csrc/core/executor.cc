@@ -93,7 +93,10 @@ void Executor::Execute(const Response* const* parts, size_t count) {
 
 void Executor::Reduce(void* buf, size_t count, DataType dtype, ReduceOp op) {
   if (transport_.size() == 1 || count == 0) return;
-  if (!transport_.NativeAllreduce(buf, count, dtype, op)) {
+  if (const HostHierarchy* hosts = transport_.hierarchy()) {
+    hierarchical_.Run(*hosts, buf, count, dtype, op);
+    ++hierarchical_allreduces_;
+  } else if (!transport_.NativeAllreduce(buf, count, dtype, op)) {
     ring_.Run(transport_, buf, count, dtype, op);
   }
 }

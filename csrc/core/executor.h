@@ -11,6 +11,7 @@
 #include "handle_table.h"
 #include "message.h"
 #include "tensor_queue.h"
+#include "../collectives/hierarchical_allreduce.h"
 #include "../collectives/ring_allreduce.h"
 #include "../collectives/ring_reducescatter.h"
 #include "../transport/transport.h"
@@ -31,14 +32,17 @@ class Executor {
   // Controller::Round). Throws TransportError after returning the entries to the queue.
   void Execute(const Response* const* parts, size_t count);
 
-  // Counters since init, for tests and tuning: collectives run and tensors they carried.
+  // Counters since init, for tests and tuning: collectives run and tensors they carried, and
+  // how many of the allreduces went inside and across hosts (hierarchical_allreduce.h).
   struct Stats {
     int64_t allreduce_collectives = 0;
     int64_t allreduce_tensors = 0;
     int64_t errors = 0;
+    int64_t hierarchical_allreduces = 0;
   };
   Stats stats() const {
-    return {allreduce_collectives_.load(), allreduce_tensors_.load(), errors_.load()};
+    return {allreduce_collectives_.load(), allreduce_tensors_.load(), errors_.load(),
+            hierarchical_allreduces_.load()};
   }
 
  private:
@@ -47,7 +51,8 @@ class Executor {
   void Reducescatter(const Response& response, std::vector<TensorEntry>& entries);
   void Alltoall(const Response& response, TensorEntry& entry);
   void Broadcast(const Response& response, TensorEntry& entry);
-  // In-place allreduce of a contiguous buffer: the backend's own algorithm, else the ring.
+  // In-place allreduce of a contiguous buffer: by host when the transport offers a hierarchy,
+  // else the backend's own algorithm, else the ring.
   void Reduce(void* buf, size_t count, DataType dtype, ReduceOp op);
 
   Transport& transport_;
@@ -60,10 +65,12 @@ class Executor {
   std::vector<TensorEntry> entries_;
   std::string key_;
   RingAllreduce ring_;
+  HierarchicalAllreduce hierarchical_;
   RingReducescatter reducescatter_;
   std::atomic<int64_t> allreduce_collectives_{0};
   std::atomic<int64_t> allreduce_tensors_{0};
   std::atomic<int64_t> errors_{0};
+  std::atomic<int64_t> hierarchical_allreduces_{0};
 };
 
 }  // namespace horovodlike

@@ -111,6 +111,7 @@ Executor::Stats ProcessSetTable::TotalStats() {
     total.allreduce_collectives += s.allreduce_collectives;
     total.allreduce_tensors += s.allreduce_tensors;
     total.errors += s.errors;
+    total.hierarchical_allreduces += s.hierarchical_allreduces;
   }
   return total;
 }

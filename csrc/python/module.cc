@@ -123,6 +123,7 @@ PYBIND11_MODULE(_core, m) {
     d["parameters_round"] = tuned.round;
     d["autotune"] = CurrentConfig().autotune;
     d["autotune_done"] = CurrentConfig().autotune && !tuned.parameters.tuning;
+    d["hierarchical_allreduces"] = s.hierarchical_allreduces;
     return d;
   });
   m.def("build_info", [] {
@@ -141,6 +142,8 @@ PYBIND11_MODULE(_core, m) {
     info["gloo"] = false;
 #endif
     info["nccl"] = false;
+    // HOROVOD_HIERARCHICAL_ALLREDUCE over the built-in transport (always built in).
+    info["hierarchical_allreduce"] = true;
     // The transport of the running job ("tcp", "shm", "shm+tcp", "mpi", "gloo"), None before
     // init().
     const char* in_use = Runtime::IsInitialized() ? LastTransportName() : nullptr;

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "../core/env_config.h"
+#include "../core/logging.h"
 #include "per_peer.h"
 #include "tcp.h"
 #ifdef HOROVODLIKE_MPI_FOUND
@@ -82,6 +83,10 @@ std::unique_ptr<Transport> CreateTransport(Config& config, int generation) {
   } else {
     throw InvalidArgument("HOROVOD_CPU_OPERATIONS='" + backend +
                           "' is not one of tcp, mpi, gloo");
+  }
+  if (config.hierarchical_allreduce && backend != "tcp" && config.rank == 0) {
+    HVDL_LOG(kWarning, "HOROVOD_HIERARCHICAL_ALLREDUCE applies to the built-in transport only; "
+                       "over " << backend << " it is ignored");
   }
   g_last_name = transport->name();
   return transport;

@@ -73,21 +73,32 @@ std::unique_ptr<Transport> PerPeerTransport::Connect(const Config& config, int g
     if (n > 0) tcp->recv(peer, theirs.data(), n);
     if (!mine.empty() && theirs == mine) group.push_back(peer);
   }
-  if (group.size() < 2) return tcp;
-
-  ShmTransport::Options options;
-  options.secret = config.secret_key;
-  options.generation = generation;
-  options.peer_timeout_seconds = PeerTimeoutSeconds();
-  std::unique_ptr<ShmTransport> shm = ShmTransport::Connect(*tcp, group, options);
-  if (!shm) return tcp;
-  HVDL_LOG(kDebug, "shared memory with ranks on this host: " << shm->size() << " of " << size);
-  return std::unique_ptr<Transport>(new PerPeerTransport(std::move(tcp), std::move(shm)));
+  std::unique_ptr<ShmTransport> shm;
+  if (group.size() >= 2) {
+    ShmTransport::Options options;
+    options.secret = config.secret_key;
+    options.generation = generation;
+    options.peer_timeout_seconds = PeerTimeoutSeconds();
+    shm = ShmTransport::Connect(*tcp, group, options);
+    if (shm) {
+      HVDL_LOG(kDebug, "shared memory with ranks on this host: " << shm->size() << " of "
+                                                                   << size);
+    }
+  }
+  // Every rank takes part, with or without shared memory: each learns every host's ranks.
+  std::unique_ptr<HostHierarchy> hierarchy =
+      HostHierarchy::Build(*tcp, shm.get(), config.hierarchical_allreduce);
+  if (!shm && !hierarchy) return tcp;
+  return std::unique_ptr<Transport>(
+      new PerPeerTransport(std::move(tcp), std::move(shm), std::move(hierarchy)));
 }
 
 PerPeerTransport::PerPeerTransport(std::unique_ptr<Transport> tcp,
-                                   std::unique_ptr<ShmTransport> shm)
-    : tcp_(std::move(tcp)), shm_(std::move(shm)), local_(tcp_->size(), -1) {
+                                   std::unique_ptr<ShmTransport> shm,
+                                   std::unique_ptr<HostHierarchy> hierarchy)
+    : tcp_(std::move(tcp)), shm_(std::move(shm)), local_(tcp_->size(), -1),
+      hierarchy_(std::move(hierarchy)) {
+  if (!shm_) return;
   for (int i = 0; i < shm_->size(); ++i) local_[shm_->members()[i]] = i;
 }
 
@@ -101,6 +112,7 @@ PerPeerTransport::~PerPeerTransport() {
 }
 
 const char* PerPeerTransport::name() const {
+  if (!shm_) return tcp_->name();
   return shm_->size() == size() ? "shm" : "shm+tcp";
 }
 
@@ -108,7 +120,7 @@ Transport& PerPeerTransport::Route(int peer, int* routed) {
   if (peer < 0 || peer >= size() || peer == rank()) {
     throw TransportError("no connection to rank " + std::to_string(peer));
   }
-  if (local_[peer] >= 0) {
+  if (local_[peer] >= 0) {  // never with no shared memory: local_ is all -1 then
     *routed = local_[peer];
     return *shm_;
   }
@@ -189,12 +201,12 @@ void PerPeerTransport::MixedSendRecv(Transport& st, int to, const void* sbuf, si
 }
 
 void PerPeerTransport::abort() {
-  shm_->abort();
+  if (shm_) shm_->abort();
   tcp_->abort();
 }
 
 bool PerPeerTransport::NativeAllreduce(void* buf, size_t count, DataType dtype, ReduceOp op) {
-  if (shm_->size() != size()) return false;  // some ranks on other hosts: the ring
+  if (!shm_ || shm_->size() != size()) return false;  // some ranks on other hosts: the ring
   return shm_->NativeAllreduce(buf, count, dtype, op);
 }
 

@@ -4,6 +4,10 @@
 // of the shared segment (host identities, the segment's name). Ranks count as local when they
 // report the same host identity (boot id, the /dev/shm instance and the host name) and can map
 // the same segment; HOROVOD_SHM_DISABLE=1 makes every peer use TCP.
+//
+// With HOROVOD_HIERARCHICAL_ALLREDUCE=1 on a job over several hosts, the transport also offers
+// the ranks grouped by host (host_hierarchy.h); a rank alone on its host then has no shared
+// memory but still takes part in that grouping.
 #pragma once
 
 #include <condition_variable>
@@ -13,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "host_hierarchy.h"
 #include "shm.h"
 #include "transport.h"
 
@@ -22,8 +27,9 @@ struct Config;
 
 class PerPeerTransport : public Transport {
  public:
-  // Connects TCP, then shared memory among the ranks of each host. Returns the plain TCP
-  // transport when no rank shares this host (or shared memory is disabled or unavailable).
+  // Connects TCP, then shared memory among the ranks of each host, then agrees on the host
+  // grouping. Returns the plain TCP transport when no rank shares this host (or shared memory is
+  // disabled or unavailable) and there is no hierarchy to offer.
   static std::unique_ptr<Transport> Connect(const Config& config, int generation);
   ~PerPeerTransport() override;
 
@@ -35,10 +41,12 @@ class PerPeerTransport : public Transport {
   void abort() override;
   // Shared memory's own allreduce when every rank of the job is on this host.
   bool NativeAllreduce(void* buf, size_t count, DataType dtype, ReduceOp op) override;
+  const HostHierarchy* hierarchy() const override { return hierarchy_.get(); }
   const char* name() const override;
 
  private:
-  PerPeerTransport(std::unique_ptr<Transport> tcp, std::unique_ptr<ShmTransport> shm);
+  PerPeerTransport(std::unique_ptr<Transport> tcp, std::unique_ptr<ShmTransport> shm,
+                   std::unique_ptr<HostHierarchy> hierarchy);
   // The transport that carries traffic to job rank `peer`, and the peer's rank in it.
   Transport& Route(int peer, int* routed);
   // Sends on a helper thread while this thread receives: full duplex across two transports.
@@ -47,8 +55,9 @@ class PerPeerTransport : public Transport {
   void SenderLoop();
 
   std::unique_ptr<Transport> tcp_;
-  std::unique_ptr<ShmTransport> shm_;
+  std::unique_ptr<ShmTransport> shm_;  // null when this rank is alone on its host
   std::vector<int> local_;  // job rank -> rank within shm_, or -1 for TCP
+  std::unique_ptr<HostHierarchy> hierarchy_;  // views of tcp_ and shm_: declared after them
 
   // The helper thread of MixedSendRecv (started on first use).
   struct SendJob {

@@ -10,6 +10,8 @@
 
 namespace horovodlike {
 
+class HostHierarchy;
+
 class Transport {
  public:
   virtual ~Transport() = default;
@@ -28,6 +30,10 @@ class Transport {
   virtual bool NativeAllreduce(void* buf, size_t count, DataType dtype, ReduceOp op) {
     return false;
   }
+  // The ranks grouped by host, when this transport spans several hosts and the job asked for
+  // hierarchical collectives (host_hierarchy.h); null otherwise. The same on every rank: either
+  // all have one or none has.
+  virtual const HostHierarchy* hierarchy() const { return nullptr; }
   // Short name for logs and --check-build ("tcp", "shm+tcp", "mpi", "gloo").
   virtual const char* name() const { return "unknown"; }
 };

@@ -35,6 +35,7 @@ class JobSettings:
     autotune_steps_per_sample: int | None = None
     autotune_bayes_opt_max_samples: int | None = None
     autotune_gaussian_process_noise: float | None = None
+    hierarchical_allreduce: bool | None = None  # HOROVOD_HIERARCHICAL_ALLREDUCE=1 or 0
 
 
 def format_number(value: float) -> str:
@@ -75,6 +76,8 @@ def job_environment(job: JobSettings) -> dict[str, str]:
         env["HOROVOD_LOG_LEVEL"] = job.log_level
     if job.network_interface is not None:
         env["HOROVOD_GLOO_IFACE"] = job.network_interface
+    if job.hierarchical_allreduce is not None:
+        env["HOROVOD_HIERARCHICAL_ALLREDUCE"] = "1" if job.hierarchical_allreduce else "0"
     if job.cpu_operations is not None:
         env["HOROVOD_CPU_OPERATIONS"] = job.cpu_operations
         env["HOROVOD_CONTROLLER"] = job.cpu_operations

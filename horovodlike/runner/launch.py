@@ -100,6 +100,15 @@ def make_parser() -> argparse.ArgumentParser:
                         help="response cache capacity (HOROVOD_CACHE_CAPACITY)")
     tuning.add_argument("--disable-cache", dest="disable_cache", action="store_true",
                         help="disable the response cache (HOROVOD_CACHE_CAPACITY=0)")
+    hierarchical = tuning.add_mutually_exclusive_group()
+    hierarchical.add_argument("--hierarchical-allreduce", dest="hierarchical_allreduce",
+                              action="store_const", const=True,
+                              help="allreduce inside each host, then across hosts "
+                                   "(HOROVOD_HIERARCHICAL_ALLREDUCE=1)")
+    hierarchical.add_argument("--no-hierarchical-allreduce", dest="hierarchical_allreduce",
+                              action="store_const", const=False,
+                              help="the flat allreduce, even when the environment asks for the "
+                                   "hierarchical one (HOROVOD_HIERARCHICAL_ALLREDUCE=0)")
     tuning.add_argument("--log-level", dest="log_level", choices=LOG_LEVELS,
                         help="core log level (HOROVOD_LOG_LEVEL)")
 
@@ -235,7 +244,8 @@ def _job_settings(args, address: str, port: int, secret: str, timeout: float) ->
                        autotune_warmup_samples=args.autotune_warmup_samples,
                        autotune_steps_per_sample=args.autotune_steps_per_sample,
                        autotune_bayes_opt_max_samples=args.autotune_bayes_opt_max_samples,
-                       autotune_gaussian_process_noise=args.autotune_gaussian_process_noise)
+                       autotune_gaussian_process_noise=args.autotune_gaussian_process_noise,
+                       hierarchical_allreduce=args.hierarchical_allreduce)
 
 
 def _is_elastic(args) -> bool:

@@ -145,4 +145,6 @@ for key, value in state["state"].items():
                           torch.as_tensor(root_state["state"][key][field])),
               f"optimizer state {key}.{field} differs from rank 0's")
 
-print(f"rank {rank}: training OK", flush=True)
+# How many allreduces went by host (HOROVOD_HIERARCHICAL_ALLREDUCE), for tests/test_hierarchical.py.
+by_host = hvd.mpi_ops._core.stats()["hierarchical_allreduces"]
+print(f"rank {rank}: hierarchical_allreduces={by_host}; training OK", flush=True)
