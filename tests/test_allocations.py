@@ -1,6 +1,6 @@
 """The hot path allocates nothing: once every tensor has been negotiated, a training step costs
 the background thread no heap allocation, whether its collectives are fused or not, over shared
-memory or TCP. Counted per thread by tests/native/malloc_counter.c, preloaded into the job."""
+memory, TCP or both (hierarchical). Counted per thread by tests/native/malloc_counter.c, preloaded into the job."""
 
 import json
 import shutil
@@ -25,13 +25,18 @@ def counter_library(tmp_path_factory):
     return library
 
 
-@pytest.mark.parametrize("np_, extra", [(2, {}), (3, {"HOROVOD_SHM_DISABLE": "1"})],
-                         ids=["shm-2", "tcp-3"])
-def test_steps_after_the_first_allocate_nothing(counter_library, np_, extra):
+@pytest.mark.parametrize("np_, extra, hosts", [
+    (2, {}, None),
+    (3, {"HOROVOD_SHM_DISABLE": "1"}, None),
+    # Two hosts of two ranks: inside each over shared memory, across them over TCP.
+    (4, {"HOROVOD_HIERARCHICAL_ALLREDUCE": "1"}, "localhost:2,127.0.0.1:2"),
+], ids=["shm-2", "tcp-3", "hierarchical-2x2"])
+def test_steps_after_the_first_allocate_nothing(counter_library, np_, extra, hosts):
     env = {"LD_PRELOAD": str(counter_library),
            # The stall inspection (once a second by default) builds its report on the heap.
            "HOROVOD_STALL_CHECK_DISABLE": "1", **extra}
-    result = launch(np_, "allocation_worker.py", counter_library, STEPS, env=env)
+    result = launch(np_, "allocation_worker.py", counter_library, STEPS, env=env,
+                    launcher_args=["-H", hosts] if hosts else [])
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-6000:]
     reports = [json.loads(line.split("ALLOCATIONS ", 1)[1])

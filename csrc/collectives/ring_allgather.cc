@@ -10,7 +10,9 @@ void RingAllgatherv(Transport& transport, void* out, const std::vector<size_t>& 
   const int rank = transport.rank();
   const int right = (rank + 1) % n;
   const int left = (rank - 1 + n) % n;
-  std::vector<size_t> offset(n + 1, 0);
+  // Kept by each thread from call to call: the hot path allocates nothing.
+  thread_local std::vector<size_t> offset;
+  offset.assign(n + 1, 0);
   for (int r = 0; r < n; ++r) offset[r + 1] = offset[r] + block_bytes[r];
   auto* data = static_cast<uint8_t*>(out);
   for (int step = 0; step < n - 1; ++step) {

@@ -18,7 +18,8 @@ void RingReducescatter::Run(Transport& transport, void* buf,
   const int right = (rank + 1) % n;
   const int left = (rank - 1 + n) % n;
   const size_t elem = DataTypeSize(dtype);
-  std::vector<size_t> begin(n + 1, 0);
+  std::vector<size_t>& begin = begin_;
+  begin.assign(n + 1, 0);
   for (int r = 0; r < n; ++r) begin[r + 1] = begin[r] + block_counts[r];
   auto* data = static_cast<uint8_t*>(buf);
   const size_t segment = std::max<size_t>(1, kSegmentBytes / elem);

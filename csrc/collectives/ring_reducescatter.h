@@ -19,6 +19,7 @@ class RingReducescatter {
 
  private:
   std::vector<uint8_t> scratch_;
+  std::vector<size_t> begin_;  // where each block starts, reused across calls
 };
 
 }  // namespace horovodlike
