@@ -42,7 +42,7 @@ void HierarchicalAllreduce::AcrossLocalRanks(const HostHierarchy& hosts, void* b
 void HierarchicalAllreduce::ThroughLocalRoots(const HostHierarchy& hosts, void* buf, size_t count,
                                               DataType dtype, ReduceOp op) {
   Transport* local = hosts.local();  // null: this rank is alone on its host
-  if (local != nullptr && !local->NativeAllreduce(buf, count, dtype, op)) {
+  if (local != nullptr && !local->NativeAllreduce(buf, count, dtype, op, 1.0)) {
     local_ring_.Run(*local, buf, count, dtype, op);
   }
   // Only the local roots have a view across hosts.

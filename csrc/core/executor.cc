@@ -91,13 +91,17 @@ void Executor::Execute(const Response* const* parts, size_t count) {
   complete(Status::Ok());
 }
 
-void Executor::Reduce(void* buf, size_t count, DataType dtype, ReduceOp op) {
-  if (transport_.size() == 1 || count == 0) return;
-  if (const HostHierarchy* hosts = transport_.hierarchy()) {
+void Executor::Reduce(void* buf, size_t count, DataType dtype, ReduceOp op, double scale) {
+  if (count == 0) return;
+  if (transport_.size() == 1) {
+    ScaleInPlace(buf, count, dtype, scale);
+  } else if (const HostHierarchy* hosts = transport_.hierarchy()) {
     hierarchical_.Run(*hosts, buf, count, dtype, op);
     ++hierarchical_allreduces_;
-  } else if (!transport_.NativeAllreduce(buf, count, dtype, op)) {
+    ScaleInPlace(buf, count, dtype, scale);
+  } else if (!transport_.NativeAllreduce(buf, count, dtype, op, scale)) {
     ring_.Run(transport_, buf, count, dtype, op);
+    ScaleInPlace(buf, count, dtype, scale);
   }
 }
 
@@ -108,39 +112,58 @@ void Executor::Allreduce(const Response& response, std::vector<TensorEntry>& ent
   allreduce_tensors_ += static_cast<int64_t>(entries.size());
   double postscale = response.postscale;
   if (response.reduce_op == ReduceOp::kAverage) postscale /= transport_.size();
+  auto count_of = [](const TensorEntry& e) {
+    return static_cast<size_t>(NumElements(e.request.shape));
+  };
+  // Reduced straight in its output, without the copies in and out of the fusion buffer: the
+  // only tensor of a response, or a large one (there the two copies cost more than a
+  // collective of its own). Decided from sizes alone, so every rank runs the same collectives
+  // in the same order: first the small tensors packed together, then each large one.
+  auto direct = [&](const TensorEntry& e) {
+    return entries.size() == 1 || count_of(e) * elem >= kDirectAllreduceBytes;
+  };
 
-  if (entries.size() == 1 && entries[0].output != nullptr) {
-    // One tensor: reduce straight in its output, no fusion-buffer copies.
-    TensorEntry& e = entries[0];
-    const size_t count = static_cast<size_t>(NumElements(e.request.shape));
+  size_t total = 0;
+  for (auto& e : entries) total += direct(e) ? 0 : count_of(e);
+  if (total > 0) {
+    uint8_t* buffer = fusion_.Reserve(total * elem);
+    size_t offset = 0;
+    for (auto& e : entries) {
+      if (direct(e)) continue;
+      const size_t count = count_of(e);
+      if (e.input != nullptr) {
+        ScaleCopy(buffer + offset * elem, e.input, count, dtype, response.prescale);
+      } else {
+        std::memset(buffer + offset * elem, 0, count * elem);  // a joined rank's share
+      }
+      offset += count;
+    }
+    Reduce(buffer, total, dtype, response.reduce_op, 1.0);
+    offset = 0;
+    for (auto& e : entries) {
+      if (direct(e)) continue;
+      const size_t count = count_of(e);
+      if (e.output != nullptr) ScaleCopy(e.output, buffer + offset * elem, count, dtype, postscale);
+      offset += count;
+    }
+  }
+  for (auto& e : entries) {
+    if (!direct(e)) continue;
+    const size_t count = count_of(e);
+    if (e.output == nullptr) {
+      // A joined rank takes part with zeros and keeps nothing; with the same scale as the
+      // others, since a backend may scale the parts of the result this rank computes.
+      uint8_t* zeros = fusion_.Reserve(count * elem);
+      std::memset(zeros, 0, count * elem);
+      Reduce(zeros, count, dtype, response.reduce_op, postscale);
+      continue;
+    }
     if (e.input != e.output) {
       ScaleCopy(e.output, e.input, count, dtype, response.prescale);
     } else {
       ScaleInPlace(e.output, count, dtype, response.prescale);
     }
-    Reduce(e.output, count, dtype, response.reduce_op);
-    ScaleInPlace(e.output, count, dtype, postscale);
-    return;
-  }
-  size_t total = 0;
-  for (auto& e : entries) total += static_cast<size_t>(NumElements(e.request.shape));
-  uint8_t* buffer = fusion_.Reserve(total * elem);
-  size_t offset = 0;
-  for (auto& e : entries) {
-    const size_t count = static_cast<size_t>(NumElements(e.request.shape));
-    if (e.input != nullptr) {
-      ScaleCopy(buffer + offset * elem, e.input, count, dtype, response.prescale);
-    } else {
-      std::memset(buffer + offset * elem, 0, count * elem);  // a joined rank's share
-    }
-    offset += count;
-  }
-  Reduce(buffer, total, dtype, response.reduce_op);
-  offset = 0;
-  for (auto& e : entries) {
-    const size_t count = static_cast<size_t>(NumElements(e.request.shape));
-    if (e.output != nullptr) ScaleCopy(e.output, buffer + offset * elem, count, dtype, postscale);
-    offset += count;
+    Reduce(e.output, count, dtype, response.reduce_op, postscale);
   }
 }
 

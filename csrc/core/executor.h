@@ -51,9 +51,13 @@ class Executor {
   void Reducescatter(const Response& response, std::vector<TensorEntry>& entries);
   void Alltoall(const Response& response, TensorEntry& entry);
   void Broadcast(const Response& response, TensorEntry& entry);
-  // In-place allreduce of a contiguous buffer: by host when the transport offers a hierarchy,
-  // else the backend's own algorithm, else the ring.
-  void Reduce(void* buf, size_t count, DataType dtype, ReduceOp op);
+  // In-place allreduce of a contiguous buffer, the result multiplied by `scale`: by host when
+  // the transport offers a hierarchy, else the backend's own algorithm (which scales as it
+  // writes the result), else the ring.
+  void Reduce(void* buf, size_t count, DataType dtype, ReduceOp op, double scale);
+
+  // Tensors from this size up are reduced in place even when fused with others (Allreduce).
+  static constexpr size_t kDirectAllreduceBytes = 1 << 20;
 
   Transport& transport_;
   TensorQueue& queue_;

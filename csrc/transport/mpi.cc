@@ -449,7 +449,8 @@ void MpiTransport::sendrecv(int to, const void* sbuf, size_t sn, int from, void*
   }
 }
 
-bool MpiTransport::NativeAllreduce(void* buf, size_t count, DataType dtype, ReduceOp op) {
+bool MpiTransport::NativeAllreduce(void* buf, size_t count, DataType dtype, ReduceOp op,
+                                   double scale) {
   MPI_Datatype type;
   MPI_Op mpi_op;
   const size_t bytes = count * DataTypeSize(dtype);
@@ -478,7 +479,7 @@ bool MpiTransport::NativeAllreduce(void* buf, size_t count, DataType dtype, Redu
     if (done) break;
     WhileWaiting(last_progress, "MPI_Iallreduce", -1, abandon);
   }
-  std::memcpy(buf, scratch_.data(), bytes);
+  ScaleCopy(buf, scratch_.data(), count, dtype, scale);
   return true;
 }
 

@@ -34,7 +34,8 @@ class MpiTransport : public Transport {
   // Makes pending and later calls throw TransportError and tells every peer, whose pending and
   // later calls then throw too (MPI has no connection to close; MPI_Abort would end the job).
   void abort() override;
-  bool NativeAllreduce(void* buf, size_t count, DataType dtype, ReduceOp op) override;
+  bool NativeAllreduce(void* buf, size_t count, DataType dtype, ReduceOp op,
+                       double scale) override;
   const char* name() const override { return "mpi"; }
 
  private:

@@ -205,9 +205,10 @@ void PerPeerTransport::abort() {
   tcp_->abort();
 }
 
-bool PerPeerTransport::NativeAllreduce(void* buf, size_t count, DataType dtype, ReduceOp op) {
+bool PerPeerTransport::NativeAllreduce(void* buf, size_t count, DataType dtype, ReduceOp op,
+                                       double scale) {
   if (!shm_ || shm_->size() != size()) return false;  // some ranks on other hosts: the ring
-  return shm_->NativeAllreduce(buf, count, dtype, op);
+  return shm_->NativeAllreduce(buf, count, dtype, op, scale);
 }
 
 }  // namespace horovodlike

@@ -40,7 +40,8 @@ class PerPeerTransport : public Transport {
   void sendrecv(int to, const void* sbuf, size_t sn, int from, void* rbuf, size_t rn) override;
   void abort() override;
   // Shared memory's own allreduce when every rank of the job is on this host.
-  bool NativeAllreduce(void* buf, size_t count, DataType dtype, ReduceOp op) override;
+  bool NativeAllreduce(void* buf, size_t count, DataType dtype, ReduceOp op,
+                       double scale) override;
   const HostHierarchy* hierarchy() const override { return hierarchy_.get(); }
   const char* name() const override;
 

@@ -54,7 +54,8 @@ class ShmTransport : public Transport {
   void recv(int peer, void* buf, size_t n) override;
   void sendrecv(int to, const void* sbuf, size_t sn, int from, void* rbuf, size_t rn) override;
   void abort() override;
-  bool NativeAllreduce(void* buf, size_t count, DataType dtype, ReduceOp op) override;
+  bool NativeAllreduce(void* buf, size_t count, DataType dtype, ReduceOp op,
+                       double scale) override;
   const char* name() const override { return "shm"; }
 
  private:
@@ -85,7 +86,8 @@ class ShmTransport : public Transport {
 
   // Native allreduce (shm_allreduce.cc).
   void AllreduceOneRound(uint8_t* data, size_t count, size_t elem, DataType dtype, ReduceOp op);
-  void AllreduceSliced(uint8_t* data, size_t count, size_t elem, DataType dtype, ReduceOp op);
+  void AllreduceSliced(uint8_t* data, size_t count, size_t elem, DataType dtype, ReduceOp op,
+                       double scale);
   using Progress = std::atomic<uint64_t> shm::RankControl::*;
   // Waits until every other rank's `progress` counter reached `step`.
   void WaitForPeers(Progress progress, uint64_t step);

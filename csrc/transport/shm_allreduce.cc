@@ -30,6 +30,7 @@ namespace {
 
 // mine[i] += theirs[i] and out[i] = the sum, in one pass: the reduced slice goes to this rank's
 // buffer and to its staging slot together (the common two-rank Sum of float32 / float64).
+// Scaled, the sum is rounded to T before it is multiplied, as ScaleInPlace would after.
 template <class T>
 void AddAndCopy(T* __restrict__ mine, const T* __restrict__ theirs, T* __restrict__ out,
                 size_t n) {
@@ -39,35 +40,60 @@ void AddAndCopy(T* __restrict__ mine, const T* __restrict__ theirs, T* __restric
     out[i] = v;
   }
 }
+template <class T>
+void AddScaleAndCopy(T* __restrict__ mine, const T* __restrict__ theirs, T* __restrict__ out,
+                     size_t n, T scale) {
+  for (size_t i = 0; i < n; ++i) {
+    const T sum = mine[i] + theirs[i];
+    const T v = sum * scale;
+    mine[i] = v;
+    out[i] = v;
+  }
+}
 
-// Reduces the other ranks' copies of this rank's slice into `mine` (in rank order) and copies
-// the result to `out`.
+// Reduces the other ranks' copies of this rank's slice into `mine` (in rank order), scales it,
+// and copies the result to `out`.
 void ReduceSlice(uint8_t* mine, const uint8_t* const* theirs, int count_theirs, uint8_t* out,
-                 size_t count, DataType dtype, ReduceOp op) {
+                 size_t count, DataType dtype, ReduceOp op, double scale) {
   const bool sum = op == ReduceOp::kSum || op == ReduceOp::kAverage;
   if (count_theirs == 1 && sum && dtype == DataType::kFloat32) {
-    AddAndCopy(reinterpret_cast<float*>(mine), reinterpret_cast<const float*>(theirs[0]),
-               reinterpret_cast<float*>(out), count);
+    auto* m = reinterpret_cast<float*>(mine);
+    auto* t = reinterpret_cast<const float*>(theirs[0]);
+    auto* o = reinterpret_cast<float*>(out);
+    if (scale == 1.0) {
+      AddAndCopy(m, t, o, count);
+    } else {
+      AddScaleAndCopy(m, t, o, count, static_cast<float>(scale));
+    }
   } else if (count_theirs == 1 && sum && dtype == DataType::kFloat64) {
-    AddAndCopy(reinterpret_cast<double*>(mine), reinterpret_cast<const double*>(theirs[0]),
-               reinterpret_cast<double*>(out), count);
+    auto* m = reinterpret_cast<double*>(mine);
+    auto* t = reinterpret_cast<const double*>(theirs[0]);
+    auto* o = reinterpret_cast<double*>(out);
+    if (scale == 1.0) {
+      AddAndCopy(m, t, o, count);
+    } else {
+      AddScaleAndCopy(m, t, o, count, scale);
+    }
   } else {
     for (int i = 0; i < count_theirs; ++i) ReduceInto(mine, theirs[i], count, dtype, op);
+    ScaleInPlace(mine, count, dtype, scale);
     std::memcpy(out, mine, count * DataTypeSize(dtype));
   }
 }
 
 }  // namespace
 
-bool ShmTransport::NativeAllreduce(void* buf, size_t count, DataType dtype, ReduceOp op) {
+bool ShmTransport::NativeAllreduce(void* buf, size_t count, DataType dtype, ReduceOp op,
+                                   double scale) {
   if (count == 0 || size() == 1) return true;
   if (aborted_.load(std::memory_order_relaxed)) throw TransportError("the transport was shut down");
   const size_t elem = DataTypeSize(dtype);
   auto* data = static_cast<uint8_t*>(buf);
   if (count * elem <= small_bytes_) {
     AllreduceOneRound(data, count, elem, dtype, op);
+    ScaleInPlace(data, count, dtype, scale);
   } else {
-    AllreduceSliced(data, count, elem, dtype, op);
+    AllreduceSliced(data, count, elem, dtype, op, scale);
   }
   return true;
 }
@@ -87,7 +113,7 @@ void ShmTransport::AllreduceOneRound(uint8_t* data, size_t count, size_t elem, D
 }
 
 void ShmTransport::AllreduceSliced(uint8_t* data, size_t count, size_t elem, DataType dtype,
-                                   ReduceOp op) {
+                                   ReduceOp op, double scale) {
   const int n = size();
   const size_t chunk_elems = chunk_bytes_ / elem;
   const size_t chunks = (count + chunk_elems - 1) / chunk_elems;
@@ -126,7 +152,7 @@ void ShmTransport::AllreduceSliced(uint8_t* data, size_t count, size_t elem, Dat
         if (p != index_) theirs[count_theirs++] = staging(p, step) + b * elem;
       }
       ReduceSlice(data + (c * chunk_elems + b) * elem, theirs, count_theirs,
-                  staging(index_, step) + b * elem, e - b, dtype, op);
+                  staging(index_, step) + b * elem, e - b, dtype, op, scale);
     }
     Publish(&shm::RankControl::reduced, step);
   };

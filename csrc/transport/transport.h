@@ -25,9 +25,12 @@ class Transport {
   // Closes every connection; pending and later calls throw TransportError.
   virtual void abort() = 0;
   // A backend's own allreduce algorithm (MPI_Allreduce, a shared-memory reduction...), in place
-  // over all ranks of this transport, Average reduced as Sum. Returns false when the backend
-  // has none for these arguments; the ring over send/recv is used then.
-  virtual bool NativeAllreduce(void* buf, size_t count, DataType dtype, ReduceOp op) {
+  // over all ranks of this transport, Average reduced as Sum, the result multiplied by `scale`
+  // (1: unscaled) as it is written, which saves a pass over the buffer; every rank passes the
+  // same scale, as a rank may compute the result for the others. Returns false when the
+  // backend has none for these arguments (nothing done); the ring over send/recv is used then.
+  virtual bool NativeAllreduce(void* buf, size_t count, DataType dtype, ReduceOp op,
+                               double scale) {
     return false;
   }
   // The ranks grouped by host, when this transport spans several hosts and the job asked for

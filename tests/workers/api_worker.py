@@ -190,10 +190,19 @@ if size > 1:
         check("bad.rs" in str(e) and "shapes" in str(e), f"unclear: {e}")
 
 # Join: rank r runs r + 2 steps; the others keep reducing with the joined ranks adding zeros.
+# Each step also averages a group mixing small tensors and tensors of 1 MiB and more (reduced
+# apart from the fusion buffer): the joined ranks must take part in the same collectives.
 steps = rank + 2
 results = []
+sizes = [3, 300_000, 5, 400_000]
 for step in range(steps):
     results.append(hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum, name=f"join.step{step}").item())
+    group = hvd.grouped_allreduce([torch.full((n,), float((rank + 1) * (k + 1)))
+                                   for k, n in enumerate(sizes)], name=f"join.group{step}")
+    active = [r for r in range(size) if r + 2 > step]
+    for k, (n, got) in enumerate(zip(sizes, group)):
+        want = np.full(n, sum((r + 1) * (k + 1) for r in active) / size, np.float32)
+        check(np.allclose(got.numpy(), want, rtol=1e-6), f"join group {step}, tensor {k} wrong")
 last = hvd.join()
 check(last == size - 1, f"join returned {last}, expected the last rank {size - 1}")
 for step, got in enumerate(results):
