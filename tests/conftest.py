@@ -58,3 +58,17 @@ def assert_all_ranks(result, np, marker):
 @pytest.fixture
 def run_job():
     return launch
+
+
+def assert_survivors_failed_fast(result, report_dir, survivors):
+    """tests/workers/kill_worker.py: rank 1 was SIGKILLed mid-collective; the launcher named it
+    and exited with its signal, and every survivor raised HorovodInternalError, naming the lost
+    connection, within seconds rather than after a timeout."""
+    assert result.returncode == 128 + 9, result.stdout + result.stderr
+    assert "rank 1" in result.stderr and "SIGKILL" in result.stderr, result.stderr
+    for rank in survivors:
+        report = (report_dir / f"rank{rank}.txt").read_text().splitlines()
+        assert report[0].startswith("HorovodInternalError after"), report
+        assert "lost connection to rank" in report[0], report
+        assert float(report[0].split()[2]) < 5.0, report
+        assert report[1] == "HorovodInternalError", report
