@@ -13,6 +13,12 @@ DataType CheckedDataType(int32_t v) {
   if (!IsValidDataType(v)) throw TransportError("malformed message: bad dtype");
   return static_cast<DataType>(v);
 }
+ReduceOp CheckedReduceOp(int32_t v) {
+  if (v < 0 || v > static_cast<int32_t>(ReduceOp::kProduct)) {
+    throw TransportError("malformed message: bad reduce op");
+  }
+  return static_cast<ReduceOp>(v);
+}
 }  // namespace
 
 bool Request::SameParameters(const Request& other) const {
@@ -101,11 +107,7 @@ std::vector<Request> DecodeRequests(const uint8_t* data, size_t size) {
     r.name = in.GetString();
     r.dtype = CheckedDataType(in.GetI32());
     r.shape = in.GetI64Vector();
-    int32_t reduce = in.GetI32();
-    if (reduce < 0 || reduce > static_cast<int32_t>(ReduceOp::kProduct)) {
-      throw TransportError("malformed message: bad reduce op");
-    }
-    r.reduce_op = static_cast<ReduceOp>(reduce);
+    r.reduce_op = CheckedReduceOp(in.GetI32());
     r.prescale = in.GetF64();
     r.postscale = in.GetF64();
     r.root_rank = in.GetI32();
@@ -157,11 +159,7 @@ std::vector<Response> DecodeResponses(const uint8_t* data, size_t size) {
     if (names < 0 || names > kMaxListItems) throw TransportError("malformed message: bad names");
     for (int64_t j = 0; j < names; ++j) r.names.push_back(in.GetString());
     r.dtype = CheckedDataType(in.GetI32());
-    int32_t reduce = in.GetI32();
-    if (reduce < 0 || reduce > static_cast<int32_t>(ReduceOp::kProduct)) {
-      throw TransportError("malformed message: bad reduce op");
-    }
-    r.reduce_op = static_cast<ReduceOp>(reduce);
+    r.reduce_op = CheckedReduceOp(in.GetI32());
     r.prescale = in.GetF64();
     r.postscale = in.GetF64();
     r.root_rank = in.GetI32();

@@ -2,43 +2,27 @@
 
 import torch
 
+from horovodlike.common.compression import Compressor, HalfCompressorBase, NoneCompressor
 
-class Compressor:
-    """Interface: compress before the allreduce, decompress after it."""
-
-    @staticmethod
-    def compress(tensor):
-        raise NotImplementedError
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        raise NotImplementedError
+__all__ = ["Compression", "Compressor", "FP16Compressor", "NoneCompressor"]
 
 
-class NoneCompressor(Compressor):
-    @staticmethod
-    def compress(tensor):
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        return tensor
-
-
-class FP16Compressor(Compressor):
+class FP16Compressor(HalfCompressorBase):
     """Sends floating-point tensors as float16, halving the bytes on the wire."""
 
-    @staticmethod
-    def compress(tensor):
-        if tensor.dtype.is_floating_point and tensor.dtype != torch.float16:
-            return tensor.to(torch.float16), tensor.dtype
-        return tensor, None
+    _half = torch.float16
 
     @staticmethod
-    def decompress(tensor, ctx):
-        return tensor if ctx is None else tensor.to(ctx)
+    def _is_float_not_half(tensor):
+        return tensor.dtype.is_floating_point and tensor.dtype != torch.float16
+
+    @staticmethod
+    def _cast(tensor, dtype):
+        return tensor.to(dtype)
 
 
 class Compression:
+    """Optional gradient compression used during allreduce."""
+
     none = NoneCompressor
     fp16 = FP16Compressor
