@@ -30,9 +30,10 @@ def job_env(extra=None):
 TRANSPORT_FLAGS = {"tcp": [], "gloo": ["--gloo"], "mpi": ["--mpi"]}
 
 
-def launch(np, script, *args, env=None, timeout=240, launcher_args=()):
-    """Runs `horovodlikerun -np N python script args` and returns the CompletedProcess."""
-    transport = os.environ.get("HOROVODLIKE_TEST_TRANSPORT", "tcp") or "tcp"
+def launch(np, script, *args, env=None, timeout=240, launcher_args=(), transport=None):
+    """Runs `horovodlikerun -np N python script args` and returns the CompletedProcess.
+    `transport` pins one for a test about it; by default HOROVODLIKE_TEST_TRANSPORT says."""
+    transport = transport or os.environ.get("HOROVODLIKE_TEST_TRANSPORT", "tcp") or "tcp"
     if transport not in TRANSPORT_FLAGS:
         raise ValueError(f"HOROVODLIKE_TEST_TRANSPORT={transport!r}: use one of "
                          f"{', '.join(TRANSPORT_FLAGS)}")
