@@ -138,6 +138,13 @@ Config Config::FromEnvironment() {
   c.log_level = ParseLogLevel(Get("HOROVOD_LOG_LEVEL"));
   ReadAutotune(c);
   c.hierarchical_allreduce = GetBool("HOROVOD_HIERARCHICAL_ALLREDUCE", false);
+  if (const char* timeline = Get("HOROVOD_TIMELINE")) c.timeline_path = timeline;
+  c.timeline_mark_cycles = GetBool("HOROVOD_TIMELINE_MARK_CYCLES", false);
+  if (c.timeline_mark_cycles && c.timeline_path.empty()) {
+    // Harmless, but most likely a forgotten HOROVOD_TIMELINE: say so rather than do nothing.
+    throw InvalidArgument("HOROVOD_TIMELINE_MARK_CYCLES is set but HOROVOD_TIMELINE is not; "
+                          "set HOROVOD_TIMELINE to the trace file to write");
+  }
   return c;
 }
 

@@ -22,6 +22,14 @@ int64_t ScatterRows(int64_t rows, int r, int n) { return rows / n + (r < rows % 
 
 }  // namespace
 
+const char* Executor::AllreduceLabel(const Transport& transport) {
+  const std::string name = transport.name();
+  if (name == "mpi") return "MPI_ALLREDUCE";
+  if (name == "gloo") return "GLOO_ALLREDUCE";
+  if (name.find("shm") != std::string::npos) return "SHM_ALLREDUCE";
+  return "RING_ALLREDUCE";
+}
+
 void Executor::Execute(const Response* const* parts, size_t count) {
   const Response& response = *parts[0];
   std::vector<TensorEntry>& entries = entries_;
@@ -43,6 +51,7 @@ void Executor::Execute(const Response* const* parts, size_t count) {
   }
   // Completes every handle and lets go of the entries (the vector keeps its storage).
   auto complete = [&](Status status) {
+    timeline_.OperationEnd();
     for (auto& e : entries) {
       if (e.handle) handles_.Complete(e.handle, status);
     }
@@ -53,6 +62,7 @@ void Executor::Execute(const Response* const* parts, size_t count) {
     complete(Status::Error(StatusCode::kMismatch, response.error_message));
     return;
   }
+  timeline_.OperationStart(parts, count);
   try {
     switch (response.type) {
       case Response::Type::kAllreduce: Allreduce(response, entries); break;
@@ -96,12 +106,19 @@ void Executor::Reduce(void* buf, size_t count, DataType dtype, ReduceOp op, doub
   if (transport_.size() == 1) {
     ScaleInPlace(buf, count, dtype, scale);
   } else if (const HostHierarchy* hosts = transport_.hierarchy()) {
+    timeline_.ActivityStart("HIERARCHICAL_ALLREDUCE");
     hierarchical_.Run(*hosts, buf, count, dtype, op);
     ++hierarchical_allreduces_;
     ScaleInPlace(buf, count, dtype, scale);
-  } else if (!transport_.NativeAllreduce(buf, count, dtype, op, scale)) {
-    ring_.Run(transport_, buf, count, dtype, op);
-    ScaleInPlace(buf, count, dtype, scale);
+    timeline_.ActivityEnd();
+  } else {
+    // Named for the transport: the backend's own algorithm, or the ring over it.
+    timeline_.ActivityStart(allreduce_label_);
+    if (!transport_.NativeAllreduce(buf, count, dtype, op, scale)) {
+      ring_.Run(transport_, buf, count, dtype, op);
+      ScaleInPlace(buf, count, dtype, scale);
+    }
+    timeline_.ActivityEnd();
   }
 }
 
@@ -128,6 +145,7 @@ void Executor::Allreduce(const Response& response, std::vector<TensorEntry>& ent
   if (total > 0) {
     uint8_t* buffer = fusion_.Reserve(total * elem);
     size_t offset = 0;
+    timeline_.ActivityStart("MEMCPY_IN_FUSION_BUFFER");
     for (auto& e : entries) {
       if (direct(e)) continue;
       const size_t count = count_of(e);
@@ -138,14 +156,17 @@ void Executor::Allreduce(const Response& response, std::vector<TensorEntry>& ent
       }
       offset += count;
     }
+    timeline_.ActivityEnd();
     Reduce(buffer, total, dtype, response.reduce_op, 1.0);
     offset = 0;
+    timeline_.ActivityStart("MEMCPY_OUT_FUSION_BUFFER");
     for (auto& e : entries) {
       if (direct(e)) continue;
       const size_t count = count_of(e);
       if (e.output != nullptr) ScaleCopy(e.output, buffer + offset * elem, count, dtype, postscale);
       offset += count;
     }
+    timeline_.ActivityEnd();
   }
   for (auto& e : entries) {
     if (!direct(e)) continue;
@@ -196,7 +217,9 @@ void Executor::Allgather(const Response* const* parts, std::vector<TensorEntry>&
     if (block_bytes[rank] > 0) {
       std::memcpy(state.output.data() + offset, entries[0].input, block_bytes[rank]);
     }
+    timeline_.ActivityStart("RING_ALLGATHER");
     RingAllgatherv(transport_, state.output.data(), block_bytes);
+    timeline_.ActivityEnd();
     return;
   }
   // Fused: each rank's block holds its rows of every tensor in turn.
@@ -206,12 +229,17 @@ void Executor::Allgather(const Response* const* parts, std::vector<TensorEntry>&
   total = block_offset[n];
   uint8_t* buffer = fusion_.Reserve(total);
   size_t offset = block_offset[rank];
+  timeline_.ActivityStart("MEMCPY_IN_FUSION_BUFFER");
   for (size_t t = 0; t < k; ++t) {
     const size_t bytes = rows(t, rank) * row_bytes[t];
     if (bytes > 0) std::memcpy(buffer + offset, entries[t].input, bytes);
     offset += bytes;
   }
+  timeline_.ActivityEnd();
+  timeline_.ActivityStart("RING_ALLGATHER");
   RingAllgatherv(transport_, buffer, block_bytes);
+  timeline_.ActivityEnd();
+  timeline_.ActivityStart("MEMCPY_OUT_FUSION_BUFFER");
   std::vector<size_t> out_offset(k, 0);
   for (int r = 0; r < n; ++r) {
     size_t in = block_offset[r];
@@ -222,6 +250,7 @@ void Executor::Allgather(const Response* const* parts, std::vector<TensorEntry>&
       out_offset[t] += bytes;
     }
   }
+  timeline_.ActivityEnd();
 }
 
 void Executor::Reducescatter(const Response& response, std::vector<TensorEntry>& entries) {
@@ -246,6 +275,7 @@ void Executor::Reducescatter(const Response& response, std::vector<TensorEntry>&
   uint8_t* buffer = fusion_.Reserve(total * elem);
   size_t offset = 0;
   std::vector<size_t> consumed(k, 0);  // elements of tensor t already packed
+  timeline_.ActivityStart("MEMCPY_IN_FUSION_BUFFER");
   for (int r = 0; r < n; ++r) {
     for (size_t t = 0; t < k; ++t) {
       const size_t count =
@@ -257,7 +287,11 @@ void Executor::Reducescatter(const Response& response, std::vector<TensorEntry>&
       consumed[t] += count;
     }
   }
+  timeline_.ActivityEnd();
+  timeline_.ActivityStart("RING_REDUCESCATTER");
   reducescatter_.Run(transport_, buffer, block_counts, dtype, response.reduce_op);
+  timeline_.ActivityEnd();
+  timeline_.ActivityStart("MEMCPY_OUT_FUSION_BUFFER");
   offset = 0;
   for (int r = 0; r < rank; ++r) offset += block_counts[r];
   for (size_t t = 0; t < k; ++t) {
@@ -270,6 +304,7 @@ void Executor::Reducescatter(const Response& response, std::vector<TensorEntry>&
     if (count > 0) ScaleCopy(state.output.data(), buffer + offset * elem, count, dtype, postscale);
     offset += count;
   }
+  timeline_.ActivityEnd();
 }
 
 void Executor::Alltoall(const Response& response, TensorEntry& entry) {
@@ -291,7 +326,9 @@ void Executor::Alltoall(const Response& response, TensorEntry& entry) {
   state.output_shape = entry.request.shape;
   state.output_shape[0] = total_rows;
   state.first_dims = received;
+  timeline_.ActivityStart("PAIRWISE_ALLTOALL");
   PairwiseAlltoall(transport_, entry.input, send_bytes, state.output.data(), recv_bytes);
+  timeline_.ActivityEnd();
 }
 
 void Executor::Broadcast(const Response& response, TensorEntry& entry) {
@@ -300,7 +337,9 @@ void Executor::Broadcast(const Response& response, TensorEntry& entry) {
   if (transport_.rank() == response.root_rank && entry.input != entry.output && bytes > 0) {
     std::memcpy(entry.output, entry.input, bytes);
   }
+  timeline_.ActivityStart("CHAIN_BROADCAST");
   ChainBroadcast(transport_, entry.output, bytes, response.root_rank);
+  timeline_.ActivityEnd();
 }
 
 }  // namespace horovodlike

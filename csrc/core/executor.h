@@ -11,6 +11,7 @@
 #include "handle_table.h"
 #include "message.h"
 #include "tensor_queue.h"
+#include "timeline.h"
 #include "../collectives/hierarchical_allreduce.h"
 #include "../collectives/ring_allreduce.h"
 #include "../collectives/ring_reducescatter.h"
@@ -23,9 +24,10 @@ class Executor {
   // Applies an add/remove_process_set response; returns the set's id.
   using ProcessSetChange = std::function<int64_t(const Response&)>;
 
-  Executor(Transport& transport, TensorQueue& queue, HandleTable& handles, int process_set_id,
-           ProcessSetChange on_process_set_change = nullptr)
-      : transport_(transport), queue_(queue), handles_(handles), process_set_id_(process_set_id),
+  Executor(Transport& transport, TensorQueue& queue, HandleTable& handles, Timeline& timeline,
+           int process_set_id, ProcessSetChange on_process_set_change = nullptr)
+      : transport_(transport), queue_(queue), handles_(handles), timeline_(timeline),
+        process_set_id_(process_set_id), allreduce_label_(AllreduceLabel(transport)),
         on_process_set_change_(std::move(on_process_set_change)) {}
 
   // Runs one collective: `parts` are the responses of its tensors (one, or several fused; see
@@ -62,7 +64,11 @@ class Executor {
   Transport& transport_;
   TensorQueue& queue_;
   HandleTable& handles_;
+  Timeline& timeline_;
   int process_set_id_;
+  // The timeline's name for the allreduce itself; a literal, so it outlives this executor.
+  static const char* AllreduceLabel(const Transport& transport);
+  const char* allreduce_label_;
   ProcessSetChange on_process_set_change_;
   FusionBuffer fusion_;
   // Reused by every collective, so that running one allocates nothing.

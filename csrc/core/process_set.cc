@@ -7,15 +7,17 @@
 namespace horovodlike {
 
 ProcessSetTable::ProcessSetTable(Transport& transport, const Config& config, TensorQueue& queue,
-                                 HandleTable& handles, Executor::ProcessSetChange on_change)
+                                 HandleTable& handles, Timeline& timeline,
+                                 Executor::ProcessSetChange on_change)
     : transport_(transport), config_(config), queue_(queue), handles_(handles),
-      on_change_(std::move(on_change)) {
+      timeline_(timeline), on_change_(std::move(on_change)) {
   auto global = std::make_unique<ProcessSet>();
   global->id = 0;
   for (int r = 0; r < transport.size(); ++r) global->ranks.push_back(r);
   global->controller = std::make_unique<Controller>(transport_, config_,
                                                     /*carries_parameters=*/true);
-  global->executor = std::make_unique<Executor>(transport_, queue_, handles_, 0, on_change_);
+  global->executor = std::make_unique<Executor>(transport_, queue_, handles_, timeline_, 0,
+                                                on_change_);
   sets_[0] = std::move(global);
 }
 
@@ -46,7 +48,8 @@ int ProcessSetTable::Add(const std::vector<int>& ranks) {
   if (std::binary_search(sorted.begin(), sorted.end(), transport_.rank())) {
     set->view = std::make_unique<SubsetTransport>(transport_, sorted);
     set->controller = std::make_unique<Controller>(*set->view, config_);
-    set->executor = std::make_unique<Executor>(*set->view, queue_, handles_, set->id);
+    set->executor = std::make_unique<Executor>(*set->view, queue_, handles_, timeline_,
+                                               set->id);
   }
   const int id = set->id;
   sets_[id] = std::move(set);

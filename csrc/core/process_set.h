@@ -27,7 +27,7 @@ class ProcessSetTable {
  public:
   // Registers the global set over `transport`.
   ProcessSetTable(Transport& transport, const Config& config, TensorQueue& queue,
-                  HandleTable& handles, Executor::ProcessSetChange on_change);
+                  HandleTable& handles, Timeline& timeline, Executor::ProcessSetChange on_change);
 
   // Adds a set (background thread only); throws InvalidArgument for bad or duplicate ranks.
   int Add(const std::vector<int>& ranks);
@@ -47,6 +47,7 @@ class ProcessSetTable {
   const Config& config_;
   TensorQueue& queue_;
   HandleTable& handles_;
+  Timeline& timeline_;
   Executor::ProcessSetChange on_change_;
   std::mutex mutex_;
   std::map<int, std::unique_ptr<ProcessSet>> sets_;

@@ -45,6 +45,15 @@ void Runtime::Init() {
     initial.cache_enabled = config.cache_capacity > 0;
     tuner = std::make_unique<ParameterManager>(config, initial);
   }
+  // Likewise a timeline file that cannot be written.
+  auto timeline = std::make_unique<Timeline>();
+  if (config.rank == 0 && !config.timeline_path.empty()) {
+    try {
+      timeline->Start(config.timeline_path, config.timeline_mark_cycles);
+    } catch (const InvalidArgument& e) {
+      throw InvalidArgument(std::string("HOROVOD_TIMELINE: ") + e.what());
+    }
+  }
   std::unique_ptr<Transport> transport;
   try {
     transport = CreateTransport(config, generation);
@@ -53,8 +62,8 @@ void Runtime::Init() {
     ReportFailureToLauncher(config, generation, {e.peer(), FailureKind(e.cause()), e.what()});
     throw;
   }
-  g_runtime.reset(
-      new Runtime(std::move(config), std::move(transport), generation, std::move(tuner)));
+  g_runtime.reset(new Runtime(std::move(config), std::move(transport), generation,
+                              std::move(tuner), std::move(timeline)));
 }
 
 void Runtime::Shutdown() {
@@ -80,9 +89,10 @@ Runtime& Runtime::Get() {
 }
 
 Runtime::Runtime(Config config, std::unique_ptr<Transport> transport, int generation,
-                 std::unique_ptr<ParameterManager> tuner)
+                 std::unique_ptr<ParameterManager> tuner, std::unique_ptr<Timeline> timeline)
     : config_(std::move(config)), generation_(generation), transport_(std::move(transport)),
-      process_sets_(*transport_, config_, queue_, handles_,
+      timeline_(std::move(timeline)),
+      process_sets_(*transport_, config_, queue_, handles_, *timeline_,
                     [this](const Response& r) { return ChangeProcessSets(r); }),
       tuner_(std::move(tuner)) {
   tuned_.parameters = process_sets_.Member(0)->controller->parameters();
@@ -96,6 +106,7 @@ Runtime::~Runtime() {
   shutdown_requested_ = true;
   queue_.Notify();
   if (loop_.joinable()) loop_.join();
+  timeline_->Stop();
   FailEverything(StatusCode::kShutdown, "horovodlike was shut down");
 }
 
@@ -234,6 +245,11 @@ int64_t Runtime::ChangeProcessSets(const Response& response) {
   return id;
 }
 
+void Runtime::StartTimeline(const std::string& path, bool mark_cycles) {
+  if (config_.rank != 0) return;
+  timeline_->Start(path, mark_cycles);
+}
+
 Runtime::TunedState Runtime::tuned() {
   std::lock_guard<std::mutex> lock(tuned_mutex_);
   return tuned_;
@@ -253,6 +269,13 @@ void Runtime::Loop() {
       queue_.WaitForWork(
           std::chrono::microseconds(static_cast<int64_t>(in_force.cycle_time_ms * 1000)));
       queue_.PopNewRequests(&popped);
+      if (timeline_->active() && !popped.empty()) {
+        // Only rounds that took in work: an idle loop turns every cycle time.
+        timeline_->MarkCycleStart();
+        for (const auto& [set_id, request] : popped) {
+          timeline_->NegotiateStart(request.name, request.op);
+        }
+      }
       for (auto& [set_id, request] : popped) by_set[set_id].push_back(std::move(request));
       bool shutdown = false;
       std::vector<int> shutdown_ranks;
@@ -272,6 +295,9 @@ void Runtime::Loop() {
         }
         const Controller::Round& round = set->controller->Negotiate(
             by_set[id], id == 0 && shutdown_requested_.load());
+        if (timeline_->active()) {
+          for (const Response* part : round.parts) timeline_->NegotiateEnd(part->names.at(0));
+        }
         if (id == 0 && set->controller->parameters() != in_force) {
           in_force = set->controller->parameters();
           std::lock_guard<std::mutex> lock(tuned_mutex_);

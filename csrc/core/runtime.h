@@ -16,6 +16,7 @@
 #include "handle_table.h"
 #include "parameter_manager.h"
 #include "tensor_queue.h"
+#include "timeline.h"
 #include "../transport/transport.h"
 
 namespace horovodlike {
@@ -63,12 +64,16 @@ class Runtime {
     int64_t round = 0;
   };
   TunedState tuned();
+  // hvd.start_timeline / stop_timeline: rank 0 records, as in Horovod; elsewhere they do
+  // nothing. Start throws InvalidArgument naming a path that cannot be written.
+  void StartTimeline(const std::string& path, bool mark_cycles);
+  void StopTimeline() { timeline_->Stop(); }
 
   ~Runtime();
 
  private:
   Runtime(Config config, std::unique_ptr<Transport> transport, int generation,
-          std::unique_ptr<ParameterManager> tuner);
+          std::unique_ptr<ParameterManager> tuner, std::unique_ptr<Timeline> timeline);
   void Loop();
   // Tells the launcher why the loop stopped (see ReportFailureToLauncher), then fails all work
   // (`internal`: a failure, which also closes the connections; else a peer's shutdown).
@@ -82,6 +87,7 @@ class Runtime {
   std::unique_ptr<Transport> transport_;
   TensorQueue queue_;
   HandleTable handles_;
+  std::unique_ptr<Timeline> timeline_;  // before the executors, which record into it
   ProcessSetTable process_sets_;
   std::unique_ptr<ParameterManager> tuner_;  // rank 0 with HOROVOD_AUTOTUNE only
   std::mutex tuned_mutex_;

@@ -107,6 +107,14 @@ PYBIND11_MODULE(_core, m) {
   m.def("release", [](int64_t handle) { Runtime::Get().handles().Release(handle); });
   m.def("output", &Output);
   m.def("allgather_output", &Output);
+  m.def("start_timeline", [](const std::string& path, bool mark_cycles) {
+    py::gil_scoped_release release;  // may wait for a previous recording's writer to finish
+    Runtime::Get().StartTimeline(path, mark_cycles);
+  }, py::arg("file_path"), py::arg("mark_cycles") = false);
+  m.def("stop_timeline", [] {
+    py::gil_scoped_release release;
+    Runtime::Get().StopTimeline();
+  });
   m.def("process_set_ranks", [](int id) { return Runtime::Get().ProcessSetRanks(id); });
   m.def("process_set_ids", [] { return Runtime::Get().ProcessSetIds(); });
   m.def("stats", [] {

@@ -1,6 +1,7 @@
 """init/shutdown and the rank/size family, shared by every framework module."""
 
 import atexit
+import os
 
 from horovodlike import _core
 from horovodlike.common.exceptions import HorovodInternalError
@@ -48,6 +49,22 @@ def init(comm=None, process_sets=None):
 def shutdown():
     """Stops the runtime. Pending operations fail on every rank; init() may be called again."""
     _core.shutdown()
+
+
+def start_timeline(file_path, mark_cycles=False):
+    """Starts writing the Horovod timeline (a Chrome trace: chrome://tracing, Perfetto) to
+    ``file_path``; a recording already in progress ends first. ``mark_cycles``: also mark the
+    rounds of the background loop (CYCLE_START). Rank 0 records, as with HOROVOD_TIMELINE; on
+    the other ranks this does nothing. Raises ValueError naming the path when it cannot be
+    written."""
+    if not isinstance(file_path, (str, bytes)) and not hasattr(file_path, "__fspath__"):
+        raise TypeError(f"start_timeline: file_path must be a path, not {type(file_path).__name__}")
+    _core.start_timeline(os.fsdecode(file_path), bool(mark_cycles))
+
+
+def stop_timeline():
+    """Ends the timeline started by start_timeline() or HOROVOD_TIMELINE and closes its file."""
+    _core.stop_timeline()
 
 
 def is_initialized():

@@ -26,6 +26,7 @@ from horovodlike.common.basics import (init, shutdown, is_initialized, rank, siz
                                        is_homogeneous, mpi_built, gloo_built, nccl_built,
                                        ddl_built, ccl_built, cuda_built, rocm_built, mpi_enabled,
                                        gloo_enabled, mpi_threads_supported)
+from horovodlike.common.basics import start_timeline, stop_timeline  # noqa: E402
 from horovodlike.common.exceptions import (HorovodInternalError, HostsUpdatedInterrupt,  # noqa
                                            TensorMismatchError)
 from horovodlike.tensorflow import mpi_ops as _ops  # noqa: E402
@@ -45,6 +46,7 @@ __all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "
            "Adasum", "ProcessSet", "global_process_set", "add_process_set",
            "remove_process_set", "DistributedOptimizer", "allreduce", "allgather", "broadcast",
            "reducescatter", "broadcast_object", "allgather_object", "load_model", "callbacks"]
+__all__ += ["start_timeline", "stop_timeline"]
 
 
 def allreduce(value, name=None, average=None, prescale_factor=1.0, postscale_factor=1.0, op=None,

@@ -36,6 +36,8 @@ class JobSettings:
     autotune_bayes_opt_max_samples: int | None = None
     autotune_gaussian_process_noise: float | None = None
     hierarchical_allreduce: bool | None = None  # HOROVOD_HIERARCHICAL_ALLREDUCE=1 or 0
+    timeline_filename: str | None = None  # HOROVOD_TIMELINE
+    timeline_mark_cycles: bool = False
 
 
 def format_number(value: float) -> str:
@@ -93,6 +95,10 @@ def job_environment(job: JobSettings) -> dict[str, str]:
     if job.autotune_gaussian_process_noise is not None:
         env["HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE"] = format_number(
             job.autotune_gaussian_process_noise)
+    if job.timeline_filename is not None:
+        env["HOROVOD_TIMELINE"] = job.timeline_filename
+    if job.timeline_mark_cycles:
+        env["HOROVOD_TIMELINE_MARK_CYCLES"] = "1"
     return env
 
 

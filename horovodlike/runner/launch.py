@@ -135,6 +135,14 @@ def make_parser() -> argparse.ArgumentParser:
                           help="noise of the Gaussian process, relative to the scores' variance "
                                "(HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE, default 0.8)")
 
+    timeline = parser.add_argument_group("timeline (a Chrome trace of every tensor's phases)")
+    timeline.add_argument("--timeline-filename", dest="timeline_filename",
+                          help="file rank 0 writes the timeline to (HOROVOD_TIMELINE)")
+    timeline.add_argument("--timeline-mark-cycles", dest="timeline_mark_cycles",
+                          action="store_true",
+                          help="mark the background loop's cycles in the timeline "
+                               "(HOROVOD_TIMELINE_MARK_CYCLES=1)")
+
     elastic = parser.add_argument_group(
         "elastic training (on when --host-discovery-script, --min-np or --max-np is given)")
     elastic.add_argument("--min-np", dest="min_np", type=int,
@@ -197,6 +205,8 @@ def _validate(args, parser) -> None:
     if noise is not None and not 0 <= noise < float("inf"):
         parser.error(f"--autotune-gaussian-process-noise must be a finite number >= 0, "
                      f"got {noise}")
+    if args.timeline_mark_cycles and not args.timeline_filename:
+        parser.error("--timeline-mark-cycles needs --timeline-filename")
     if args.ssh_port is not None and not 0 < args.ssh_port < 65536:
         parser.error(f"--ssh-port must be a port number, got {args.ssh_port}")
     if args.ssh_identity_file is not None and not os.path.isfile(args.ssh_identity_file):
@@ -245,7 +255,9 @@ def _job_settings(args, address: str, port: int, secret: str, timeout: float) ->
                        autotune_steps_per_sample=args.autotune_steps_per_sample,
                        autotune_bayes_opt_max_samples=args.autotune_bayes_opt_max_samples,
                        autotune_gaussian_process_noise=args.autotune_gaussian_process_noise,
-                       hierarchical_allreduce=args.hierarchical_allreduce)
+                       hierarchical_allreduce=args.hierarchical_allreduce,
+                       timeline_filename=args.timeline_filename,
+                       timeline_mark_cycles=args.timeline_mark_cycles)
 
 
 def _is_elastic(args) -> bool:

@@ -26,6 +26,7 @@ from horovodlike.common.basics import (init, shutdown, is_initialized, rank, siz
                                        mpi_built, gloo_built, nccl_built, ddl_built, ccl_built,
                                        cuda_built, rocm_built, mpi_enabled, gloo_enabled,
                                        mpi_threads_supported)
+from horovodlike.common.basics import start_timeline, stop_timeline
 from horovodlike.common.exceptions import (HorovodInternalError, HostsUpdatedInterrupt,
                                            TensorMismatchError)
 from horovodlike.tensorflow.compression import Compression
