@@ -1,6 +1,7 @@
 """horovodlike.tensorflow through the launcher with real processes: every collective, dtype and
-gradient against NumPy, eagerly and inside tf.function; DistributedGradientTape against a
-single-process run; errors; and examples/tensorflow2_digits.py."""
+gradient against NumPy, eagerly and inside tf.function; DistributedGradientTape and
+SyncBatchNormalization against a single-process run; broadcast_ and
+broadcast_global_variables; errors; and examples/tensorflow2_digits.py."""
 
 import pytest
 
@@ -22,6 +23,12 @@ def test_collectives_match_numpy_eagerly_and_in_graphs():
 def test_gradient_tape_matches_single_process_and_errors_are_clear():
     result = launch(2, "tf_training_worker.py", launcher_args=SLOW_START, timeout=400)
     assert_all_ranks(result, 2, "tensorflow training and errors OK")
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_sync_batch_norm_equals_one_process_and_broadcasts_assign_in_place(np_):
+    result = launch(np_, "tf_sync_bn_worker.py", launcher_args=SLOW_START, timeout=300)
+    assert_all_ranks(result, np_, "sync batch norm and broadcasts OK")
 
 
 def test_tensorflow2_digits_example(tmp_path):

@@ -45,7 +45,8 @@ __all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "
            "TensorMismatchError", "Compression", "Average", "Sum", "Min", "Max", "Product",
            "Adasum", "ProcessSet", "global_process_set", "add_process_set",
            "remove_process_set", "DistributedOptimizer", "allreduce", "allgather", "broadcast",
-           "reducescatter", "broadcast_object", "allgather_object", "load_model", "callbacks"]
+           "reducescatter", "broadcast_object", "allgather_object", "broadcast_global_variables",
+           "load_model", "callbacks"]
 __all__ += ["start_timeline", "stop_timeline"]
 
 
@@ -73,6 +74,33 @@ def reducescatter(value, name=None, op=Average, process_set=global_process_set):
     """Reduces a value over all ranks and returns this rank's part along the first dimension."""
     return _ops.reducescatter(tf.convert_to_tensor(value), name=name, op=op,
                               process_set=process_set)
+
+
+def broadcast_global_variables(root_rank, model=None):
+    """Overwrites every rank's ``model`` variables, and those of its optimizer once built, with
+    root_rank's values; returns None, after the assignments.
+
+    Horovod's version broadcasts TensorFlow 1's collection of global variables, which Keras 3
+    (eager, no sessions) does not keep; the model whose state should agree is the closest
+    meaningful equivalent, so it is passed explicitly. ``model`` may be any Keras layer or model,
+    or anything with a ``variables`` list. Called without one it raises RuntimeError, as
+    Horovod's does under eager execution. In ``model.fit``, use
+    ``callbacks.BroadcastGlobalVariablesCallback(root_rank)`` instead.
+    """
+    from horovodlike.keras.callbacks import _optimizer_variables
+    from horovodlike.tensorflow.functions import broadcast_variables
+    if model is None:
+        raise RuntimeError("broadcast_global_variables: Keras 3 has no global variables; pass "
+                           "the model, broadcast_global_variables(root_rank, model), or use "
+                           "callbacks.BroadcastGlobalVariablesCallback with model.fit")
+    if not hasattr(model, "variables"):
+        raise TypeError(f"broadcast_global_variables: model must be a Keras model or layer, got "
+                        f"{type(model).__name__}")
+    variables = list(model.variables)
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None:
+        variables += _optimizer_variables(optimizer)
+    broadcast_variables(variables, root_rank=root_rank)
 
 
 def load_model(filepath, custom_optimizers=None, custom_objects=None,

@@ -39,8 +39,8 @@ from horovodlike.tensorflow.mpi_ops import (Average, Sum, Min, Max, Product, Ada
                                             handle_average_backwards_compatibility, ProcessSet,
                                             global_process_set, add_process_set,
                                             remove_process_set)
-from horovodlike.tensorflow.functions import (broadcast_variables, broadcast_object,
-                                              allgather_object)
+from horovodlike.tensorflow.functions import (broadcast_variables, broadcast_,
+                                              broadcast_object, allgather_object)
 from horovodlike.tensorflow.gradient_tape import DistributedGradientTape
 
 
@@ -65,3 +65,12 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
                            average_aggregated_gradients=average_aggregated_gradients,
                            num_groups=num_groups, groups=groups, process_set=process_set,
                            scale_local_gradients=scale_local_gradients)
+
+
+def __getattr__(name):
+    # Keras is imported only when these are used: importing it is slow, and it may be set to
+    # another backend in a script that does not use them.
+    if name == "SyncBatchNormalization":
+        from horovodlike.tensorflow.sync_batch_norm import SyncBatchNormalization
+        return SyncBatchNormalization
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

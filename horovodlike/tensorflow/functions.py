@@ -8,6 +8,24 @@ from horovodlike.tensorflow import bridge
 from horovodlike.tensorflow.mpi_ops import _broadcast
 
 
+def _checked_variables(variables, what, root_rank, process_set):
+    variables = list(variables)
+    for i, variable in enumerate(variables):
+        if not hasattr(variable, "assign"):
+            raise TypeError(f"{what}: entry {i} is a {type(variable).__name__}, not a variable")
+    numpy_ops.relative_root(root_rank, process_set, what)
+    return variables
+
+
+def _assign_from_root(variables, root_rank, process_set, what, base):
+    """Broadcasts the variables' values as one group and assigns what arrives; returns the
+    assign results (None for Keras variables assigned eagerly)."""
+    names = [f"{base}.{i}" for i in range(len(variables))]
+    values = [bridge.to_tensor(v, what, n) for v, n in zip(variables, names)]
+    received = _broadcast(values, names, root_rank, process_set)
+    return [v.assign(r) for v, r in zip(variables, received)]
+
+
 @tf.autograph.experimental.do_not_convert
 def broadcast_variables(variables, root_rank, process_set=global_process_set, inplace=False):
     """Overwrites every rank's ``variables`` with root_rank's values.
@@ -17,22 +35,38 @@ def broadcast_variables(variables, root_rank, process_set=global_process_set, in
     ``model.variables`` and ``optimizer.variables``. ``inplace`` is accepted for Horovod
     compatibility: the values travel through one host buffer either way.
     """
-    variables = list(variables)
-    for i, variable in enumerate(variables):
-        if not hasattr(variable, "assign"):
-            raise TypeError(f"broadcast_variables: entry {i} is a {type(variable).__name__}, not "
-                            "a variable")
-    numpy_ops.relative_root(root_rank, process_set, "broadcast_variables")
+    variables = _checked_variables(variables, "broadcast_variables", root_rank, process_set)
     if not variables:
         return tf.group([]) if not tf.executing_eagerly() else None
-    base = bridge.auto_name("broadcast_variables")
-    names = [f"{base}.{i}" for i in range(len(variables))]
-    values = [bridge.to_tensor(v, "broadcast_variables", n) for v, n in zip(variables, names)]
-    received = _broadcast(values, names, root_rank, process_set)
-    assigns = [v.assign(r) for v, r in zip(variables, received)]
+    assigns = _assign_from_root(variables, root_rank, process_set, "broadcast_variables",
+                                bridge.auto_name("broadcast_variables"))
     if tf.executing_eagerly():
         return None
     return tf.group(*[a for a in assigns if a is not None])
+
+
+@tf.autograph.experimental.do_not_convert
+def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
+    """Broadcasts ``variables`` (a tf.Variable or Keras variable, or a list of them) from
+    root_rank in place: every rank's variables take root_rank's values.
+
+    Returns the variables' new values: a tensor for a single variable, else a list of tensors.
+    Inside tf.function the returned tensors depend on the assignments, so using them (or
+    returning them from the function) makes the assignments run. Not differentiable (it
+    assigns). The variables must have the same dtype and shape on every rank.
+    """
+    single = hasattr(variables, "assign")
+    variables = _checked_variables([variables] if single else variables, "broadcast_",
+                                   root_rank, process_set)
+    if not variables:
+        return []
+    base = name if name is not None else bridge.auto_name("broadcast_")
+    numpy_ops.check_name(base, "broadcast_")
+    assigns = _assign_from_root(variables, root_rank, process_set, "broadcast_", base)
+    with tf.control_dependencies([a for a in assigns if a is not None and
+                                  not tf.executing_eagerly()]):
+        values = [tf.identity(tf.convert_to_tensor(v)) for v in variables]
+    return values[0] if single else values
 
 
 def _check_eager(what, session):
