@@ -5,6 +5,8 @@ and each epoch must use every sample exactly once."""
 import json
 import sys
 
+import numpy as np
+import pytest
 import torch
 
 from conftest import WORKERS, job_env
@@ -13,7 +15,8 @@ import subprocess
 N, FEATURES, CLASSES = 60, 5, 3
 
 
-def run_elastic(tmp_path, scenario, np_, hosts, min_np, max_np, extra=()):
+def run_elastic(tmp_path, scenario, np_, hosts, min_np, max_np, extra=(),
+                worker="elastic_worker.py"):
     hosts_file = tmp_path / "hosts.txt"
     hosts_file.write_text(hosts + "\n")
     script = tmp_path / "discover.sh"
@@ -23,7 +26,7 @@ def run_elastic(tmp_path, scenario, np_, hosts, min_np, max_np, extra=()):
     command = [sys.executable, "-m", "horovodlike.runner.launch", "-np", str(np_),
                "--min-np", str(min_np), "--max-np", str(max_np),
                "--host-discovery-script", str(script), *extra,
-               sys.executable, str(WORKERS / "elastic_worker.py"), str(report), scenario,
+               sys.executable, str(WORKERS / worker), str(report), scenario,
                str(hosts_file)]
     result = subprocess.run(command, env=job_env(), capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
@@ -71,3 +74,42 @@ def test_host_added_by_discovery_joins(tmp_path):
     sizes = [len(per_rank) for _, per_rank in report["steps"]]
     assert sizes[0] == 2 and sizes[-1] == 3 and report["size"] == 3, sizes
     check_report(report)
+
+
+def numpy_replay(report):
+    """The committed steps of tests/workers/tf_elastic_worker.py in NumPy: a linear layer, softmax
+    cross-entropy averaged over each global batch, SGD with momentum as Keras defines it."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(N, FEATURES))
+    Y = rng.integers(0, CLASSES, N)
+    initial = np.random.default_rng(1)
+    kernel, bias = initial.normal(size=(FEATURES, CLASSES)), initial.normal(size=CLASSES)
+    velocity = [np.zeros_like(kernel), np.zeros_like(bias)]
+    for per_rank in report["steps"]:
+        idx = [i for part in per_rank for i in part]
+        assert len(idx) == report["global_batch"]
+        logits = X[idx] @ kernel + bias
+        p = np.exp(logits - logits.max(1, keepdims=True))
+        p /= p.sum(1, keepdims=True)
+        p[np.arange(len(idx)), Y[idx]] -= 1.0
+        p /= len(idx)
+        for i, (w, g) in enumerate([(kernel, X[idx].T @ p), (bias, p.sum(0))]):
+            velocity[i] = report["momentum"] * velocity[i] - report["lr"] * g
+            w += velocity[i]
+    return kernel, bias
+
+
+def test_tensorflow_keras_state_killed_worker_job_finishes_with_the_others(tmp_path):
+    pytest.importorskip("tensorflow")
+    report, result = run_elastic(tmp_path, "kill", 3, "localhost:3", min_np=2, max_np=3,
+                                 extra=["--start-timeout", "120"], worker="tf_elastic_worker.py")
+    sizes = [len(per_rank) for per_rank in report["steps"]]
+    # Steps 0-3 with three ranks, then the fifth step rolled back and redone by two.
+    assert sizes == [3] * 4 + [2] * 8 and report["size"] == 2, sizes
+    assert "worker localhost/2 was killed by signal 9" in result.stderr
+    for global_step, per_rank in enumerate(report["steps"]):
+        assert [i for part in per_rank for i in part] == \
+            [(global_step * report["global_batch"] + k) % N for k in range(report["global_batch"])]
+    kernel, bias = numpy_replay(report)
+    assert np.allclose(report["weights"][0], kernel, rtol=1e-9, atol=1e-10)
+    assert np.allclose(report["weights"][1], bias, rtol=1e-9, atol=1e-10)

@@ -36,7 +36,7 @@ from horovodlike.tensorflow.mpi_ops import (Average, Sum, Min, Max, Product, Ada
                                             ProcessSet, global_process_set, add_process_set,
                                             remove_process_set)
 from horovodlike.keras.optimizer import DistributedOptimizer, wrap_in_place  # noqa: E402
-from horovodlike.keras import callbacks  # noqa: E402,F401
+from horovodlike.keras import callbacks, elastic  # noqa: E402,F401
 
 __all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
            "cross_rank", "cross_size", "is_homogeneous", "mpi_built", "gloo_built", "nccl_built",
@@ -46,7 +46,7 @@ __all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "
            "Adasum", "ProcessSet", "global_process_set", "add_process_set",
            "remove_process_set", "DistributedOptimizer", "allreduce", "allgather", "broadcast",
            "reducescatter", "broadcast_object", "allgather_object", "broadcast_global_variables",
-           "load_model", "callbacks"]
+           "load_model", "callbacks", "elastic"]
 __all__ += ["start_timeline", "stop_timeline"]
 
 

@@ -42,6 +42,7 @@ from horovodlike.tensorflow.mpi_ops import (Average, Sum, Min, Max, Product, Ada
 from horovodlike.tensorflow.functions import (broadcast_variables, broadcast_,
                                               broadcast_object, allgather_object)
 from horovodlike.tensorflow.gradient_tape import DistributedGradientTape
+from horovodlike.tensorflow import elastic  # noqa: F401
 
 
 def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="",
