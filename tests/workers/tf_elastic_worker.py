@@ -4,7 +4,7 @@ itself just after a commit. Step s always trains on the same global batch, split
 many ranks there are, and each rank's loss is its share of the global batch's summed loss over
 the global batch's size, so the summed gradients are the global mean's. Every committed step is
 kept in the state (rolled-back steps vanish with it); rank 0 writes them and the final weights
-for the test to replay."""
+for the test to replay. Then the survivors train with model.fit, KerasState and its callbacks."""
 
 import json
 import os
@@ -17,6 +17,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+import horovodlike.keras as hvd_keras  # noqa: E402
 import horovodlike.tensorflow as hvd  # noqa: E402
 
 report_path, scenario = sys.argv[1], sys.argv[2]
@@ -67,6 +68,47 @@ def train(state):
 
 
 train(state)
+
+# model.fit with KerasState and the state callbacks, in the re-formed job: commits every two
+# batches and at each epoch's end, the epoch and batch counters, equal weights everywhere.
+keras.utils.set_random_seed(3)
+fitted = keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(CLASSES)])
+fitted.compile(optimizer=hvd_keras.DistributedOptimizer(keras.optimizers.Adam(0.01)),
+               loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+keras_state = hvd_keras.elastic.KerasState(fitted, epoch=0, batch=0)
+check(keras_state.optimizer is fitted.optimizer and fitted.optimizer.built,
+      "KerasState did not take and build the compiled optimizer")
+commits = []
+keras_state.register_reset_callbacks([lambda: commits.append("reset")])
+plain_commit = keras_state.commit
+keras_state.commit = lambda: (commits.append(keras_state.batch), plain_commit())
+
+
+@hvd_keras.elastic.run
+def fit(state, epochs):
+    fitted.fit(X[hvd.rank()::hvd.size()][:12], Y[hvd.rank()::hvd.size()][:12], batch_size=4,
+               epochs=epochs - state.epoch, shuffle=False, verbose=0,
+               callbacks=[hvd_keras.elastic.UpdateEpochStateCallback(state),
+                          hvd_keras.elastic.UpdateBatchStateCallback(state),
+                          hvd_keras.elastic.CommitStateCallback(state, batches_per_commit=2)])
+
+
+fit(keras_state, 2)
+# A commit after every second batch, counted across epochs, and one at each epoch's end (after
+# the batch counter went back to 0); three batches an epoch.
+expected, batches = [], 0
+for _ in range(2):
+    for batch in range(3):
+        batches += 1
+        if batches % 2 == 0:
+            expected.append(batch)
+    expected.append(0)
+check(commits == expected and keras_state.epoch == 2 and keras_state.batch == 0,
+      f"Keras elastic callbacks: commits {commits}, epoch {keras_state.epoch}")
+flat = np.concatenate([w.ravel() for w in fitted.get_weights()])
+everyone = hvd.allgather(flat[None].astype(np.float64), name="fitted.weights").numpy()
+check(all(np.array_equal(everyone[0], row) for row in everyone), "fit weights differ")
+
 if hvd.rank() == 0:
     with open(report_path, "w") as f:
         json.dump({"steps": state.steps, "size": hvd.size(), "lr": LR, "momentum": MOMENTUM,
