@@ -1,5 +1,6 @@
-"""Hierarchical allreduce (HOROVOD_HIERARCHICAL_ALLREDUCE=1, horovodlikerun
---hierarchical-allreduce): inside each host, then across hosts.
+"""Hierarchical allreduce and allgather (HOROVOD_HIERARCHICAL_ALLREDUCE=1 and
+HOROVOD_HIERARCHICAL_ALLGATHER=1, horovodlikerun --hierarchical-allreduce and
+--hierarchical-allgather): inside each host, then across hosts.
 
 Hosts are simulated on this machine: the launcher starts `localhost` and `127.0.0.1` ranks
 without ssh, but as different hosts (their own HOROVOD_HOSTNAME, local ranks and shared-memory
@@ -83,4 +84,52 @@ def test_launcher_flags_exclude_each_other(capsys):
     with pytest.raises(SystemExit):
         launch.make_parser().parse_args(["-np", "2", "--hierarchical-allreduce",
                                          "--no-hierarchical-allreduce", "python", "train.py"])
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_allgather_by_host_on_equal_hosts_matches_numpy():
+    result = launch_on_hosts(4, TWO_BY_TWO, "hierarchical_allgather_worker.py", "hierarchical",
+                             env={"HOROVOD_HIERARCHICAL_ALLGATHER": "1"})
+    assert_all_ranks(result, 4, "hierarchical allgather OK")
+    # The worker's last init() sets the variable on rank 0 only: rank 0 says why it goes flat.
+    assert ("HOROVOD_HIERARCHICAL_ALLGATHER is set on this rank but not on ranks 1, 2, 3"
+            in result.stderr), result.stderr
+
+
+def test_allgather_by_host_on_uneven_hosts_matches_numpy():
+    # A host with one rank; also the launcher flag, which sets the variable for every rank.
+    result = launch_on_hosts(3, TWO_PLUS_ONE, "hierarchical_allgather_worker.py", "hierarchical",
+                             flags=["--hierarchical-allgather"])
+    assert_all_ranks(result, 3, "hierarchical allgather OK")
+
+
+@pytest.mark.parametrize("np_", [4, 3])
+def test_allgather_by_host_with_hosts_out_of_rank_order(np_):
+    # Even and odd ranks on two hosts: {0, 2} and {1, 3} (or {1}), as mpirun may place them.
+    result = launch_on_hosts(np_, f"localhost:{np_}", "hierarchical_allgather_worker.py",
+                             "hierarchical", "interleaved",
+                             env={"HOROVOD_HIERARCHICAL_ALLGATHER": "1"})
+    assert_all_ranks(result, np_, "hierarchical allgather OK")
+
+
+def test_without_the_variable_the_allgather_stays_flat():
+    # The hierarchical allreduce alone does not take the allgather by host.
+    result = launch_on_hosts(4, TWO_BY_TWO, "hierarchical_allgather_worker.py", "flat",
+                             flags=["--hierarchical-allreduce"])
+    assert_all_ranks(result, 4, "hierarchical_allgathers=0; hierarchical allgather OK")
+
+
+@pytest.mark.parametrize("flags, value", [([], None), (["--hierarchical-allgather"], "1"),
+                                          (["--no-hierarchical-allgather"], "0")])
+def test_allgather_launcher_flags_set_the_variable(flags, value):
+    args = launch.make_parser().parse_args(["-np", "2", *flags, "python", "train.py"])
+    env = job_environment(launch._job_settings(args, "127.0.0.1", 1234, "ab" * 32, 30.0))
+    assert env.get("HOROVOD_HIERARCHICAL_ALLGATHER") == value
+    assert env.get("HOROVOD_HIERARCHICAL_ALLREDUCE") is None
+
+
+def test_allgather_launcher_flags_exclude_each_other(capsys):
+    with pytest.raises(SystemExit):
+        launch.make_parser().parse_args(["-np", "2", "--hierarchical-allgather",
+                                         "--no-hierarchical-allgather", "python", "train.py"])
     assert "not allowed with argument" in capsys.readouterr().err

@@ -138,6 +138,7 @@ Config Config::FromEnvironment() {
   c.log_level = ParseLogLevel(Get("HOROVOD_LOG_LEVEL"));
   ReadAutotune(c);
   c.hierarchical_allreduce = GetBool("HOROVOD_HIERARCHICAL_ALLREDUCE", false);
+  c.hierarchical_allgather = GetBool("HOROVOD_HIERARCHICAL_ALLGATHER", false);
   if (const char* timeline = Get("HOROVOD_TIMELINE")) c.timeline_path = timeline;
   c.timeline_mark_cycles = GetBool("HOROVOD_TIMELINE_MARK_CYCLES", false);
   if (c.timeline_mark_cycles && c.timeline_path.empty()) {

@@ -34,6 +34,8 @@ struct Config {
   int log_level = 3;  // 0 trace, 1 debug, 2 info, 3 warning, 4 error, 5 fatal
   // HOROVOD_HIERARCHICAL_ALLREDUCE: allreduce inside each host, then across hosts (TCP transport).
   bool hierarchical_allreduce = false;
+  // HOROVOD_HIERARCHICAL_ALLGATHER: allgather inside each host, then across hosts (TCP transport).
+  bool hierarchical_allgather = false;
   // HOROVOD_TIMELINE: the Chrome trace rank 0 writes from init() on (timeline.h); empty: none.
   std::string timeline_path;
   bool timeline_mark_cycles = false;  // HOROVOD_TIMELINE_MARK_CYCLES

@@ -105,7 +105,7 @@ void Executor::Reduce(void* buf, size_t count, DataType dtype, ReduceOp op, doub
   if (count == 0) return;
   if (transport_.size() == 1) {
     ScaleInPlace(buf, count, dtype, scale);
-  } else if (const HostHierarchy* hosts = transport_.hierarchy()) {
+  } else if (const HostHierarchy* hosts = transport_.hierarchy(); hosts && hosts->allreduce()) {
     timeline_.ActivityStart("HIERARCHICAL_ALLREDUCE");
     hierarchical_.Run(*hosts, buf, count, dtype, op);
     ++hierarchical_allreduces_;
@@ -120,6 +120,19 @@ void Executor::Reduce(void* buf, size_t count, DataType dtype, ReduceOp op, doub
     }
     timeline_.ActivityEnd();
   }
+}
+
+void Executor::Gather(void* out, const std::vector<size_t>& block_bytes) {
+  const HostHierarchy* hosts = transport_.hierarchy();
+  if (hosts != nullptr && hosts->allgather()) {
+    timeline_.ActivityStart("HIERARCHICAL_ALLGATHER");
+    hierarchical_allgather_.Run(*hosts, out, block_bytes);
+    ++hierarchical_allgathers_;
+  } else {
+    timeline_.ActivityStart("RING_ALLGATHER");
+    RingAllgatherv(transport_, out, block_bytes);
+  }
+  timeline_.ActivityEnd();
 }
 
 void Executor::Allreduce(const Response& response, std::vector<TensorEntry>& entries) {
@@ -195,7 +208,10 @@ void Executor::Allgather(const Response* const* parts, std::vector<TensorEntry>&
   const size_t k = entries.size();
   // Each part's first_dims: every rank's rows of that tensor.
   auto rows = [&](size_t t, int r) { return static_cast<size_t>(parts[t]->first_dims[r]); };
-  std::vector<size_t> row_bytes(k), block_bytes(n, 0);
+  std::vector<size_t>& row_bytes = row_bytes_;
+  std::vector<size_t>& block_bytes = block_bytes_;
+  row_bytes.assign(k, 0);
+  block_bytes.assign(n, 0);
   for (size_t t = 0; t < k; ++t) {
     row_bytes[t] = RowBytes(entries[t].request.shape, response.dtype);
     for (int r = 0; r < n; ++r) block_bytes[r] += rows(t, r) * row_bytes[t];
@@ -217,14 +233,13 @@ void Executor::Allgather(const Response* const* parts, std::vector<TensorEntry>&
     if (block_bytes[rank] > 0) {
       std::memcpy(state.output.data() + offset, entries[0].input, block_bytes[rank]);
     }
-    timeline_.ActivityStart("RING_ALLGATHER");
-    RingAllgatherv(transport_, state.output.data(), block_bytes);
-    timeline_.ActivityEnd();
+    Gather(state.output.data(), block_bytes);
     return;
   }
   // Fused: each rank's block holds its rows of every tensor in turn.
   size_t total = 0;
-  std::vector<size_t> block_offset(n + 1, 0);
+  std::vector<size_t>& block_offset = block_offset_;
+  block_offset.assign(n + 1, 0);
   for (int r = 0; r < n; ++r) block_offset[r + 1] = block_offset[r] + block_bytes[r];
   total = block_offset[n];
   uint8_t* buffer = fusion_.Reserve(total);
@@ -236,11 +251,10 @@ void Executor::Allgather(const Response* const* parts, std::vector<TensorEntry>&
     offset += bytes;
   }
   timeline_.ActivityEnd();
-  timeline_.ActivityStart("RING_ALLGATHER");
-  RingAllgatherv(transport_, buffer, block_bytes);
-  timeline_.ActivityEnd();
+  Gather(buffer, block_bytes);
   timeline_.ActivityStart("MEMCPY_OUT_FUSION_BUFFER");
-  std::vector<size_t> out_offset(k, 0);
+  std::vector<size_t>& out_offset = out_offset_;
+  out_offset.assign(k, 0);
   for (int r = 0; r < n; ++r) {
     size_t in = block_offset[r];
     for (size_t t = 0; t < k; ++t) {

@@ -12,6 +12,7 @@
 #include "message.h"
 #include "tensor_queue.h"
 #include "timeline.h"
+#include "../collectives/hierarchical_allgather.h"
 #include "../collectives/hierarchical_allreduce.h"
 #include "../collectives/ring_allreduce.h"
 #include "../collectives/ring_reducescatter.h"
@@ -35,16 +36,18 @@ class Executor {
   void Execute(const Response* const* parts, size_t count);
 
   // Counters since init, for tests and tuning: collectives run and tensors they carried, and
-  // how many of the allreduces went inside and across hosts (hierarchical_allreduce.h).
+  // how many of the allreduces and allgathers went inside and across hosts
+  // (hierarchical_allreduce.h, hierarchical_allgather.h).
   struct Stats {
     int64_t allreduce_collectives = 0;
     int64_t allreduce_tensors = 0;
     int64_t errors = 0;
     int64_t hierarchical_allreduces = 0;
+    int64_t hierarchical_allgathers = 0;
   };
   Stats stats() const {
     return {allreduce_collectives_.load(), allreduce_tensors_.load(), errors_.load(),
-            hierarchical_allreduces_.load()};
+            hierarchical_allreduces_.load(), hierarchical_allgathers_.load()};
   }
 
  private:
@@ -54,9 +57,12 @@ class Executor {
   void Alltoall(const Response& response, TensorEntry& entry);
   void Broadcast(const Response& response, TensorEntry& entry);
   // In-place allreduce of a contiguous buffer, the result multiplied by `scale`: by host when
-  // the transport offers a hierarchy, else the backend's own algorithm (which scales as it
+  // the transport offers a hierarchy for it, else the backend's own algorithm (which scales as it
   // writes the result), else the ring.
   void Reduce(void* buf, size_t count, DataType dtype, ReduceOp op, double scale);
+  // In-place allgatherv of blocks in rank order (this rank's already in place): by host when
+  // the transport offers a hierarchy for it, else the ring.
+  void Gather(void* out, const std::vector<size_t>& block_bytes);
 
   // Tensors from this size up are reduced in place even when fused with others (Allreduce).
   static constexpr size_t kDirectAllreduceBytes = 1 << 20;
@@ -76,11 +82,18 @@ class Executor {
   std::string key_;
   RingAllreduce ring_;
   HierarchicalAllreduce hierarchical_;
+  HierarchicalAllgather hierarchical_allgather_;
+  // The allgather's sizes by tensor and by rank, and offsets (Allgather).
+  std::vector<size_t> row_bytes_;
+  std::vector<size_t> block_bytes_;
+  std::vector<size_t> block_offset_;
+  std::vector<size_t> out_offset_;
   RingReducescatter reducescatter_;
   std::atomic<int64_t> allreduce_collectives_{0};
   std::atomic<int64_t> allreduce_tensors_{0};
   std::atomic<int64_t> errors_{0};
   std::atomic<int64_t> hierarchical_allreduces_{0};
+  std::atomic<int64_t> hierarchical_allgathers_{0};
 };
 
 }  // namespace horovodlike

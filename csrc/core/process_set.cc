@@ -115,6 +115,7 @@ Executor::Stats ProcessSetTable::TotalStats() {
     total.allreduce_tensors += s.allreduce_tensors;
     total.errors += s.errors;
     total.hierarchical_allreduces += s.hierarchical_allreduces;
+    total.hierarchical_allgathers += s.hierarchical_allgathers;
   }
   return total;
 }

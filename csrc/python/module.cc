@@ -132,6 +132,7 @@ PYBIND11_MODULE(_core, m) {
     d["autotune"] = CurrentConfig().autotune;
     d["autotune_done"] = CurrentConfig().autotune && !tuned.parameters.tuning;
     d["hierarchical_allreduces"] = s.hierarchical_allreduces;
+    d["hierarchical_allgathers"] = s.hierarchical_allgathers;
     return d;
   });
   m.def("build_info", [] {
@@ -152,6 +153,7 @@ PYBIND11_MODULE(_core, m) {
     info["nccl"] = false;
     // HOROVOD_HIERARCHICAL_ALLREDUCE over the built-in transport (always built in).
     info["hierarchical_allreduce"] = true;
+    info["hierarchical_allgather"] = true;
     // The transport of the running job ("tcp", "shm", "shm+tcp", "mpi", "gloo"), None before
     // init().
     const char* in_use = Runtime::IsInitialized() ? LastTransportName() : nullptr;

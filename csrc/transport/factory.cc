@@ -88,6 +88,10 @@ std::unique_ptr<Transport> CreateTransport(Config& config, int generation) {
     HVDL_LOG(kWarning, "HOROVOD_HIERARCHICAL_ALLREDUCE applies to the built-in transport only; "
                        "over " << backend << " it is ignored");
   }
+  if (config.hierarchical_allgather && backend != "tcp" && config.rank == 0) {
+    HVDL_LOG(kWarning, "HOROVOD_HIERARCHICAL_ALLGATHER applies to the built-in transport only; "
+                       "over " << backend << " it is ignored");
+  }
   g_last_name = transport->name();
   return transport;
 }

@@ -87,7 +87,8 @@ std::unique_ptr<Transport> PerPeerTransport::Connect(const Config& config, int g
   }
   // Every rank takes part, with or without shared memory: each learns every host's ranks.
   std::unique_ptr<HostHierarchy> hierarchy =
-      HostHierarchy::Build(*tcp, shm.get(), config.hierarchical_allreduce);
+      HostHierarchy::Build(*tcp, shm.get(),
+                           {config.hierarchical_allreduce, config.hierarchical_allgather});
   if (!shm && !hierarchy) return tcp;
   return std::unique_ptr<Transport>(
       new PerPeerTransport(std::move(tcp), std::move(shm), std::move(hierarchy)));

@@ -36,6 +36,7 @@ class JobSettings:
     autotune_bayes_opt_max_samples: int | None = None
     autotune_gaussian_process_noise: float | None = None
     hierarchical_allreduce: bool | None = None  # HOROVOD_HIERARCHICAL_ALLREDUCE=1 or 0
+    hierarchical_allgather: bool | None = None  # HOROVOD_HIERARCHICAL_ALLGATHER=1 or 0
     timeline_filename: str | None = None  # HOROVOD_TIMELINE
     timeline_mark_cycles: bool = False
 
@@ -80,6 +81,8 @@ def job_environment(job: JobSettings) -> dict[str, str]:
         env["HOROVOD_GLOO_IFACE"] = job.network_interface
     if job.hierarchical_allreduce is not None:
         env["HOROVOD_HIERARCHICAL_ALLREDUCE"] = "1" if job.hierarchical_allreduce else "0"
+    if job.hierarchical_allgather is not None:
+        env["HOROVOD_HIERARCHICAL_ALLGATHER"] = "1" if job.hierarchical_allgather else "0"
     if job.cpu_operations is not None:
         env["HOROVOD_CPU_OPERATIONS"] = job.cpu_operations
         env["HOROVOD_CONTROLLER"] = job.cpu_operations

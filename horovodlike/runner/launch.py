@@ -109,6 +109,15 @@ def make_parser() -> argparse.ArgumentParser:
                               action="store_const", const=False,
                               help="the flat allreduce, even when the environment asks for the "
                                    "hierarchical one (HOROVOD_HIERARCHICAL_ALLREDUCE=0)")
+    hierarchical_allgather = tuning.add_mutually_exclusive_group()
+    hierarchical_allgather.add_argument(
+        "--hierarchical-allgather", dest="hierarchical_allgather", action="store_const",
+        const=True, help="allgather inside each host, then across hosts "
+                         "(HOROVOD_HIERARCHICAL_ALLGATHER=1)")
+    hierarchical_allgather.add_argument(
+        "--no-hierarchical-allgather", dest="hierarchical_allgather", action="store_const",
+        const=False, help="the flat allgather, even when the environment asks for the "
+                          "hierarchical one (HOROVOD_HIERARCHICAL_ALLGATHER=0)")
     tuning.add_argument("--log-level", dest="log_level", choices=LOG_LEVELS,
                         help="core log level (HOROVOD_LOG_LEVEL)")
 
@@ -256,6 +265,7 @@ def _job_settings(args, address: str, port: int, secret: str, timeout: float) ->
                        autotune_bayes_opt_max_samples=args.autotune_bayes_opt_max_samples,
                        autotune_gaussian_process_noise=args.autotune_gaussian_process_noise,
                        hierarchical_allreduce=args.hierarchical_allreduce,
+                       hierarchical_allgather=args.hierarchical_allgather,
                        timeline_filename=args.timeline_filename,
                        timeline_mark_cycles=args.timeline_mark_cycles)
 

@@ -130,6 +130,9 @@ if EXPECT == "hierarchical":
     # Every allreduce of a non-empty tensor went by host (empty ones need no exchange).
     check(nonempty <= hierarchical <= collectives,
           f"{hierarchical} of {collectives} allreduces went by host; expected at least {nonempty}")
+    # Its own variable decides the allgather (same_on_every_rank gathers): not asked, flat.
+    check(after["hierarchical_allgathers"] == 0,
+          "allgathers went by host, but the job asked for the hierarchical allreduce only")
 else:
     check(hierarchical == 0, f"{hierarchical} allreduces went by host, but the job did not ask")
 
