@@ -30,6 +30,8 @@ enum class ReduceOp : int32_t {
   kMin = 2,
   kMax = 3,
   kProduct = 4,
+  // Adaptive summation of gradients (collectives/adasum_allreduce.h); allreduce only.
+  kAdasum = 5,
 };
 
 enum class OpType : int32_t {

@@ -122,6 +122,19 @@ void Executor::Reduce(void* buf, size_t count, DataType dtype, ReduceOp op, doub
   }
 }
 
+void Executor::ReduceAdasum(void* buf, const size_t* counts, size_t num_tensors, DataType dtype,
+                            double scale, const std::string& tensor) {
+  size_t total = 0;
+  for (size_t t = 0; t < num_tensors; ++t) total += counts[t];
+  if (total == 0) return;
+  if (transport_.size() > 1) {
+    timeline_.ActivityStart("ADASUM_ALLREDUCE");
+    adasum_.Run(transport_, buf, counts, num_tensors, dtype, tensor);
+    timeline_.ActivityEnd();
+  }
+  ScaleInPlace(buf, total, dtype, scale);
+}
+
 void Executor::Gather(void* out, const std::vector<size_t>& block_bytes) {
   const HostHierarchy* hosts = transport_.hierarchy();
   if (hosts != nullptr && hosts->allgather()) {
@@ -142,6 +155,8 @@ void Executor::Allreduce(const Response& response, std::vector<TensorEntry>& ent
   allreduce_tensors_ += static_cast<int64_t>(entries.size());
   double postscale = response.postscale;
   if (response.reduce_op == ReduceOp::kAverage) postscale /= transport_.size();
+  // Adasum is scaled as Sum is: it is not averaged (as in Horovod).
+  const bool adasum = response.reduce_op == ReduceOp::kAdasum;
   auto count_of = [](const TensorEntry& e) {
     return static_cast<size_t>(NumElements(e.request.shape));
   };
@@ -170,7 +185,20 @@ void Executor::Allreduce(const Response& response, std::vector<TensorEntry>& ent
       offset += count;
     }
     timeline_.ActivityEnd();
-    Reduce(buffer, total, dtype, response.reduce_op, 1.0);
+    if (adasum) {
+      // Each fused tensor keeps its own dot products, so Adasum needs the boundaries.
+      adasum_counts_.clear();
+      const std::string* first_name = nullptr;
+      for (auto& e : entries) {
+        if (direct(e)) continue;
+        adasum_counts_.push_back(count_of(e));
+        if (first_name == nullptr) first_name = &e.request.name;
+      }
+      ReduceAdasum(buffer, adasum_counts_.data(), adasum_counts_.size(), dtype, 1.0,
+                   *first_name);
+    } else {
+      Reduce(buffer, total, dtype, response.reduce_op, 1.0);
+    }
     offset = 0;
     timeline_.ActivityStart("MEMCPY_OUT_FUSION_BUFFER");
     for (auto& e : entries) {
@@ -189,7 +217,11 @@ void Executor::Allreduce(const Response& response, std::vector<TensorEntry>& ent
       // others, since a backend may scale the parts of the result this rank computes.
       uint8_t* zeros = fusion_.Reserve(count * elem);
       std::memset(zeros, 0, count * elem);
-      Reduce(zeros, count, dtype, response.reduce_op, postscale);
+      if (adasum) {
+        ReduceAdasum(zeros, &count, 1, dtype, postscale, e.request.name);
+      } else {
+        Reduce(zeros, count, dtype, response.reduce_op, postscale);
+      }
       continue;
     }
     if (e.input != e.output) {
@@ -197,7 +229,11 @@ void Executor::Allreduce(const Response& response, std::vector<TensorEntry>& ent
     } else {
       ScaleInPlace(e.output, count, dtype, response.prescale);
     }
-    Reduce(e.output, count, dtype, response.reduce_op, postscale);
+    if (adasum) {
+      ReduceAdasum(e.output, &count, 1, dtype, postscale, e.request.name);
+    } else {
+      Reduce(e.output, count, dtype, response.reduce_op, postscale);
+    }
   }
 }
 

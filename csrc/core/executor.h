@@ -12,6 +12,7 @@
 #include "message.h"
 #include "tensor_queue.h"
 #include "timeline.h"
+#include "../collectives/adasum_allreduce.h"
 #include "../collectives/hierarchical_allgather.h"
 #include "../collectives/hierarchical_allreduce.h"
 #include "../collectives/ring_allreduce.h"
@@ -60,6 +61,11 @@ class Executor {
   // the transport offers a hierarchy for it, else the backend's own algorithm (which scales as it
   // writes the result), else the ring.
   void Reduce(void* buf, size_t count, DataType dtype, ReduceOp op, double scale);
+  // Reduce for op Adasum: `counts` are the element counts of the tensors laid end to end in
+  // `buf`, each combined on its own (adasum_allreduce.h); always over send/recv, as neither the
+  // backends nor the hierarchy know the operation. `tensor` names them in errors.
+  void ReduceAdasum(void* buf, const size_t* counts, size_t num_tensors, DataType dtype,
+                    double scale, const std::string& tensor);
   // In-place allgatherv of blocks in rank order (this rank's already in place): by host when
   // the transport offers a hierarchy for it, else the ring.
   void Gather(void* out, const std::vector<size_t>& block_bytes);
@@ -83,6 +89,8 @@ class Executor {
   RingAllreduce ring_;
   HierarchicalAllreduce hierarchical_;
   HierarchicalAllgather hierarchical_allgather_;
+  AdasumAllreduce adasum_;
+  std::vector<size_t> adasum_counts_;  // element counts of the fused tensors (Allreduce)
   // The allgather's sizes by tensor and by rank, and offsets (Allgather).
   std::vector<size_t> row_bytes_;
   std::vector<size_t> block_bytes_;

@@ -14,7 +14,7 @@ DataType CheckedDataType(int32_t v) {
   return static_cast<DataType>(v);
 }
 ReduceOp CheckedReduceOp(int32_t v) {
-  if (v < 0 || v > static_cast<int32_t>(ReduceOp::kProduct)) {
+  if (v < 0 || v > static_cast<int32_t>(ReduceOp::kAdasum)) {
     throw TransportError("malformed message: bad reduce op");
   }
   return static_cast<ReduceOp>(v);

@@ -7,6 +7,7 @@
 #include <map>
 
 #include "logging.h"
+#include "../collectives/adasum_allreduce.h"
 #include "../transport/factory.h"
 #include "../transport/rendezvous_client.h"
 
@@ -142,6 +143,18 @@ int64_t Runtime::Enqueue(EnqueueArgs args) {
                                                                         members.end())) + ")");
   }
   const int set_size = static_cast<int>(members.size());
+  if (args.reduce_op == ReduceOp::kAdasum) {
+    if (args.op == OpType::kReducescatter) {
+      throw InvalidArgument("reducescatter of '" + args.name +
+                            "': op=Adasum is only defined for allreduce; use Sum or Average");
+    }
+    // Every rank checks the same set size here, so all of them raise and nothing is sent.
+    const std::string problem = AdasumAllreduce::CheckArguments(
+        args.name, args.dtype, set_size,
+        args.process_set == 0 ? std::string("this job")
+                              : "process set " + std::to_string(args.process_set));
+    if (!problem.empty()) throw InvalidArgument(problem);
+  }
   if (args.op == OpType::kBroadcast && (args.root_rank < 0 || args.root_rank >= set_size)) {
     throw InvalidArgument("broadcast of '" + args.name + "': root_rank " +
                           std::to_string(args.root_rank) + " is not a rank of " +

@@ -27,7 +27,7 @@ int64_t EnqueueCall(int op, const std::string& name, uintptr_t input, uintptr_t 
     throw InvalidArgument("tensor '" + name + "' has an unsupported dtype code " +
                           std::to_string(dtype));
   }
-  if (reduce_op < 0 || reduce_op > static_cast<int>(ReduceOp::kProduct)) {
+  if (reduce_op < 0 || reduce_op > static_cast<int>(ReduceOp::kAdasum)) {
     throw InvalidArgument("unknown reduce op " + std::to_string(reduce_op));
   }
   if (op < 0 || op >= kNumOpTypes) {

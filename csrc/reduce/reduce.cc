@@ -448,6 +448,8 @@ void CheckOp(ReduceOp op) {
     case ReduceOp::kMax:
     case ReduceOp::kProduct:
       return;
+    case ReduceOp::kAdasum:  // not elementwise: collectives/adasum_allreduce.h
+      break;
   }
   ThrowBadReduceOp(op);
 }
@@ -466,6 +468,8 @@ void ReduceTyped(void* dst, const void* src, size_t count, ReduceOp op) {
       return ReduceLoop<T, MaxOp>(d, s, count);
     case ReduceOp::kProduct:
       return ReduceLoop<T, ProductOp>(d, s, count);
+    case ReduceOp::kAdasum:
+      break;
   }
   ThrowBadReduceOp(op);
 }
@@ -484,6 +488,8 @@ void Reduce16(void* dst, const void* src, size_t count, ReduceOp op) {
       return Kernel<MaxOp>::Run(d, s, count);
     case ReduceOp::kProduct:
       return Kernel<ProductOp>::Run(d, s, count);
+    case ReduceOp::kAdasum:
+      break;
   }
   ThrowBadReduceOp(op);
 }
@@ -509,6 +515,8 @@ void ReduceBool(void* dst, const void* src, size_t count, ReduceOp op) {
     case ReduceOp::kMin:
     case ReduceOp::kProduct:
       return ReduceLoop<uint8_t, AndOp>(d, s, count);
+    case ReduceOp::kAdasum:
+      break;
   }
   ThrowBadReduceOp(op);
 }

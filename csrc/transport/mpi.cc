@@ -135,6 +135,7 @@ std::string ErrorString(int code) {
 // MPI's own type and op for a reduction, or false when MPI has none (float16, bfloat16 use
 // the user ops above).
 bool MpiTypeAndOp(DataType dtype, ReduceOp op, MPI_Datatype* type, MPI_Op* mpi_op) {
+  if (op == ReduceOp::kAdasum) return false;  // not elementwise; the executor runs it
   if (dtype == DataType::kFloat16 || dtype == DataType::kBFloat16) {
     if (g_half_ops.empty()) return false;
     *type = MPI_UINT16_T;

@@ -25,9 +25,11 @@ Sum = 1
 Min = 2
 Max = 3
 Product = 4
-Adasum = -1  # named for compatibility; rejected when used
+# Adaptive summation (allreduce of floating tensors over a power-of-two number of ranks).
+Adasum = 5
 
-OP_NAMES = {Average: "Average", Sum: "Sum", Min: "Min", Max: "Max", Product: "Product"}
+OP_NAMES = {Average: "Average", Sum: "Sum", Min: "Min", Max: "Max", Product: "Product",
+            Adasum: "Adasum"}
 
 # Collectives, numbered as in the core.
 ALLREDUCE, ALLGATHER, BROADCAST, BARRIER, ALLTOALL, REDUCESCATTER, JOIN = range(7)
@@ -51,6 +53,7 @@ def _dtype_codes():
 
 
 DTYPE_CODES = _dtype_codes()
+_FLOATING = (5, 6, 7, 8)  # the codes of float16, bfloat16, float32, float64
 SUPPORTED_DTYPES = ", ".join(str(d) for d in DTYPE_CODES)
 
 _lock = threading.Lock()
@@ -95,11 +98,12 @@ def check_array(array, what):
 
 
 def check_reduce_op(op, what, dtype=None):
-    if op == Adasum:
-        raise ValueError(f"{what}: Adasum is not supported by horovodlike; use Average or Sum")
     if isinstance(op, bool) or op not in OP_NAMES:
         raise ValueError(f"{what}: unknown reduce op {op!r}; use hvd.Average, hvd.Sum, hvd.Min, "
-                         "hvd.Max or hvd.Product")
+                         "hvd.Max, hvd.Product or hvd.Adasum")
+    if op == Adasum and dtype is not None and DTYPE_CODES.get(np.dtype(dtype)) not in _FLOATING:
+        raise ValueError(f"{what}: op=Adasum is defined for float16, bfloat16, float32 and "
+                         f"float64 tensors, not {np.dtype(dtype)}; cast the tensor or use Sum")
     if op == Average and dtype is not None and np.dtype(dtype) == np.bool_:
         raise ValueError(f"{what}: Average of bool tensors is not defined; use Sum (logical or) "
                          "or Min (logical and)")

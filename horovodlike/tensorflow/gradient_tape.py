@@ -1,4 +1,5 @@
-"""DistributedGradientTape: a tf.GradientTape whose gradient() averages over all ranks."""
+"""DistributedGradientTape: a tf.GradientTape whose gradient() averages over all ranks (or
+sums, or combines them with Adasum)."""
 
 import tensorflow as tf
 
@@ -9,10 +10,9 @@ from horovodlike.tensorflow.mpi_ops import Adasum, Average, Sum, _reduce
 
 
 def check_gradient_options(op, gradient_predivide_factor, what):
-    if op == Adasum:
-        raise ValueError(f"{what}: Adasum is not supported by horovodlike; use op=hvd.Average")
-    if op not in (Average, Sum):
-        raise ValueError(f"{what}: op must be hvd.Average or hvd.Sum, got {op!r}")
+    # Adasum combines the gradients themselves (as Horovod's DistributedGradientTape does).
+    if op not in (Average, Sum, Adasum):
+        raise ValueError(f"{what}: op must be hvd.Average, hvd.Sum or hvd.Adasum, got {op!r}")
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError(f"{what}: gradient_predivide_factor is only defined for op=hvd.Average")
     if gradient_predivide_factor <= 0:

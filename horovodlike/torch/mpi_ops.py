@@ -20,7 +20,8 @@ Sum = 1
 Min = 2
 Max = 3
 Product = 4
-Adasum = -1  # named for compatibility; rejected when used
+# Adaptive summation (allreduce of floating tensors over a power-of-two number of ranks).
+Adasum = 5
 
 (_OP_ALLREDUCE, _OP_ALLGATHER, _OP_BROADCAST, _OP_BARRIER, _OP_ALLTOALL, _OP_REDUCESCATTER,
  _OP_JOIN) = range(7)
@@ -78,11 +79,9 @@ def _resolve_op(average, op, what):
         raise ValueError(f"{what}: the op and average arguments are mutually exclusive")
     if op is None:
         op = Average if average is None or average else Sum
-    if op == Adasum:
-        raise ValueError(f"{what}: Adasum is not supported by horovodlike; use Average or Sum")
-    if op not in (Average, Sum, Min, Max, Product):
+    if isinstance(op, bool) or op not in (Average, Sum, Min, Max, Product, Adasum):
         raise ValueError(f"{what}: unknown reduce op {op!r}; use hvd.Average, hvd.Sum, "
-                         "hvd.Min, hvd.Max or hvd.Product")
+                         "hvd.Min, hvd.Max, hvd.Product or hvd.Adasum")
     return op
 
 

@@ -10,6 +10,7 @@ import torch
 
 from horovodlike.common import elastic as _elastic
 from horovodlike.common.process_sets import global_process_set
+from horovodlike.torch.adasum_optimizer import _DistributedAdasumOptimizer
 from horovodlike.torch.compression import Compression
 from horovodlike.torch.mpi_ops import (Average, Sum, Adasum, allreduce_async_,
                                        grouped_allreduce_async_, sparse_allreduce_async,
@@ -27,10 +28,11 @@ def _discard(handle):
 class _DistributedOptimizer(torch.optim.Optimizer):
     def _horovodlike_setup(self, named_parameters, compression, backward_passes_per_step, op,
                            gradient_predivide_factor, groups, sparse_as_dense, process_set):
-        if op == Adasum:
-            raise ValueError("Adasum is not supported by horovodlike; use op=hvd.Average")
-        if op not in (Average, Sum):
-            raise ValueError(f"DistributedOptimizer: op must be hvd.Average or hvd.Sum, got {op!r}")
+        # Adasum reaches here only on one rank (see DistributedOptimizer), where it is the
+        # gradient itself; should an elastic job grow, its gradients are combined with Adasum.
+        if op not in (Average, Sum, Adasum):
+            raise ValueError("DistributedOptimizer: op must be hvd.Average, hvd.Sum or "
+                             f"hvd.Adasum, got {op!r}")
         if gradient_predivide_factor != 1.0 and op != Average:
             raise ValueError("gradient_predivide_factor is only defined for op=hvd.Average")
         if backward_passes_per_step < 1:
@@ -229,16 +231,34 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     ready. ``num_groups`` is the older name of the int form. ``sparse_as_dense``: reduce sparse
     gradients as dense tensors instead of gathering their indices and values.
 
+    ``op=hvd.Adasum`` (on more than one rank) combines each rank's update with Adasum instead of
+    averaging gradients (adasum_optimizer.py); as in Horovod, gradient_predivide_factor is then
+    not allowed, and groups and sparse_as_dense do not apply.
+
     The returned object is an instance of a subclass of the optimizer's own class and shares its
     parameter groups and state.
     """
     if num_groups and groups is not None:
         raise ValueError("give num_groups or groups, not both")
+    if op == Adasum and gradient_predivide_factor != 1.0:
+        raise ValueError("DistributedOptimizer: gradient_predivide_factor is only defined for "
+                         "op=hvd.Average, not for op=hvd.Adasum (Adasum is not averaged)")
+    if process_set.size() is None:
+        raise ValueError(f"{process_set} is not registered; add it first")
+    adasum = op == Adasum and process_set.size() > 1
+    if adasum and (groups or num_groups):
+        raise ValueError("DistributedOptimizer: groups and num_groups do not apply to "
+                         "op=hvd.Adasum, which combines each parameter's update on its own")
+    base = _DistributedAdasumOptimizer if adasum else _DistributedOptimizer
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
-               {k: v for k, v in _DistributedOptimizer.__dict__.items()
+               {k: v for k, v in base.__dict__.items()
                 if k not in ("__dict__", "__weakref__")})
     wrapped = cls.__new__(cls)
     wrapped.__dict__.update(optimizer.__dict__)
+    if adasum:
+        wrapped._horovodlike_setup(named_parameters, compression, backward_passes_per_step,
+                                   process_set)
+        return wrapped
     wrapped._horovodlike_setup(named_parameters, compression, backward_passes_per_step, op,
                                gradient_predivide_factor, groups if groups is not None else
                                num_groups, sparse_as_dense, process_set)

@@ -183,7 +183,8 @@ for mode, wrap in (("eager", lambda f: f), ("graph", lambda f: tf.function(f, au
     expect(ValueError, wrap(lambda: hvd.allreduce(tf.ones(2, tf.bool), name="bavg")), "bavg",
            "bool")
     expect(ValueError, wrap(lambda: hvd.allreduce(tf.ones(2), op=17, name="op17")), "17")
-    expect(ValueError, wrap(lambda: hvd.allreduce(tf.ones(2), op=hvd.Adasum)), "Adasum")
+    expect(ValueError, wrap(lambda: hvd.allreduce(tf.ones(2, tf.int32), op=hvd.Adasum,
+                                                  name="adasum_int")), "adasum_int", "int32")
     expect(ValueError, wrap(lambda: hvd.allgather(tf.constant(1.0), name="scalar")), "scalar")
     expect(ValueError, wrap(lambda: hvd.reducescatter(tf.constant(1.0), name="rs0")), "scalar")
     expect(ValueError, wrap(lambda: hvd.alltoall(tf.ones(2 * size + 1), name="uneven")),
@@ -197,8 +198,8 @@ expect(ValueError, lambda: hvd.alltoall(tf.ones(3), splits=[1] * (size + 1), nam
 expect(ValueError, lambda: tf.function(lambda: hvd.broadcast_object(1))(), "eagerly")
 expect(ValueError, lambda: tf.function(lambda: hvd.allreduce(tf.ones(2)), jit_compile=True)(),
        "XLA", "jit_compile=False")
-expect(ValueError, lambda: hvd.DistributedGradientTape(tf.GradientTape(), op=hvd.Adasum),
-       "Adasum")
+expect(ValueError, lambda: hvd.DistributedGradientTape(tf.GradientTape(), op=hvd.Adasum,
+                                                       gradient_predivide_factor=2.0), "Average")
 expect(ValueError, lambda: hvd.DistributedGradientTape(tf.GradientTape(), op=hvd.Sum,
                                                        gradient_predivide_factor=2.0), "Average")
 expect(TypeError, lambda: hvd.DistributedOptimizer(object()), "Keras optimizer")
