@@ -7,6 +7,7 @@ import torch
 
 import horovodlike.torch as hvd
 from common import check
+from reference import expected_adasum
 
 hvd.init()
 rank, size = hvd.rank(), hvd.size()
@@ -31,25 +32,6 @@ if size & (size - 1):
           "the job did not go on after the Adasum error")
     print(f"rank {rank}: adasum OK", flush=True)
     raise SystemExit(0)
-
-
-def combine(a, b, dtype):
-    """The pair rule in float64, rounded to the tensor's dtype as the buffer holds it."""
-    dot, na, nb = a @ b, a @ a, b @ b
-    ca = 1 - dot / (2 * na) if na > 0 else 1.0
-    cb = 1 - dot / (2 * nb) if nb > 0 else 1.0
-    return (ca * a + cb * b).astype(dtype).astype(np.float64)
-
-
-def expected_adasum(vectors, dtype):
-    """Recursive pairing: at distance d, ranks r and r ^ d combine, the lower one's as `a`."""
-    current = [v.astype(dtype).astype(np.float64) for v in vectors]
-    distance = 1
-    while distance < len(current):
-        current = [combine(current[min(r, r ^ distance)], current[max(r, r ^ distance)], dtype)
-                   for r in range(len(current))]
-        distance *= 2
-    return current[0]
 
 
 def rank_values(seed, r, count):

@@ -5,6 +5,7 @@ replica on the global batch (dense and embedding models, gradient aggregation), 
 import os
 import sys
 
+from reference import expected_adasum
 from tf_common import check, expect
 
 import keras  # noqa: E402
@@ -91,6 +92,25 @@ for label, make, make_optimizer, options, passes, lr_factor in cases:
     check(everyone_equal(model, label.replace(" ", "_")), f"{label}: ranks diverged")
     check(int(model.optimizer.iterations.numpy()) == 2 * BATCHES,
           f"{label}: {int(model.optimizer.iterations.numpy())} iterations")
+
+# ---- op=Adasum: one SGD step applies the Adasum of the ranks' gradients (a power-of-two job)
+if size > 1 and size & (size - 1) == 0:
+    model = dense_model(seed=11)
+    fit(model, hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), op=hvd.Adasum),
+        X[mine][:PER_RANK], Y[mine][:PER_RANK], PER_RANK, epochs=1)
+    start = dense_model(seed=11)
+    per_rank = []
+    for r in range(size):
+        x, y = X[r::size][:PER_RANK], Y[r::size][:PER_RANK]
+        with tf.GradientTape() as tape:
+            loss = LOSS(y, start(x, training=True))
+        per_rank.append([g.numpy().ravel().astype(np.float64)
+                         for g in tape.gradient(loss, start.trainable_variables)])
+    for i, (got, w0) in enumerate(zip(model.get_weights(), start.get_weights())):
+        want = w0 - 0.1 * expected_adasum([g[i] for g in per_rank], np.float32).reshape(w0.shape)
+        check(np.allclose(got, want, rtol=1e-5, atol=1e-6),
+              f"Adasum step: weight {i} differs by {np.abs(got - want).max()}")
+    check(everyone_equal(model, "adasum"), "Adasum: ranks diverged")
 
 # ---- callbacks: different initial weights are broadcast; metrics are averaged
 local_logs = []
