@@ -11,14 +11,7 @@ Adasum of the gradients; for optimizers with state (momentum, Adam) each rank ke
 import torch
 
 from horovodlike.torch.mpi_ops import Adasum, allreduce_async_, synchronize
-
-
-def _discard(handle):
-    """Waits out a handle whose result is no longer wanted (its error included)."""
-    try:
-        synchronize(handle)
-    except (RuntimeError, ValueError):
-        pass
+from horovodlike.torch.optimizer_common import discard, parameter_names
 
 
 class _DistributedAdasumOptimizer(torch.optim.Optimizer):
@@ -30,17 +23,7 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
         self._process_set = process_set
         self.backward_passes_per_step = backward_passes_per_step
         params = [p for group in self.param_groups for p in group["params"]]
-        if named_parameters is not None:
-            by_id = {id(p): n for n, p in named_parameters}
-            unnamed = [i for i, p in enumerate(params) if id(p) not in by_id]
-            if unnamed:
-                raise ValueError(
-                    f"named_parameters was given, but {len(unnamed)} of the optimizer's "
-                    "parameters are not in it (positions " + ", ".join(map(str, unnamed[:10]))
-                    + "); pass model.named_parameters() of the model being optimized")
-        else:
-            by_id = {id(p): f"noname.{i}" for i, p in enumerate(params)}
-        self._names = {p: by_id[id(p)] for p in params}
+        self._names = parameter_names(params, named_parameters)
         self._starts = {}       # param -> its value before this step's local update
         self._handles = {}      # param -> (handle, compressed change, ctx)
         self._passes_left = {}  # param -> backward passes until its local step
@@ -119,7 +102,7 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
                     p.copy_(self._starts[p] + combined.view_as(p).to(p.dtype))
         finally:
             for handle, _, _ in self._handles.values():
-                _discard(handle)
+                discard(handle)
             self._handles.clear()
             for p in self._passes_left:
                 self._passes_left[p] = self.backward_passes_per_step

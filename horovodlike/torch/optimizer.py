@@ -12,17 +12,10 @@ from horovodlike.common import elastic as _elastic
 from horovodlike.common.process_sets import global_process_set
 from horovodlike.torch.adasum_optimizer import _DistributedAdasumOptimizer
 from horovodlike.torch.compression import Compression
+from horovodlike.torch.optimizer_common import discard, parameter_names
 from horovodlike.torch.mpi_ops import (Average, Sum, Adasum, allreduce_async_,
                                        grouped_allreduce_async_, sparse_allreduce_async,
                                        synchronize)
-
-
-def _discard(handle):
-    """Waits out a handle whose result is no longer wanted (its error included)."""
-    try:
-        synchronize(handle)
-    except (RuntimeError, ValueError):
-        pass
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -45,24 +38,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.backward_passes_per_step = backward_passes_per_step
 
         params = [p for group in self.param_groups for p in group["params"]]
-        if named_parameters is not None:
-            named = list(named_parameters)
-            names = [n for n, _ in named]
-            duplicates = sorted({n for n in names if names.count(n) > 1})
-            if duplicates:
-                raise ValueError("named_parameters contains duplicate names: "
-                                 + ", ".join(duplicates))
-            by_id = {id(p): n for n, p in named}
-            unnamed = [i for i, p in enumerate(params) if id(p) not in by_id]
-            if unnamed:
-                raise ValueError(
-                    f"named_parameters was given, but {len(unnamed)} of the optimizer's "
-                    "parameters are not in it (positions " + ", ".join(map(str, unnamed[:10]))
-                    + "); pass model.named_parameters() of the model being optimized")
-        else:
-            by_id = {id(p): f"noname.{i}" for i, p in enumerate(params)}
         self._params = params
-        self._names = {p: by_id[id(p)] for p in params}
+        self._names = parameter_names(params, named_parameters)
         self._group_of = self._make_groups(params, groups)
         self._handles = {}      # param or group index -> (handle, [(param, compressed, ctx)])
         self._ready = {}        # group index -> params whose gradient is ready
@@ -189,7 +166,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         finally:
             # Also after a failure: an elastic job restores the state and goes on from here.
             for handle, _ in self._handles.values():
-                _discard(handle)
+                discard(handle)
             self._handles.clear()
             self._ready.clear()
             for p in self._passes_left:
