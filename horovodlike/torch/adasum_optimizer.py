@@ -11,7 +11,7 @@ Adasum of the gradients; for optimizers with state (momentum, Adam) each rank ke
 import torch
 
 from horovodlike.torch.mpi_ops import Adasum, allreduce_async_, synchronize
-from horovodlike.torch.optimizer_common import discard, parameter_names
+from horovodlike.torch.optimizer_common import discard, parameter_names, too_many_passes
 
 
 class _DistributedAdasumOptimizer(torch.optim.Optimizer):
@@ -66,10 +66,7 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
 
     def _grad_ready(self, p):
         if p in self._handles:
-            raise RuntimeError(
-                f"the gradient of '{self._names[p]}' was computed more than "
-                f"backward_passes_per_step={self.backward_passes_per_step} times before "
-                "step(); raise backward_passes_per_step or call step() after each backward")
+            raise too_many_passes(self._names[p], self.backward_passes_per_step)
         self._passes_left[p] -= 1
         if self._passes_left[p] == 0:
             self._local_step(p)

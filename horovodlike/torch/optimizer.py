@@ -12,7 +12,7 @@ from horovodlike.common import elastic as _elastic
 from horovodlike.common.process_sets import global_process_set
 from horovodlike.torch.adasum_optimizer import _DistributedAdasumOptimizer
 from horovodlike.torch.compression import Compression
-from horovodlike.torch.optimizer_common import discard, parameter_names
+from horovodlike.torch.optimizer_common import discard, parameter_names, too_many_passes
 from horovodlike.torch.mpi_ops import (Average, Sum, Adasum, allreduce_async_,
                                        grouped_allreduce_async_, sparse_allreduce_async,
                                        synchronize)
@@ -135,10 +135,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _grad_ready(self, p):
         if self._pending(p):
-            raise RuntimeError(
-                f"the gradient of '{self._names[p]}' was computed more than "
-                f"backward_passes_per_step={self.backward_passes_per_step} times before "
-                "step(); raise backward_passes_per_step or call step() after each backward")
+            raise too_many_passes(self._names[p], self.backward_passes_per_step)
         self._passes_left[p] -= 1
         if self._passes_left[p] == 0:
             self._start_allreduce(p)

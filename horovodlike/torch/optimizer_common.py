@@ -30,3 +30,11 @@ def parameter_names(params, named_parameters):
             "parameters are not in it (positions " + ", ".join(map(str, unnamed[:10]))
             + "); pass model.named_parameters() of the model being optimized")
     return {p: by_id[id(p)] for p in params}
+
+
+def too_many_passes(name, backward_passes_per_step):
+    """The error for a gradient computed again before step() took the last one."""
+    return RuntimeError(
+        f"the gradient of '{name}' was computed more than "
+        f"backward_passes_per_step={backward_passes_per_step} times before "
+        "step(); raise backward_passes_per_step or call step() after each backward")
