@@ -651,6 +651,7 @@ void ScaleImpl(void* dst, const void* src, size_t count, DataType dtype, double 
     case DataType::kUInt8:
     case DataType::kInt8:
     case DataType::kInt16:
+    case DataType::kUInt16:
     case DataType::kInt32:
     case DataType::kInt64:
       break;
@@ -685,6 +686,7 @@ void ScaleImpl(void* dst, const void* src, size_t count, DataType dtype, double 
     HVDL_SCALE_INT(kUInt8, uint8_t)
     HVDL_SCALE_INT(kInt8, int8_t)
     HVDL_SCALE_INT(kInt16, int16_t)
+    HVDL_SCALE_INT(kUInt16, uint16_t)
     HVDL_SCALE_INT(kInt32, int32_t)
     HVDL_SCALE_INT(kInt64, int64_t)
     default:
@@ -700,6 +702,7 @@ size_t ElementSize(DataType dtype) {
     case DataType::kBool:
       return 1;
     case DataType::kInt16:
+    case DataType::kUInt16:
     case DataType::kFloat16:
     case DataType::kBFloat16:
       return 2;
@@ -727,6 +730,8 @@ void ReduceInto(void* dst, const void* src, size_t count, DataType dtype, Reduce
       return ReduceTyped<int8_t>(dst, src, count, op);
     case DataType::kInt16:
       return ReduceTyped<int16_t>(dst, src, count, op);
+    case DataType::kUInt16:
+      return ReduceTyped<uint16_t>(dst, src, count, op);
     case DataType::kInt32:
       return ReduceTyped<int32_t>(dst, src, count, op);
     case DataType::kInt64:

@@ -43,7 +43,8 @@ _CORE_OUTPUT = (ALLGATHER, ALLTOALL, REDUCESCATTER, JOIN)
 def _dtype_codes():
     codes = {np.dtype(np.uint8): 0, np.dtype(np.int8): 1, np.dtype(np.int16): 2,
              np.dtype(np.int32): 3, np.dtype(np.int64): 4, np.dtype(np.float16): 5,
-             np.dtype(np.float32): 7, np.dtype(np.float64): 8, np.dtype(np.bool_): 9}
+             np.dtype(np.float32): 7, np.dtype(np.float64): 8, np.dtype(np.bool_): 9,
+             np.dtype(np.uint16): 10}
     try:  # NumPy has no bfloat16; ml_dtypes (a TensorFlow and JAX dependency) provides it.
         import ml_dtypes
         codes[np.dtype(ml_dtypes.bfloat16)] = 6

@@ -42,8 +42,8 @@ def make_spec(kind, name, op=numpy_ops.Sum, prescale=1.0, postscale=1.0, root_ra
                 splits)
 
 
-TF_DTYPES = (tf.uint8, tf.int8, tf.int16, tf.int32, tf.int64, tf.float16, tf.bfloat16,
-             tf.float32, tf.float64, tf.bool)
+TF_DTYPES = (tf.uint8, tf.int8, tf.uint16, tf.int16, tf.int32, tf.int64, tf.float16,
+             tf.bfloat16, tf.float32, tf.float64, tf.bool)
 _SUPPORTED = ", ".join(d.name for d in TF_DTYPES)
 
 
