@@ -35,7 +35,8 @@ from horovodlike.tensorflow.functions import broadcast_object, allgather_object 
 from horovodlike.tensorflow.mpi_ops import (Average, Sum, Min, Max, Product, Adasum,  # noqa
                                             ProcessSet, global_process_set, add_process_set,
                                             remove_process_set)
-from horovodlike.keras.optimizer import DistributedOptimizer, wrap_in_place  # noqa: E402
+from horovodlike.keras.optimizer import (DistributedOptimizer,  # noqa: E402
+                                        PartialDistributedOptimizer, wrap_in_place)
 from horovodlike.keras import callbacks, elastic  # noqa: E402,F401
 
 __all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
@@ -44,7 +45,7 @@ __all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "
            "mpi_threads_supported", "HorovodInternalError", "HostsUpdatedInterrupt",
            "TensorMismatchError", "Compression", "Average", "Sum", "Min", "Max", "Product",
            "Adasum", "ProcessSet", "global_process_set", "add_process_set",
-           "remove_process_set", "DistributedOptimizer", "allreduce", "allgather", "broadcast",
+           "remove_process_set", "DistributedOptimizer", "PartialDistributedOptimizer", "allreduce", "allgather", "broadcast",
            "reducescatter", "broadcast_object", "allgather_object", "broadcast_global_variables",
            "load_model", "callbacks", "elastic"]
 __all__ += ["start_timeline", "stop_timeline"]

@@ -17,22 +17,28 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
 
     Keras 3 builds the model and the optimizer before training starts, so the broadcast happens
     in ``on_train_begin``, before the first step; state that only appears during the first step
-    (an optimizer built lazily) is broadcast again after that step.
+    (an optimizer built lazily) is broadcast again after that step. ``local_variables`` (for
+    model-parallel parts each rank owns) keep every rank's own values.
     """
 
-    def __init__(self, root_rank, device=""):
+    def __init__(self, root_rank, device="", local_variables=None):
         super().__init__()
         self.root_rank = root_rank
         self.device = device
+        self.local_variables = list(local_variables or [])
         self.broadcast_done = False
         self._optimizer_pending = False
 
+    def _shared(self, variables):
+        local = {id(v) for v in self.local_variables}
+        return [v for v in variables if id(v) not in local]
+
     def _broadcast(self):
-        broadcast_variables(self.model.variables, root_rank=self.root_rank)
+        broadcast_variables(self._shared(self.model.variables), root_rank=self.root_rank)
         optimizer = getattr(self.model, "optimizer", None)
         variables = _optimizer_variables(optimizer) if optimizer is not None else []
         if variables:
-            broadcast_variables(variables, root_rank=self.root_rank)
+            broadcast_variables(self._shared(variables), root_rank=self.root_rank)
         return optimizer is not None and not getattr(optimizer, "built", True)
 
     def on_train_begin(self, logs=None):
@@ -88,7 +94,8 @@ def _momentum_buffers(optimizer):
 class LearningRateScheduleCallback(keras.callbacks.Callback):
     """Sets the learning rate to ``initial_lr * multiplier(epoch)`` from start_epoch up to
     end_epoch (excluded): at the start of each epoch with ``staircase=True``, or at every batch
-    with a fractional epoch otherwise. A constant ``multiplier`` m means ``m ** epoch``.
+    with a fractional epoch otherwise. A constant ``multiplier`` m means
+    ``m ** (epoch - start_epoch)``, as in Horovod.
 
     With ``momentum_correction``, when the learning rate changes from old to new, the optimizer's
     momentum buffers are scaled by new / old (Goyal et al., 2017). Horovod scales the momentum
@@ -111,7 +118,7 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         if callable(multiplier):
             self.multiplier = multiplier
         else:
-            self.multiplier = lambda epoch: multiplier ** epoch
+            self.multiplier = lambda epoch: multiplier ** (epoch - start_epoch)
 
     def _autodetect_steps_per_epoch(self):
         steps = (self.params or {}).get("steps")

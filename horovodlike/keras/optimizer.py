@@ -6,15 +6,19 @@ through) first reduces the gradients over all ranks and then lets the original `
 rest: loss-scale handling, clipping, weight decay, the update and the iteration count. So
 clipping acts on the averaged gradients, as it would in one process with the global batch.
 
-With ``backward_passes_per_step`` = n > 1, gradients are summed locally in variables the
-optimizer keeps outside its Keras state (so checkpoints match an unwrapped optimizer's), and
-only every n-th call reduces and applies them; the other calls only count an iteration.
+With ``backward_passes_per_step`` = n > 1, gradients are summed locally (see aggregation.py),
+and only every n-th call reduces and applies them; the other calls only count an iteration.
+
+Horovod's ``_compute_gradients(loss, var_list, tape=...)`` (Keras 2's gradient step, which code
+written for Horovod calls) is kept: it returns the reduced (and aggregated) gradients, and
+``apply_gradients`` then applies them without reducing them again.
 """
 
 import keras
 import tensorflow as tf
 
 from horovodlike.common.process_sets import global_process_set, set_id, set_ranks
+from horovodlike.keras.aggregation import GradientAggregation
 from horovodlike.tensorflow.compression import Compression
 from horovodlike.tensorflow.gradient_tape import (check_gradient_options, reduce_gradients,
                                                   scale_gradient)
@@ -33,33 +37,20 @@ class _DistributedOptimizer:
                                  gradient_predivide_factor=gradient_predivide_factor,
                                  groups=groups, process_set=process_set)
         self._hvd_set_size = len(set_ranks(process_set))
-        self._hvd_passes = int(backward_passes_per_step)
-        self._hvd_average_aggregated = bool(average_aggregated_gradients)
         self._hvd_scale_local_gradients = scale_local_gradients
         self._hvd_local_vars = set()
-        self._hvd_aggregated = None  # per trainable variable, when backward_passes_per_step > 1
-        self._hvd_counter = None
+        # Horovod's name for it; None without aggregation.
+        self._agg_helper = GradientAggregation(backward_passes_per_step,
+                                               average_aggregated_gradients) \
+            if backward_passes_per_step > 1 else None
+        # Gradients _compute_gradients returned (already aggregated and reduced), by id, so that
+        # apply does not reduce them again.
+        self._hvd_prepared = set()
 
     def register_local_var(self, var):
         """Marks ``var`` as local to this rank: its gradient is not reduced (and is divided by
         the number of ranks when scale_local_gradients is set, as in Horovod)."""
         self._hvd_local_vars.add(id(var))
-
-    def build(self, variables):
-        super(self.__class__, self).build(variables)
-        if self._hvd_passes > 1:
-            self._hvd_build_aggregation(variables)
-
-    def _hvd_build_aggregation(self, variables):
-        # Plain tf.Variables: Keras does not count them among the optimizer's variables, so a
-        # checkpoint of this optimizer loads into an unwrapped one and back.
-        with tf.init_scope():
-            self._hvd_aggregated = [
-                tf.Variable(tf.zeros(v.shape, dtype=v.dtype), trainable=False,
-                            name="hvd_aggregated_gradient") for v in variables]
-            self._hvd_counter = tf.Variable(0, dtype=tf.int64, trainable=False,
-                                            name="hvd_aggregation_counter")
-            self._hvd_aggregated_index = {id(v): i for i, v in enumerate(variables)}
 
     def _hvd_reduce(self, grads, variables):
         if self._hvd_set_size == 1:
@@ -76,6 +67,53 @@ class _DistributedOptimizer:
                 if is_local and out[i] is not None:
                     out[i] = scale_gradient(out[i], 1.0 / self._hvd_set_size)
         return out
+
+    def _hvd_aggregate_and_reduce(self, grads, variables):
+        """Adds this pass's gradients to the local sums. On the pass that completes
+        backward_passes_per_step, returns the sums reduced over the ranks and clears them;
+        on the others, the local sums so far (as Horovod's optimizer does)."""
+        aggregation = self._agg_helper
+        count, sums = aggregation.add(grads, variables)
+        present = [i for i, total in enumerate(sums) if total is not None]
+
+        def reduce_and_clear():
+            values = aggregation.values(sums)
+            reduced = self._hvd_reduce(values, variables)
+            reduced = [tf.convert_to_tensor(reduced[i]) for i in present]
+            with tf.control_dependencies(reduced):
+                aggregation.clear(sums)
+                return [tf.identity(r) for r in reduced]
+
+        def local_sums():
+            return [tf.identity(sums[i].read_value()) for i in present]
+
+        chosen = tf.cond(aggregation.is_complete(count), reduce_and_clear, local_sums)
+        out = [None] * len(grads)
+        for i, value in zip(present, tf.nest.flatten(chosen)):
+            out[i] = value
+        return out
+
+    def _compute_gradients(self, loss, var_list, grad_loss=None, tape=None):
+        """Horovod's (and Keras 2's) gradient step: the gradients of ``loss`` (a tensor
+        recorded on ``tape``, or a callable) with respect to ``var_list``, reduced over the
+        ranks (and aggregated over backward_passes_per_step passes). Returns (gradient,
+        variable) pairs; pass them to apply_gradients, which then does not reduce them again."""
+        tape = tf.GradientTape() if tape is None else tape
+        if callable(loss):
+            with tape:
+                if not callable(var_list):
+                    tape.watch(var_list)
+                loss = loss()
+        if callable(var_list):
+            var_list = var_list()
+        var_list = list(var_list)
+        grads = tape.gradient(loss, var_list, grad_loss)
+        if self._agg_helper is None:
+            reduced = self._hvd_reduce(list(grads), var_list)
+        else:
+            reduced = self._hvd_aggregate_and_reduce(list(grads), var_list)
+        self._hvd_prepared = {id(g) for g in reduced if g is not None}
+        return list(zip(reduced, var_list))
 
     @tf.autograph.experimental.do_not_convert
     def apply(self, grads, trainable_variables=None):
@@ -96,40 +134,42 @@ class _DistributedOptimizer:
         if len(grads) != len(variables):
             raise ValueError(f"DistributedOptimizer.apply: {len(grads)} gradients for "
                              f"{len(variables)} variables")
-        if self._hvd_passes == 1:
-            return parent.apply(self._hvd_reduce(grads, variables), variables)
-        return self._hvd_apply_aggregated(parent, grads, variables)
+        prepared = bool(self._hvd_prepared) and \
+            all(g is None or id(g) in self._hvd_prepared for g in grads)
+        self._hvd_prepared = set()
+        if self._agg_helper is None:
+            return parent.apply(grads if prepared else self._hvd_reduce(grads, variables),
+                                variables)
+        if prepared:
+            # _compute_gradients reduced them if this pass completed the aggregation (and
+            # reset the counter); otherwise they are partial local sums, not to be applied.
+            complete = tf.equal(self._agg_helper.counter, 0)
+            return self._hvd_apply_or_count(parent, complete, lambda: grads, variables)
+        count, sums = self._agg_helper.add(grads, variables)
 
-    def _hvd_apply_aggregated(self, parent, grads, variables):
-        if self._hvd_aggregated is None:
-            self._hvd_build_aggregation(self._trainable_variables)
-        slots = [self._hvd_aggregated[self._hvd_aggregated_index[id(v)]] for v in variables]
-        for slot, g in zip(slots, grads):
-            if g is not None:
-                slot.assign_add(tf.cast(tf.convert_to_tensor(g), slot.dtype))
-        count = self._hvd_counter.assign_add(1)
-        present = [g is not None for g in grads]
-        passes = self._hvd_passes
+        def reduced_sums():
+            reduced = self._hvd_reduce(self._agg_helper.values(sums), variables)
+            return reduced, sums
 
-        def reduce_and_apply():
-            aggregated = []
-            for slot, has_grad in zip(slots, present):
-                if not has_grad:
-                    aggregated.append(None)
-                    continue
-                value = tf.identity(slot.read_value())
-                aggregated.append(value / passes if self._hvd_average_aggregated else value)
-            parent.apply(self._hvd_reduce(aggregated, variables), variables)
-            for slot in slots:
-                slot.assign(tf.zeros_like(slot))
-            self._hvd_counter.assign(0)
+        return self._hvd_apply_or_count(parent, self._agg_helper.is_complete(count),
+                                        reduced_sums, variables)
+
+    def _hvd_apply_or_count(self, parent, complete, gradients, variables):
+        """Applies ``gradients()`` when ``complete``; otherwise only counts an iteration, as
+        Horovod does on the passes that only aggregate."""
+        def apply_now():
+            result = gradients()
+            grads, sums = result if isinstance(result, tuple) else (result, None)
+            parent.apply(grads, variables)
+            if sums is not None:
+                self._agg_helper.clear(sums)
             return tf.constant(True)
 
         def count_only():
             self._iterations.assign_add(1)
             return tf.constant(False)
 
-        tf.cond(count >= passes, reduce_and_apply, count_only)
+        tf.cond(complete, apply_now, count_only)
 
 
 def _distributed_class(base):
@@ -179,6 +219,45 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
                                gradient_predivide_factor, backward_passes_per_step,
                                average_aggregated_gradients, groups, process_set,
                                scale_local_gradients)
+    return wrapped
+
+
+def local_layer_variables(local_layers, what):
+    """The trainable variables of ``local_layers`` (one Keras layer or a list of them)."""
+    if local_layers is None:
+        return []
+    if isinstance(local_layers, keras.layers.Layer):
+        local_layers = [local_layers]
+    variables = []
+    for layer in local_layers:
+        if not isinstance(layer, keras.layers.Layer):
+            raise TypeError(f"{what}: local_layers must hold Keras layers, got "
+                            f"{type(layer).__name__}")
+        variables.extend(layer.trainable_weights)
+    return variables
+
+
+def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",
+                                compression=Compression.none, sparse_as_dense=False,
+                                gradient_predivide_factor=1.0, op=Average,
+                                backward_passes_per_step=1, average_aggregated_gradients=False,
+                                groups=None, process_set=global_process_set,
+                                scale_local_gradients=True, local_layers=None):
+    """A DistributedOptimizer whose ``local_layers`` (model-parallel parts each rank owns) keep
+    their own gradients: every trainable variable of those layers is registered with
+    ``register_local_var``, so its gradient is not reduced (and is divided by the number of
+    ranks when scale_local_gradients is set, as in Horovod)."""
+    local = local_layer_variables(local_layers, "PartialDistributedOptimizer")
+    wrapped = DistributedOptimizer(optimizer, name=name, device_dense=device_dense,
+                                   device_sparse=device_sparse, compression=compression,
+                                   sparse_as_dense=sparse_as_dense,
+                                   gradient_predivide_factor=gradient_predivide_factor, op=op,
+                                   backward_passes_per_step=backward_passes_per_step,
+                                   average_aggregated_gradients=average_aggregated_gradients,
+                                   groups=groups, process_set=process_set,
+                                   scale_local_gradients=scale_local_gradients)
+    for variable in local:
+        wrapped.register_local_var(variable)
     return wrapped
 
 

@@ -40,9 +40,18 @@ from horovodlike.tensorflow.mpi_ops import (Average, Sum, Min, Max, Product, Ada
                                             global_process_set, add_process_set,
                                             remove_process_set)
 from horovodlike.tensorflow.functions import (broadcast_variables, broadcast_,
-                                              broadcast_object, allgather_object)
-from horovodlike.tensorflow.gradient_tape import DistributedGradientTape
+                                              broadcast_object, broadcast_object_fn,
+                                              allgather_object)
+from horovodlike.tensorflow.gradient_tape import (DistributedGradientTape,
+                                                  PartialDistributedGradientTape)
 from horovodlike.tensorflow import elastic  # noqa: F401
+
+
+def _executing_eagerly():
+    """True outside graphs and tf.function traces (Horovod's helper of this name, which its
+    users and tests call)."""
+    import tensorflow as tf
+    return tf.executing_eagerly()
 
 
 def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="",

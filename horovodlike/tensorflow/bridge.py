@@ -26,9 +26,11 @@ import numpy as np
 import tensorflow as tf
 
 from horovodlike.common import numpy_ops
+from horovodlike.common.exceptions import TensorMismatchError
 from horovodlike.common.numpy_ops import (ALLGATHER, ALLREDUCE, ALLTOALL, BROADCAST, KIND_NAMES,
                                           REDUCESCATTER)
 from horovodlike.common.process_sets import global_process_set
+from horovodlike.tensorflow import errors
 
 # One collective of a group. ``splits`` (alltoall) is None for equal parts, or the position of
 # the splits tensor among run()'s extra inputs, so that splits computed in the graph work.
@@ -118,7 +120,8 @@ def auto_name(prefix):
     with _lock:
         number = state.counter
         state.counter += 1
-    return f"{prefix}.{root.name or 'graph'}.{number}"
+    # A TensorFlow 1 graph (tf.Graph, run by a session) has no name; a traced function has.
+    return f"{prefix}.{getattr(root, 'name', None) or 'graph'}.{number}"
 
 
 def _check_not_xla(graph):
@@ -190,17 +193,29 @@ def _regroup(specs, flat):
 
 
 def _graph_node(function, inputs, out_types, name):
-    """A tf.numpy_function node that runs after the graph's previous collective node."""
+    """A tf.numpy_function node that runs after the graph's previous collective node. A mismatch
+    between ranks comes out of it as tf.errors.FailedPreconditionError (see errors.py)."""
     graph = tf.compat.v1.get_default_graph()
     _check_not_xla(graph)
     state = _state(graph)
     previous = [state.last] if state.last is not None else []
+
+    def call(*arrays):
+        try:
+            return list(function(*arrays)) + [np.bytes_(b"")]
+        except TensorMismatchError as e:
+            # Returned rather than raised, for fail_if to raise with the class Horovod's ops
+            # raise; the placeholders are never read.
+            placeholders = [np.zeros(0, dtype=t.as_numpy_dtype) for t in out_types]
+            return placeholders + [np.bytes_(str(e).encode())]
+
     with tf.control_dependencies(previous):
-        flat = tf.numpy_function(function, inputs, out_types, stateful=True, name=name)
-    if not isinstance(flat, (list, tuple)):
-        flat = [flat]
+        flat = tf.numpy_function(call, inputs, list(out_types) + [tf.string], stateful=True,
+                                 name=name)
     state.last = flat[0].op
-    return list(flat)
+    failed = errors.fail_if(flat[-1])
+    with tf.control_dependencies([failed]):
+        return [tf.identity(t) for t in flat[:-1]]
 
 
 def run(specs, tensors, extra_inputs=()):
@@ -213,7 +228,10 @@ def run(specs, tensors, extra_inputs=()):
     for spec, tensor in zip(specs, tensors):
         check_spec(spec, tensor)
     if tf.executing_eagerly():
-        flat = _execute(specs, [t.numpy() for t in tensors + extra_inputs])
+        try:
+            flat = _execute(specs, [t.numpy() for t in tensors + extra_inputs])
+        except (ValueError, TypeError, TensorMismatchError) as e:
+            raise errors.as_tf_error(e) from e
         return _regroup(specs, [tf.convert_to_tensor(a) for a in flat])
 
     out_types = []
@@ -247,7 +265,7 @@ def run_function(function, out_type, name):
         return tf.constant(function(), dtype=out_type)
 
     def call():
-        return np.asarray(function(), dtype=out_type.as_numpy_dtype)
+        return [np.asarray(function(), dtype=out_type.as_numpy_dtype)]
 
     result = _graph_node(call, [], [out_type], name)[0]
     result.set_shape([])

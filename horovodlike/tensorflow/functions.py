@@ -5,6 +5,7 @@ import tensorflow as tf
 from horovodlike.common import numpy_ops, objects
 from horovodlike.common.process_sets import global_process_set
 from horovodlike.tensorflow import bridge
+from horovodlike.tensorflow.errors import raises_tf_errors
 from horovodlike.tensorflow.mpi_ops import _broadcast
 
 
@@ -27,6 +28,7 @@ def _assign_from_root(variables, root_rank, process_set, what, base):
 
 
 @tf.autograph.experimental.do_not_convert
+@raises_tf_errors
 def broadcast_variables(variables, root_rank, process_set=global_process_set, inplace=False):
     """Overwrites every rank's ``variables`` with root_rank's values.
 
@@ -46,6 +48,7 @@ def broadcast_variables(variables, root_rank, process_set=global_process_set, in
 
 
 @tf.autograph.experimental.do_not_convert
+@raises_tf_errors
 def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
     """Broadcasts ``variables`` (a tf.Variable or Keras variable, or a list of them) from
     root_rank in place: every rank's variables take root_rank's values.
@@ -69,21 +72,35 @@ def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
     return values[0] if single else values
 
 
-def _check_eager(what, session):
-    if session is not None:
-        raise ValueError(f"{what}: session is for TensorFlow 1 graphs, which horovodlike does not "
-                         "support; call it eagerly")
-    if not tf.executing_eagerly():
-        raise ValueError(f"{what} runs eagerly; call it outside tf.function")
+def _check_not_traced(what):
+    # The objects move through the core directly and come back as Python objects, eagerly or
+    # while a TensorFlow 1 graph is being built (where Horovod evaluates them in a session at
+    # once); a traced tf.function cannot return a Python object computed when it runs.
+    if not tf.executing_eagerly() and \
+            getattr(tf.compat.v1.get_default_graph(), "building_function", False):
+        raise ValueError(f"{what} returns a Python object, so it cannot run inside tf.function; "
+                         "call it outside the function")
 
 
 def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=global_process_set):
-    """Returns root_rank's ``obj`` (anything cloudpickle can serialize) on every rank."""
-    _check_eager("broadcast_object", session)
+    """Returns root_rank's ``obj`` (anything cloudpickle can serialize) on every rank.
+
+    Works eagerly and in TensorFlow 1 graph mode; ``session`` is accepted for Horovod
+    compatibility and not needed, as the object does not travel through the graph."""
+    _check_not_traced("broadcast_object")
     return objects.broadcast_object(obj, root_rank, name, process_set)
 
 
+def broadcast_object_fn(root_rank=0, session=None, name=None, process_set=global_process_set):
+    """Returns a function ``fn(obj)`` that broadcasts ``obj`` from root_rank, as
+    broadcast_object does (Horovod builds the graph for it once; here there is none to build)."""
+    def broadcast_fn(obj):
+        return broadcast_object(obj, root_rank, session, name, process_set)
+    return broadcast_fn
+
+
 def allgather_object(obj, session=None, name=None, process_set=global_process_set):
-    """Returns the list of every rank's ``obj``, in rank order."""
-    _check_eager("allgather_object", session)
+    """Returns the list of every rank's ``obj``, in rank order (eagerly and in TensorFlow 1
+    graph mode; ``session`` is accepted and not needed)."""
+    _check_not_traced("allgather_object")
     return objects.allgather_object(obj, name, process_set)

@@ -93,6 +93,12 @@ def scale_gradient(grad, factor):
     return grad * tf.cast(factor, grad.dtype)
 
 
+def _source_key(source):
+    # tf.Variable and tensors hash by .ref(); Keras 3 variables have no ref() but are objects
+    # that live as long as the model.
+    return source.ref() if hasattr(source, "ref") else id(source)
+
+
 class _DistributedGradientTape:
     """Methods added to the wrapped tape's class."""
 
@@ -109,7 +115,7 @@ class _DistributedGradientTape:
     def register_local_source(self, source):
         """Marks ``source`` as local to this rank: its gradient is not reduced (and is divided
         by the number of ranks when scale_local_gradients is set, as in Horovod)."""
-        self._hvd_local_sources.add(source.ref())
+        self._hvd_local_sources.add(_source_key(source))
 
     @tf.autograph.experimental.do_not_convert
     def gradient(self, target, sources, output_gradients=None,
@@ -118,7 +124,7 @@ class _DistributedGradientTape:
                                                      unconnected_gradients)
         flat_sources = tf.nest.flatten(sources)
         flat_grads = tf.nest.flatten(grads, expand_composites=False)
-        local = [hasattr(s, "ref") and s.ref() in self._hvd_local_sources for s in flat_sources]
+        local = [_source_key(s) in self._hvd_local_sources for s in flat_sources]
         shared = [i for i, is_local in enumerate(local) if not is_local]
         out = list(flat_grads)
         if self._hvd_set_size > 1:
@@ -158,4 +164,21 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="",
     tape._horovodlike_setup(device_dense, device_sparse, compression, sparse_as_dense, op,
                             gradient_predivide_factor, groups, process_set,
                             scale_local_gradients)
+    return tape
+
+
+def PartialDistributedGradientTape(gradtape, device_dense="", device_sparse="",
+                                   compression=Compression.none, sparse_as_dense=False,
+                                   op=Average, gradient_predivide_factor=1.0, num_groups=0,
+                                   groups=None, process_set=global_process_set,
+                                   local_layers=None, scale_local_gradients=True):
+    """A DistributedGradientTape whose ``local_layers`` (Keras layers each rank owns, in model
+    parallelism) keep their own gradients: their trainable variables are registered with
+    ``register_local_source``."""
+    from horovodlike.keras.optimizer import local_layer_variables
+    tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression,
+                                   sparse_as_dense, op, gradient_predivide_factor, num_groups,
+                                   groups, process_set, scale_local_gradients)
+    for variable in local_layer_variables(local_layers, "PartialDistributedGradientTape"):
+        tape.register_local_source(variable)
     return tape

@@ -1,12 +1,14 @@
 """TensorFlow collectives, eager and inside tf.function, each with its gradient.
 
-Gradients are those of the sum of all ranks' losses:
+The gradients are Horovod's, rule for rule, so that a model migrated from Horovod trains the same:
 - allreduce: the gradient is allreduced with the same op and scale factors;
-- allgather: each rank gets its own rows of the sum of all ranks' gradients;
-- broadcast: the root gets the sum of all ranks' gradients, the other ranks zero;
+- allgather: the gradient is averaged over the ranks (allreduce op=Average) and each rank takes
+  its own rows;
+- broadcast: the gradient is averaged over the ranks; the root keeps it, the others get zero;
 - alltoall: the gradient goes back where its rows came from (an alltoall with the received
   splits);
-- reducescatter: the gradient is allgathered (and scaled as the forward pass was).
+- reducescatter: the gradient is allgathered, times the set's size for op=Sum (the scale factors
+  are not applied to it).
 """
 
 import tensorflow as tf
@@ -19,6 +21,7 @@ from horovodlike.common.process_sets import (ProcessSet, add_process_set, global
                                              remove_process_set, set_id, set_ranks)
 from horovodlike.tensorflow import bridge
 from horovodlike.tensorflow.compression import Compression
+from horovodlike.tensorflow.errors import raises_tf_errors
 
 # AutoGraph would otherwise rewrite these functions (and everything they call) each time a
 # tf.function that uses them is traced; they are plain Python that builds the graph directly.
@@ -96,22 +99,32 @@ def _allreduce_dense(tensors, names, op, prescale, postscale, process_set, atomi
 
 def _allreduce_sparse(slices, names, op, prescale, postscale, process_set, atomic):
     """tf.IndexedSlices are reduced by gathering every rank's rows: the values and the indices
-    are allgathered, and the represented dense tensor is the sum (or average) of the ranks'."""
-    if op not in (Average, Sum):
-        raise ValueError("allreduce of tf.IndexedSlices supports only op=Average or op=Sum; "
-                         "pass sparse_as_dense=True or convert with tf.convert_to_tensor")
+    are allgathered, and the represented dense tensor is the sum (or average) of the ranks'.
+    As in Horovod, Average divides the values by the set's size with TensorFlow's true
+    division, so integer values become floating point."""
     values = [bridge.to_tensor(s.values, "allreduce", n) for s, n in zip(slices, names)]
     indices = [bridge.to_tensor(s.indices, "allreduce", n) for s, n in zip(slices, names)]
     gathered = _allgather(values + indices, [f"{n}.values" for n in names]
                           + [f"{n}.indices" for n in names], process_set, atomic)
-    scale = prescale * postscale / (_set_size(process_set) if op == Average else 1)
     out = []
     for i, s in enumerate(slices):
         new_values = gathered[i]
-        if scale != 1.0:
-            new_values = new_values * tf.cast(scale, new_values.dtype)
+        if op == Average:
+            new_values = new_values / tf.cast(_set_size(process_set), new_values.dtype)
+        if prescale * postscale != 1.0:
+            new_values = new_values * tf.cast(prescale * postscale, new_values.dtype)
         out.append(tf.IndexedSlices(new_values, gathered[len(slices) + i], s.dense_shape))
     return out
+
+
+def _check_sparse_scaling(tensors, prescale_factor, postscale_factor):
+    # Horovod's allreduce refuses scale factors for tf.IndexedSlices; DistributedGradientTape
+    # and DistributedOptimizer (gradient_predivide_factor) still scale them, through _reduce.
+    if (prescale_factor != 1.0 or postscale_factor != 1.0) and \
+            any(isinstance(t, tf.IndexedSlices) for t in tensors):
+        raise NotImplementedError("allreduce of tf.IndexedSlices does not take prescale_factor "
+                                  "or postscale_factor; scale the values, or convert with "
+                                  "tf.convert_to_tensor")
 
 
 @_plain
@@ -129,6 +142,11 @@ def _reduce(tensors, average, device_dense, device_sparse, compression, op, pres
 
     dense = [(i, t) for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
     sparse = [(i, t) for i, t in enumerate(tensors) if isinstance(t, tf.IndexedSlices)]
+    if sparse and op not in (Average, Sum):
+        # NotImplementedError and before the dense tensors are looked at, as in Horovod.
+        raise NotImplementedError("allreduce of tf.IndexedSlices supports only op=Average or "
+                                  "op=Sum; pass sparse_as_dense=True or convert with "
+                                  "tf.convert_to_tensor")
     results = [None] * len(tensors)
     if dense:
         with tf.device(device_dense):
@@ -151,6 +169,7 @@ def _reduce(tensors, average, device_dense, device_sparse, compression, op, pres
 
 
 @_plain
+@raises_tf_errors
 def allreduce(tensor, average=None, device_dense="", device_sparse="",
               compression=Compression.none, op=None, prescale_factor=1.0, postscale_factor=1.0,
               name=None, process_set=global_process_set, ignore_name_scope=False):
@@ -158,18 +177,21 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="",
 
     A tf.IndexedSlices is reduced by allgathering its values and indices (op Average or Sum).
     """
+    _check_sparse_scaling([tensor], prescale_factor, postscale_factor)
     return _reduce([tensor], average, device_dense, device_sparse, compression, op,
                    prescale_factor, postscale_factor, process_set, ignore_name_scope, name,
                    atomic=False)[0]
 
 
 @_plain
+@raises_tf_errors
 def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
                       compression=Compression.none, op=None, prescale_factor=1.0,
                       postscale_factor=1.0, process_set=global_process_set,
                       ignore_name_scope=False, name=None):
     """Reduces every tensor of ``tensors`` as one group that the core runs together, fused.
     Entries may be tf.Tensor, tf.Variable or tf.IndexedSlices. Returns a list in order."""
+    _check_sparse_scaling(tensors, prescale_factor, postscale_factor)
     return _reduce(tensors, average, device_dense, device_sparse, compression, op,
                    prescale_factor, postscale_factor, process_set, ignore_name_scope, name,
                    atomic=True)
@@ -180,7 +202,7 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
 @_plain
 def _allgather(tensors, names, process_set, atomic):
     """Allgather as one graph node, differentiable: each rank's gradient is its own rows of the
-    sum of every rank's gradient."""
+    average of every rank's gradient."""
     group = _group(len(tensors), atomic)
 
     @tf.custom_gradient
@@ -193,11 +215,11 @@ def _allgather(tensors, names, process_set, atomic):
 
         def grad(*dys):
             dys = [tf.zeros_like(out) if dy is None else dy for out, dy in zip(outputs, dys)]
-            summed = _allreduce_dense(dys, [bridge.auto_name("allgather.grad") for _ in dys],
-                                      Sum, 1.0, 1.0, process_set, atomic)
+            averaged = _allreduce_dense(dys, [bridge.auto_name("allgather.grad") for _ in dys],
+                                        Average, 1.0, 1.0, process_set, atomic)
             me = list(set_ranks(process_set)).index(basics.rank())
             grads = []
-            for total, dims in zip(summed, first_dims):
+            for total, dims in zip(averaged, first_dims):
                 start = tf.reduce_sum(dims[:me])
                 grads.append(total[start:start + dims[me]])
             return grads
@@ -218,6 +240,7 @@ def _gather(tensors, process_set, ignore_name_scope, name, atomic):
 
 
 @_plain
+@raises_tf_errors
 def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_process_set):
     """Concatenates every rank's ``tensor`` along the first dimension, which may differ between
     ranks (the others must match); differentiable."""
@@ -225,6 +248,7 @@ def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_pro
 
 
 @_plain
+@raises_tf_errors
 def grouped_allgather(tensors, name=None, ignore_name_scope=False,
                       process_set=global_process_set):
     """Allgathers every tensor of ``tensors`` as one group the core runs together."""
@@ -245,11 +269,14 @@ def _broadcast(tensors, names, root_rank, process_set, atomic=False):
 
         def grad(*dys):
             dys = [tf.zeros_like(x) if dy is None else dy for x, dy in zip(xs, dys)]
-            summed = _allreduce_dense(dys, [bridge.auto_name("broadcast.grad") for _ in dys],
-                                      Sum, 1.0, 1.0, process_set, atomic)
+            averaged = _allreduce_dense(dys, [bridge.auto_name("broadcast.grad") for _ in dys],
+                                        Average, 1.0, 1.0, process_set, atomic)
             if basics.rank() != root_rank:
-                return [tf.zeros_like(s) for s in summed]
-            return summed
+                # Depending on the allreduce keeps a graph from pruning it on this rank while
+                # the root waits for it.
+                with tf.control_dependencies(averaged):
+                    return [tf.zeros_like(a) for a in averaged]
+            return averaged
 
         return outputs, grad
 
@@ -257,6 +284,7 @@ def _broadcast(tensors, names, root_rank, process_set, atomic=False):
 
 
 @_plain
+@raises_tf_errors
 def grouped_broadcast(tensors, root_rank, name=None, ignore_name_scope=False,
                       process_set=global_process_set):
     """Sends root_rank's tensors to every rank of the set, as one group; differentiable."""
@@ -271,6 +299,7 @@ def grouped_broadcast(tensors, root_rank, name=None, ignore_name_scope=False,
 
 
 @_plain
+@raises_tf_errors
 def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
               process_set=global_process_set):
     """Returns root_rank's ``tensor`` (root_rank is a global rank) on every rank of the set;
@@ -302,6 +331,7 @@ def _alltoall(tensor, splits, name, process_set):
 
 
 @_plain
+@raises_tf_errors
 def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
              process_set=global_process_set):
     """Sends rows ``splits[j]`` of ``tensor`` (along the first dimension) to the j-th rank of the
@@ -333,10 +363,10 @@ def _reducescatter(tensors, names, op, prescale, postscale, process_set, atomic)
 
         def grad(*dys):
             dys = [tf.zeros_like(o) if dy is None else dy for o, dy in zip(outputs, dys)]
-            gathered = _allgather(dys, [bridge.auto_name("reducescatter.grad") for _ in dys],
-                                  process_set, atomic)
-            scale = prescale * postscale / (_set_size(process_set) if op == Average else 1)
-            return [g * tf.cast(scale, g.dtype) if scale != 1.0 else g for g in gathered]
+            if op == Sum:
+                dys = [dy * tf.cast(_set_size(process_set), dy.dtype) for dy in dys]
+            return _allgather(dys, [bridge.auto_name("reducescatter.grad") for _ in dys],
+                              process_set, atomic)
 
         return outputs, grad
 
@@ -364,6 +394,7 @@ def _scatter(tensors, device_dense, compression, op, name, process_set, ignore_n
 
 
 @_plain
+@raises_tf_errors
 def reducescatter(tensor, device_dense="", compression=Compression.none, op=Average, name=None,
                   process_set=global_process_set, ignore_name_scope=False, prescale_factor=1.0,
                   postscale_factor=1.0):
@@ -374,6 +405,7 @@ def reducescatter(tensor, device_dense="", compression=Compression.none, op=Aver
 
 
 @_plain
+@raises_tf_errors
 def grouped_reducescatter(tensors, device_dense="", compression=Compression.none, op=Average,
                           process_set=global_process_set, prescale_factor=1.0,
                           postscale_factor=1.0, name=None, ignore_name_scope=False):
