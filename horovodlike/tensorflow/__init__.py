@@ -47,6 +47,21 @@ from horovodlike.tensorflow.gradient_tape import (DistributedGradientTape,
 from horovodlike.tensorflow import elastic  # noqa: F401
 
 
+def gpu_available(ext_base_name="tensorflow", verbose=False):
+    """Whether the framework named by ``ext_base_name`` ("tensorflow" or "torch") sees a GPU,
+    as Horovod's helper of this name answers."""
+    if ext_base_name == "torch":
+        import torch
+        return torch.cuda.is_available()
+    import tensorflow as tf
+    return bool(tf.config.list_physical_devices("GPU"))
+
+
+def check_num_rank_power_of_2(num_rank):
+    """True when ``num_rank`` is a power of two (what Adasum needs)."""
+    return num_rank > 0 and num_rank & (num_rank - 1) == 0
+
+
 def _executing_eagerly():
     """True outside graphs and tf.function traces (Horovod's helper of this name, which its
     users and tests call)."""

@@ -9,6 +9,9 @@ Two things keep graphs from hanging or mismatching across ranks:
   node that waits for a collective holds its thread; two ranks that started different
   collectives first would wait for each other forever. So every collective node of a graph gets
   a control dependency on the previous one: all ranks run them in the order they were traced.
+  In a TensorFlow 1 graph, which grows between session runs, the chain starts anew with the
+  first node built after one of its nodes ran: those belong to later runs, and depending on
+  earlier nodes would run those again each time.
 - Names. An unnamed collective is named when its graph is traced, after the outermost function
   being traced and a counter of that trace, so every rank that traces the same function gets the
   same names, and the names stay fixed from step to step (which the core's response cache uses).
@@ -88,6 +91,7 @@ class _GraphState:
     def __init__(self):
         self.last = None    # the previous collective node traced into this graph
         self.counter = 0    # unnamed collectives traced so far (kept on the outermost graph)
+        self.ran = False    # a collective node of this graph has run (TensorFlow 1 sessions)
 
 
 _lock = threading.Lock()
@@ -198,24 +202,25 @@ def _graph_node(function, inputs, out_types, name):
     graph = tf.compat.v1.get_default_graph()
     _check_not_xla(graph)
     state = _state(graph)
+    if state.ran and not getattr(graph, "building_function", False):
+        state.last, state.ran = None, False
     previous = [state.last] if state.last is not None else []
 
     def call(*arrays):
+        state.ran = True
         try:
             return list(function(*arrays)) + [np.bytes_(b"")]
         except TensorMismatchError as e:
-            # Returned rather than raised, for fail_if to raise with the class Horovod's ops
+            # Returned rather than raised, for errors.checked to raise with the class Horovod's ops
             # raise; the placeholders are never read.
             placeholders = [np.zeros(0, dtype=t.as_numpy_dtype) for t in out_types]
-            return placeholders + [np.bytes_(str(e).encode())]
+            return placeholders + [np.bytes_(errors.status_path(str(e).encode()))]
 
     with tf.control_dependencies(previous):
         flat = tf.numpy_function(call, inputs, list(out_types) + [tf.string], stateful=True,
                                  name=name)
     state.last = flat[0].op
-    failed = errors.fail_if(flat[-1])
-    with tf.control_dependencies([failed]):
-        return [tf.identity(t) for t in flat[:-1]]
+    return errors.checked(flat[:-1], flat[-1])
 
 
 def run(specs, tensors, extra_inputs=()):

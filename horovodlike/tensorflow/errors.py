@@ -10,7 +10,7 @@ Inside a graph (tf.function or a TensorFlow 1 session) a collective runs in a
 ``tf.numpy_function`` node, and TensorFlow turns what such a node raises into
 ``tf.errors.UnknownError`` (ValueError and TypeError into ``InvalidArgumentError``). For a
 mismatch the node therefore returns its message instead of raising, and a second node raises it
-as a FailedPreconditionError (see ``fail_if``).
+as a FailedPreconditionError (see ``checked``).
 """
 
 import functools
@@ -71,18 +71,26 @@ def raises_tf_errors(function):
 # TensorFlow's ops that fail with FailedPrecondition do so with messages of their own (a table or
 # an iterator not initialized), except file system calls, whose errno TensorFlow maps to a code
 # and whose message carries the path: reading a path below /dev/null (a file on every POSIX
-# system) fails with ENOTDIR, which is FailedPrecondition. Long messages are cut to stay below
-# the path length limit, which would fail with another code.
-_NOT_A_DIRECTORY = "/dev/null/"
-_MAX_MESSAGE = 3000
+# system) fails with ENOTDIR, which is FailedPrecondition, while reading /dev/null itself
+# succeeds. One read per collective node, with no branch: a tf.cond would add two functions to
+# the graph per node, which a TensorFlow 1 session serializes again at every run.
+_NULL = "/dev/null"
+_MAX_MESSAGE = 3000  # below the path length limit, which would fail with another code
 
 
-def fail_if(message):
-    """A graph node that raises tf.errors.FailedPreconditionError with ``message`` (a string
-    tensor) when it is not empty, and returns an empty string otherwise."""
-    def fail():
-        text = tf.strings.substr(message, 0, _MAX_MESSAGE, unit="BYTE")
-        return tf.io.read_file(tf.strings.join([_NOT_A_DIRECTORY, text]))
+def status_path(message):
+    """What a collective node returns as its status: empty when it succeeded, else the path
+    below /dev/null that carries ``message`` (bytes)."""
+    if not message:
+        return b""
+    return b"/" + message[:_MAX_MESSAGE].replace(b"\0", b" ")
 
-    return tf.cond(tf.equal(tf.strings.length(message), 0),
-                   lambda: tf.constant("", dtype=tf.string), fail)
+
+def checked(outputs, status):
+    """``outputs`` of a collective node, made to depend on a read that raises
+    tf.errors.FailedPreconditionError with the message in ``status`` (from status_path) when it
+    is not empty; otherwise it reads /dev/null, which is empty. The dependency is through the
+    data (each output's shape plus the empty read's length): a read only depended on by control
+    edges is pruned by TensorFlow's graph optimizer, as it has no side effect."""
+    zero = tf.strings.length(tf.io.read_file(tf.strings.join([_NULL, status])))
+    return [tf.reshape(t, tf.shape(t, out_type=tf.int32) + zero) for t in outputs]
