@@ -49,6 +49,9 @@ def init(comm=None, process_sets=None):
 def shutdown():
     """Stops the runtime. Pending operations fail on every rank; init() may be called again."""
     _core.shutdown()
+    # The core has let go of every buffer: forget the ones kept for interrupted waits.
+    from horovodlike.common import point_to_point
+    point_to_point.forget_abandoned()
 
 
 def start_timeline(file_path, mark_cycles=False):
