@@ -195,8 +195,9 @@ def send_async(array, dst, tag=0, process_set=global_process_set):
     from horovodlike.common.numpy_ops import DTYPE_CODES
     what = "send"
     _check_array(array, what)
-    dst = check_peer(dst, process_set, what, "dst")
-    tag = check_tag(tag, what)
+    dst = peer = check_peer(dst, process_set, what, "dst")
+    direction = "to"
+    tag = check_tag(tag, f"{what} {direction} rank {peer}")
     source = np.ascontiguousarray(array).reshape(array.shape)
     return send_raw(source.ctypes.data, DTYPE_CODES[source.dtype], source.shape, source, dst,
                     tag, process_set)
@@ -208,8 +209,9 @@ def recv_async(src, tag=0, process_set=global_process_set, out=None):
     sender's dtype and shape."""
     from horovodlike.common.numpy_ops import DTYPE_CODES
     what = "recv"
-    src = check_peer(src, process_set, what, "src")
-    tag = check_tag(tag, what)
+    src = peer = check_peer(src, process_set, what, "src")
+    direction = "from"
+    tag = check_tag(tag, f"{what} {direction} rank {peer}")
     if out is None:
         return recv_any_raw(src, tag, process_set,
                             lambda raw, shape, code: raw.view(_numpy_dtype(code)).reshape(shape)

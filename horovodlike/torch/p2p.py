@@ -42,8 +42,9 @@ def isend(tensor, dst, tag=0, process_set=global_process_set):
     """Starts sending ``tensor`` to global rank ``dst``; returns a Work (``wait()``)."""
     what = "isend"
     _check_tensor(tensor, what)
-    dst = core.check_peer(dst, process_set, what, "dst")
-    tag = core.check_tag(tag, what)
+    dst = peer = core.check_peer(dst, process_set, what, "dst")
+    direction = "to"
+    tag = core.check_tag(tag, f"{what} {direction} rank {peer}")
     source = tensor.detach()
     if not source.is_contiguous():
         source = source.contiguous()
@@ -56,8 +57,9 @@ def irecv(tensor, src, tag=0, process_set=global_process_set):
     ``wait()`` returns the tensor."""
     what = "irecv"
     _check_tensor(tensor, what)
-    src = core.check_peer(src, process_set, what, "src")
-    tag = core.check_tag(tag, what)
+    src = peer = core.check_peer(src, process_set, what, "src")
+    direction = "from"
+    tag = core.check_tag(tag, f"{what} {direction} rank {peer}")
     target = tensor.detach()
     if target.is_contiguous():
         return core.recv_raw(target.data_ptr(), _DTYPES[target.dtype], target.shape, target, src,
@@ -76,8 +78,9 @@ def irecv_any(src, tag=0, process_set=global_process_set):
     """Starts receiving from ``src`` a tensor whose dtype and shape the sender decides; the
     Work's ``wait()`` returns it (a new tensor)."""
     what = "irecv_any"
-    src = core.check_peer(src, process_set, what, "src")
-    tag = core.check_tag(tag, what)
+    src = peer = core.check_peer(src, process_set, what, "src")
+    direction = "from"
+    tag = core.check_tag(tag, f"{what} {direction} rank {peer}")
 
     def unpack(raw, shape, code):
         dtype = _TORCH_OF_CODE[code]
