@@ -5,6 +5,7 @@ with a worker killed and a worker added."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -38,9 +39,10 @@ def start_local_ray(num_cpus, **kwargs):
 @pytest.fixture(scope="module")
 def local_ray():
     saved = dict(os.environ)
-    start_local_ray(2)
+    temp_dir = start_local_ray(2)
     yield
     ray.shutdown()
+    shutil.rmtree(temp_dir, ignore_errors=True)
     os.environ.clear()
     os.environ.update(saved)
 
