@@ -3,10 +3,8 @@ folder) and stops: training equal to NumPy and to the launcher, results in rank 
 named, nothing left behind, a clear error when the cluster is too small, and elastic training
 with a worker killed and a worker added."""
 
-import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -14,12 +12,13 @@ import time
 import numpy as np
 import pytest
 
-from conftest import PACKAGE_PARENT, REPO, WORKERS, job_env
+from conftest import PACKAGE_PARENT, WORKERS, job_env
 
 import ray  # noqa: E402  (CI installs it: .[ray])
 
 sys.path.insert(0, str(WORKERS))
 import cluster_jobs  # noqa: E402
+from cluster_reference import launcher_weights  # noqa: E402
 from test_elastic import check_report  # noqa: E402
 
 from horovodlike.ray import ElasticRayExecutor, RayExecutor  # noqa: E402
@@ -52,15 +51,6 @@ def executor(local_ray):
     executor = RayExecutor(RayExecutor.create_settings(timeout_s=30), num_workers=2)
     yield executor
     executor.shutdown()
-
-
-def launcher_weights(tmp_path):
-    command = [sys.executable, "-m", "horovodlike.runner.launch", "-np", "2", sys.executable,
-               str(WORKERS / "cluster_jobs.py"), str(tmp_path)]
-    result = subprocess.run(command, env=job_env(), capture_output=True, text=True,
-                            timeout=120, cwd=REPO)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return [json.loads((tmp_path / f"rank{r}.json").read_text())["weights"] for r in range(2)]
 
 
 def test_training_equals_numpy_and_the_launcher(executor, tmp_path):

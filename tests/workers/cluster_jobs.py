@@ -89,6 +89,15 @@ def fail_on_rank(bad_rank, how, report_dir):
     return outcome
 
 
+def greet(word, punctuation="."):
+    import horovodlike.torch as hvd
+    import torch
+    hvd.init()
+    print(f"{word} from {hvd.rank()}{punctuation}")
+    gathered = hvd.allgather(torch.tensor([hvd.rank() * 10]))
+    return hvd.rank(), gathered.tolist()
+
+
 class Counter:
     """An executable for RayExecutor.start(executable_cls=...)."""
 
