@@ -33,4 +33,5 @@ from horovodlike.torch.functions import (broadcast_parameters, broadcast_optimiz
                                          broadcast_object, allgather_object)
 from horovodlike.torch.optimizer import DistributedOptimizer
 from horovodlike.torch.sync_batch_norm import SyncBatchNorm
+from horovodlike.torch.process_mesh import ProcessMesh
 from horovodlike.torch import elastic
