@@ -30,9 +30,15 @@ def start_local_ray(num_cpus, **kwargs):
     os.environ.update(job_env({"PYTHONPATH": os.pathsep.join(
         [str(PACKAGE_PARENT), str(WORKERS), os.environ.get("PYTHONPATH", "")])}))
     temp_dir = tempfile.mkdtemp(prefix="hvdl-ray-")
-    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, _temp_dir=temp_dir,
-             log_to_driver=True, **kwargs)
-    return temp_dir
+    for attempt in range(3):
+        try:
+            ray.init(address="local", num_cpus=num_cpus, include_dashboard=False,
+                     _temp_dir=temp_dir, log_to_driver=True, **kwargs)
+            return temp_dir
+        except Exception as error:  # Ray gives its node 30 s to start, too few on a busy host
+            if "timed out during startup" not in str(error) or attempt == 2:
+                raise
+            ray.shutdown()
 
 
 @pytest.fixture(scope="module")

@@ -17,8 +17,14 @@ import cluster_jobs
 # machine would look for it): a private RAY_TMPDIR keeps the cluster to this test.
 temp_dir = os.path.join(os.environ["RAY_TMPDIR"], "ray")
 os.makedirs(temp_dir, exist_ok=True)
-cluster = Cluster(initialize_head=True, head_node_args={
-    "num_cpus": 2, "include_dashboard": False, "temp_dir": temp_dir})
+for attempt in range(3):
+    try:
+        cluster = Cluster(initialize_head=True, head_node_args={
+            "num_cpus": 2, "include_dashboard": False, "temp_dir": temp_dir})
+        break
+    except Exception as error:  # Ray gives a node 30 s to start, too few on a busy host
+        if "timed out during startup" not in str(error) or attempt == 2:
+            raise
 try:
     cluster.add_node(num_cpus=2)
     cluster.wait_for_nodes()
