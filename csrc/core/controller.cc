@@ -306,17 +306,35 @@ std::vector<Response> Controller::CoordinatorCollect(
 std::vector<Response> Controller::ReleaseGroups(std::vector<Response> responses) {
   std::vector<Response> released;
   for (Response& response : responses) {
-    if (response.group_id == 0 || response.type == Response::Type::kError) {
+    if (response.group_id == 0) {
       released.push_back(std::move(response));
       continue;
     }
+    // Errors wait for their group too: a member that failed fails the whole group, on every
+    // rank, instead of leaving the others waiting for it.
     const int64_t id = response.group_id;
     auto& members = group_ready_[id];
     members.push_back(std::move(response));
-    if (static_cast<int32_t>(members.size()) == members.front().group_size) {
-      for (Response& member : members) released.push_back(std::move(member));
-      group_ready_.erase(id);
+    if (static_cast<int32_t>(members.size()) < members.front().group_size) continue;
+    const Response* failed = nullptr;
+    for (const Response& member : members) {
+      if (member.type == Response::Type::kError) {
+        failed = &member;
+        break;
+      }
     }
+    if (failed != nullptr) {
+      const std::string failed_name = failed->names.at(0);
+      const std::string reason = failed->error_message;
+      for (Response& member : members) {
+        if (member.type == Response::Type::kError) continue;
+        member.type = Response::Type::kError;
+        member.error_message = "tensor '" + member.names.at(0) + "' is in a grouped call with '" +
+                               failed_name + "', which failed: " + reason;
+      }
+    }
+    for (Response& member : members) released.push_back(std::move(member));
+    group_ready_.erase(id);
   }
   return released;
 }
@@ -335,9 +353,16 @@ Response Controller::BuildResponse(const std::string& name, const std::vector<Re
   const Request& first = requests[0];
   Response response;
   response.names = {name};
+  // Once the ranks agree on the grouping, an error keeps it, so that the group fails as one
+  // (ReleaseGroups).
+  bool same_grouping = false;
   auto fail = [&](const std::string& message) {
     response.type = Response::Type::kError;
     response.error_message = message;
+    if (same_grouping) {
+      response.group_id = first.group_id;
+      response.group_size = first.group_size;
+    }
     return response;
   };
   auto mismatch = [&](const std::string& what,
@@ -375,6 +400,7 @@ Response Controller::BuildResponse(const std::string& name, const std::vector<Re
   if (!all_same(dtype)) return mismatch("data types", dtype);
   if (!all_same(device)) return mismatch("devices", device);
   if (!all_same(group)) return mismatch("grouping", group);
+  same_grouping = true;
   if (requests.size() < all.size() && first.op != OpType::kAllreduce) {
     std::vector<int> joined;
     for (int r = 0; r < static_cast<int>(all.size()); ++r) if (!present[r]) joined.push_back(r);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <map>
 
 #include "logging.h"
@@ -13,8 +14,12 @@
 
 namespace horovodlike {
 namespace {
+// Guards the three below; never held while connecting or stopping, so that calls from other
+// threads (rank(), is_initialized(), ...) answer at once meanwhile.
 std::mutex g_mutex;
-std::unique_ptr<Runtime> g_runtime;
+std::condition_variable g_init_done;
+bool g_initializing = false;  // an init() is connecting; a second one waits for it
+std::shared_ptr<Runtime> g_runtime;
 int g_generation = 0;  // init() count, so a re-init rendezvouses under fresh keys
 
 const char* FailureKind(TransportError::Cause cause) {
@@ -29,13 +34,29 @@ const char* FailureKind(TransportError::Cause cause) {
 }  // namespace
 
 void Runtime::Init() {
-  std::lock_guard<std::mutex> lock(g_mutex);
-  if (g_runtime) return;  // init() twice is harmless, as in Horovod
-  Config config = Config::FromEnvironment();
+  int generation = 0;
+  Config config;
+  {
+    std::unique_lock<std::mutex> lock(g_mutex);
+    g_init_done.wait(lock, [] { return !g_initializing; });
+    if (g_runtime) return;  // init() twice is harmless, as in Horovod
+    config = Config::FromEnvironment();
+    // Elastic workers join rounds formed by the driver: the round names the rendezvous keys,
+    // so a worker started late meets the others under the same keys.
+    generation = config.elastic_round >= 0 ? config.elastic_round : g_generation++;
+    g_initializing = true;
+  }
+  // Whatever happens below, the next init() may go ahead.
+  struct InitDone {
+    ~InitDone() {
+      {
+        std::lock_guard<std::mutex> lock(g_mutex);
+        g_initializing = false;
+      }
+      g_init_done.notify_all();
+    }
+  } done;
   SetLogLevel(config.log_level, config.rank);
-  // Elastic workers join rounds formed by the driver: the round names the rendezvous keys, so
-  // a worker started late meets the others under the same keys.
-  const int generation = config.elastic_round >= 0 ? config.elastic_round : g_generation++;
   // Rank 0 decides the tuned parameters; a log file it cannot write fails init before any
   // connection is made.
   std::unique_ptr<ParameterManager> tuner;
@@ -63,17 +84,22 @@ void Runtime::Init() {
     ReportFailureToLauncher(config, generation, {e.peer(), FailureKind(e.cause()), e.what()});
     throw;
   }
-  g_runtime.reset(new Runtime(std::move(config), std::move(transport), generation,
-                              std::move(tuner), std::move(timeline)));
+  std::shared_ptr<Runtime> runtime(new Runtime(std::move(config), std::move(transport),
+                                               generation, std::move(tuner),
+                                               std::move(timeline)));
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_runtime = std::move(runtime);
 }
 
 void Runtime::Shutdown() {
-  std::unique_ptr<Runtime> runtime;
+  std::shared_ptr<Runtime> runtime;
   {
     std::lock_guard<std::mutex> lock(g_mutex);
     runtime = std::move(g_runtime);
   }
-  // The destructor stops and joins the loop outside the lock.
+  // Outside the lock: stopping waits for the loop. A caller still holding the runtime keeps
+  // the object (its calls fail with the shutdown status) until it lets go.
+  if (runtime) runtime->Close();
 }
 
 bool Runtime::IsInitialized() {
@@ -81,12 +107,12 @@ bool Runtime::IsInitialized() {
   return g_runtime != nullptr;
 }
 
-Runtime& Runtime::Get() {
+std::shared_ptr<Runtime> Runtime::Get() {
   std::lock_guard<std::mutex> lock(g_mutex);
   if (!g_runtime) {
     throw InvalidArgument("horovodlike has not been initialized; call hvd.init() first");
   }
-  return *g_runtime;
+  return g_runtime;
 }
 
 Runtime::Runtime(Config config, std::unique_ptr<Transport> transport, int generation,
@@ -103,7 +129,10 @@ Runtime::Runtime(Config config, std::unique_ptr<Transport> transport, int genera
   pthread_setname_np(loop_.native_handle(), "hvdl-loop");
 }
 
-Runtime::~Runtime() {
+Runtime::~Runtime() { Close(); }
+
+void Runtime::Close() {
+  std::lock_guard<std::mutex> lock(close_mutex_);
   shutdown_requested_ = true;
   queue_.Notify();
   if (loop_.joinable()) loop_.join();
@@ -124,12 +153,11 @@ int64_t Runtime::Enqueue(EnqueueArgs args) {
                           ", but this build of horovodlike has no GPU support");
   }
   if (args.dtype == DataType::kBool &&
-      (args.reduce_op == ReduceOp::kAverage || args.prescale != 1.0 || args.postscale != 1.0)) {
-    if (args.op == OpType::kAllreduce) {
-      throw InvalidArgument("tensor '" + args.name +
-                            "' is bool: Average and scale factors are not defined for bool; use "
-                            "Sum (logical or), Min, Max or Product");
-    }
+      (args.reduce_op == ReduceOp::kAverage || args.prescale != 1.0 || args.postscale != 1.0) &&
+      (args.op == OpType::kAllreduce || args.op == OpType::kReducescatter)) {
+    throw InvalidArgument(std::string(OpTypeName(args.op)) + " of '" + args.name +
+                          "': the tensor is bool, and Average and scale factors are not "
+                          "defined for bool; use Sum (logical or), Min, Max or Product");
   }
   std::vector<int> members;
   if (!process_sets_.Ranks(args.process_set, &members)) {

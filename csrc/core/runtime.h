@@ -47,7 +47,8 @@ class Runtime {
   static void Shutdown();
   static bool IsInitialized();
   // Throws InvalidArgument("horovodlike has not been initialized...") when not initialized.
-  static Runtime& Get();
+  // The caller shares ownership, so a shutdown() meanwhile cannot free the runtime under it.
+  static std::shared_ptr<Runtime> Get();
 
   const Config& config() const { return config_; }
   // Checks the arguments (InvalidArgument) and queues the work; returns a handle at once.
@@ -69,6 +70,8 @@ class Runtime {
   void StartTimeline(const std::string& path, bool mark_cycles);
   void StopTimeline() { timeline_->Stop(); }
 
+  // Stops the loop, fails pending work and closes the timeline; idempotent.
+  void Close();
   ~Runtime();
 
  private:
@@ -96,6 +99,7 @@ class Runtime {
   std::atomic<bool> stopped_{false};
   std::mutex stop_mutex_;
   Status stop_status_;  // why the loop stopped; later work fails with it
+  std::mutex close_mutex_;
   std::thread loop_;
 };
 
