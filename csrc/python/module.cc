@@ -26,7 +26,7 @@ int64_t EnqueueCall(int op, const std::string& name, uintptr_t input, uintptr_t 
     throw InvalidArgument("tensor '" + name + "' has an unsupported dtype code " +
                           std::to_string(dtype));
   }
-  if (reduce_op < 0 || reduce_op > static_cast<int>(ReduceOp::kAdasum)) {
+  if (reduce_op < 0 || reduce_op >= kNumReduceOps) {
     throw InvalidArgument("unknown reduce op " + std::to_string(reduce_op));
   }
   if (op < 0 || op >= kNumOpTypes) {
@@ -160,6 +160,25 @@ PYBIND11_MODULE(_core, m) {
     info["cpu_operations"] = in_use != nullptr ? py::object(py::str(in_use)) : py::none();
     return info;
   });
+  // The numbering of the core, the one source of these constants for the Python layers
+  // (horovodlike/common/constants.py): dtypes, reduce ops and collectives by name.
+  py::dict dtypes, reduce_ops, ops;
+  py::list floating;
+  for (int code = 0; code < kNumDataTypes; ++code) {
+    const auto dtype = static_cast<DataType>(code);
+    dtypes[DataTypeName(dtype)] = code;
+    if (IsFloatingPoint(dtype)) floating.append(DataTypeName(dtype));
+  }
+  for (int code = 0; code < kNumReduceOps; ++code) {
+    reduce_ops[ReduceOpName(static_cast<ReduceOp>(code))] = code;
+  }
+  for (int code = 0; code < kNumOpTypes; ++code) {
+    ops[OpTypeName(static_cast<OpType>(code))] = code;
+  }
+  m.attr("DTYPES") = dtypes;
+  m.attr("FLOATING_DTYPES") = py::tuple(floating);
+  m.attr("REDUCE_OPS") = reduce_ops;
+  m.attr("OPS") = ops;
   m.attr("STATUS_OK") = static_cast<int>(StatusCode::kOk);
   m.attr("STATUS_INVALID_ARGUMENT") = static_cast<int>(StatusCode::kInvalidArgument);
   m.attr("STATUS_MISMATCH") = static_cast<int>(StatusCode::kMismatch);

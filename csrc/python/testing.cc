@@ -104,9 +104,7 @@ void DefineTestingModule(py::module_& core) {
     return RoundTrip(data, DecodeResponses, EncodeResponses);
   });
   m.def("sha256", [](py::bytes data) {
-    Sha256 hash;
-    hash.Update(std::string(data));
-    Sha256Digest digest = hash.Finish();
+    Sha256Digest digest = Sha256(std::string(data));
     return py::bytes(reinterpret_cast<const char*>(digest.data()), digest.size());
   });
   m.def("hmac_sha256", [](py::bytes key, py::bytes message) {
