@@ -2,6 +2,8 @@
 
 namespace horovodlike {
 
+std::atomic<int> HandleTable::blocked_waiters_{0};
+
 int64_t HandleTable::Create() {
   std::lock_guard<std::mutex> lock(mutex_);
   int64_t id = next_++;
@@ -39,6 +41,14 @@ std::shared_ptr<HandleState> HandleTable::Wait(int64_t handle) {
   auto state = Get(handle);
   std::unique_lock<std::mutex> lock(mutex_);
   done_cv_.wait(lock, [&] { return state->done; });
+  return state;
+}
+
+std::shared_ptr<HandleState> HandleTable::WaitFor(int64_t handle,
+                                                 std::chrono::milliseconds timeout) {
+  auto state = Get(handle);
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (!done_cv_.wait_for(lock, timeout, [&] { return state->done; })) return nullptr;
   return state;
 }
 

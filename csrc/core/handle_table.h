@@ -2,6 +2,8 @@
 // ended with, and for allgather the output the core allocated.
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
@@ -30,6 +32,20 @@ class HandleTable {
   bool Poll(int64_t handle);
   // Blocks until done; returns the state (kept alive for the caller to read the output).
   std::shared_ptr<HandleState> Wait(int64_t handle);
+  // Waits at most `timeout`: the state when done, else nullptr. Callers that must stay
+  // interruptible (Python's signal handlers run only between such slices) loop on this.
+  std::shared_ptr<HandleState> WaitFor(int64_t handle, std::chrono::milliseconds timeout);
+  // Threads of this process blocked waiting on a handle, counted from the first slice of a
+  // wait to its end (process-wide, so a wait that outlives shutdown() stays safe): the stall
+  // inspector tells ranks that wait on each other (a deadlock) from ranks busy elsewhere.
+  class BlockedWaiter {
+   public:
+    BlockedWaiter() { ++blocked_waiters_; }
+    ~BlockedWaiter() { --blocked_waiters_; }
+    BlockedWaiter(const BlockedWaiter&) = delete;
+    BlockedWaiter& operator=(const BlockedWaiter&) = delete;
+  };
+  static int blocked_waiters() { return blocked_waiters_.load(); }
   void Release(int64_t handle);
 
  private:
@@ -37,6 +53,7 @@ class HandleTable {
   std::condition_variable done_cv_;
   std::unordered_map<int64_t, std::shared_ptr<HandleState>> handles_;
   int64_t next_ = 1;
+  static std::atomic<int> blocked_waiters_;
 };
 
 }  // namespace horovodlike

@@ -1,12 +1,34 @@
 #include "logging.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
+#include <string>
 
 namespace horovodlike {
 namespace {
 std::atomic<int> g_level{3};
 std::atomic<int> g_rank{0};
+
+// Where log lines go. The launcher hands each local rank a duplicate of the rank's stderr pipe
+// under HOROVODLIKE_STDERR_FD, which output capture in the rank (pytest replaces fd 2) does
+// not touch: stall warnings and the reasons a job stopped must reach the user even then.
+int LogFd() {
+  static const int fd = [] {
+    const char* value = std::getenv("HOROVODLIKE_STDERR_FD");
+    if (value == nullptr || *value == '\0') return 2;
+    char* end = nullptr;
+    const long parsed = std::strtol(value, &end, 10);
+    if (*end != '\0' || parsed < 0 || parsed > 1 << 20) return 2;
+    const int candidate = static_cast<int>(parsed);
+    return ::fcntl(candidate, F_GETFD) == -1 ? 2 : candidate;
+  }();
+  return fd;
+}
 }  // namespace
 
 void SetLogLevel(int level, int rank) {
@@ -18,9 +40,19 @@ bool LogEnabled(LogLevel level) { return static_cast<int>(level) >= g_level.load
 
 void LogLine(LogLevel level, const std::string& message) {
   static const char* names[] = {"TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL"};
-  std::fprintf(stderr, "[horovodlike %s rank %d] %s\n", names[static_cast<int>(level)],
-               g_rank.load(), message.c_str());
-  std::fflush(stderr);
+  std::string line = std::string("[horovodlike ") + names[static_cast<int>(level)] + " rank " +
+                     std::to_string(g_rank.load()) + "] " + message + "\n";
+  std::fflush(stderr);  // keeps the order with anything the process wrote through stdio
+  // One write per line, so that lines of several threads never interleave.
+  const char* data = line.data();
+  size_t left = line.size();
+  while (left > 0) {
+    const ssize_t n = ::write(LogFd(), data, left);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    data += n;
+    left -= static_cast<size_t>(n);
+  }
 }
 
 }  // namespace horovodlike
