@@ -1,5 +1,7 @@
 #include "handle_table.h"
 
+#include <chrono>
+
 namespace horovodlike {
 
 std::atomic<int> HandleTable::blocked_waiters_{0};
@@ -44,12 +46,13 @@ std::shared_ptr<HandleState> HandleTable::Wait(int64_t handle) {
   return state;
 }
 
-std::shared_ptr<HandleState> HandleTable::WaitFor(int64_t handle,
-                                                 std::chrono::milliseconds timeout) {
+std::shared_ptr<HandleState> HandleTable::WaitFor(int64_t handle, double seconds) {
   auto state = Get(handle);
   std::unique_lock<std::mutex> lock(mutex_);
-  if (!done_cv_.wait_for(lock, timeout, [&] { return state->done; })) return nullptr;
-  return state;
+  const bool done = done_cv_.wait_for(
+      lock, std::chrono::microseconds(static_cast<int64_t>(seconds * 1e6)),
+      [&] { return state->done; });
+  return done ? state : nullptr;
 }
 
 void HandleTable::Release(int64_t handle) {

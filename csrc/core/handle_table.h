@@ -32,9 +32,9 @@ class HandleTable {
   bool Poll(int64_t handle);
   // Blocks until done; returns the state (kept alive for the caller to read the output).
   std::shared_ptr<HandleState> Wait(int64_t handle);
-  // Waits at most `timeout`: the state when done, else nullptr. Callers that must stay
-  // interruptible (Python's signal handlers run only between such slices) loop on this.
-  std::shared_ptr<HandleState> WaitFor(int64_t handle, std::chrono::milliseconds timeout);
+  // Waits at most `seconds`; null when the handle is not done by then (so that a caller can
+  // look at signals between waits).
+  std::shared_ptr<HandleState> WaitFor(int64_t handle, double seconds);
   // Threads of this process blocked waiting on a handle, counted from the first slice of a
   // wait to its end (process-wide, so a wait that outlives shutdown() stays safe): the stall
   // inspector tells ranks that wait on each other (a deadlock) from ranks busy elsewhere.
