@@ -5,6 +5,8 @@
 
 #include <atomic>
 #include <cerrno>
+#include <chrono>
+#include <ctime>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -29,6 +31,30 @@ int LogFd() {
   }();
   return fd;
 }
+// HOROVOD_LOG_HIDE_TIME=0 (horovodlikerun --log-with-timestamp) puts the local time in every
+// line; by default lines go without it, as the launcher's output is already per rank.
+bool WithTimestamp() {
+  static const bool with = [] {
+    const char* value = std::getenv("HOROVOD_LOG_HIDE_TIME");
+    return value != nullptr && std::string(value) == "0";
+  }();
+  return with;
+}
+
+std::string Timestamp() {
+  const auto now = std::chrono::system_clock::now();
+  const std::time_t seconds = std::chrono::system_clock::to_time_t(now);
+  const int millis = static_cast<int>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() %
+      1000);
+  std::tm local{};
+  localtime_r(&seconds, &local);
+  char text[40];
+  std::snprintf(text, sizeof(text), "%04d-%02d-%02d %02d:%02d:%02d.%03d ", local.tm_year + 1900,
+                local.tm_mon + 1, local.tm_mday, local.tm_hour, local.tm_min, local.tm_sec,
+                millis);
+  return text;
+}
 }  // namespace
 
 void SetLogLevel(int level, int rank) {
@@ -40,7 +66,8 @@ bool LogEnabled(LogLevel level) { return static_cast<int>(level) >= g_level.load
 
 void LogLine(LogLevel level, const std::string& message) {
   static const char* names[] = {"TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL"};
-  std::string line = std::string("[horovodlike ") + names[static_cast<int>(level)] + " rank " +
+  std::string line = std::string("[") + (WithTimestamp() ? Timestamp() : std::string()) +
+                     "horovodlike " + names[static_cast<int>(level)] + " rank " +
                      std::to_string(g_rank.load()) + "] " + message + "\n";
   std::fflush(stderr);  // keeps the order with anything the process wrote through stdio
   // One write per line, so that lines of several threads never interleave.
