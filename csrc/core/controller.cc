@@ -524,12 +524,14 @@ void Controller::ExchangeStallReports() {
     }
     // Every rank blocked in a wait and nothing ready on all of them: no rank can go on (the
     // ranks diverged: one skipped a collective or submitted them in another order). Past the
-    // warning time that is an error rather than a warning, which would repeat for ever.
+    // warning time that is an error rather than a warning, which would repeat for ever; unless
+    // HOROVOD_STALL_SHUTDOWN_TIME_SECONDS says when to stop, which then decides.
     bool runnable = false;
     for (const auto& [name, w] : waiting) {
       if (std::find(w.present.begin(), w.present.end(), false) == w.present.end()) runnable = true;
     }
-    const bool deadlocked = n == config_.size && all_blocked && !runnable && !waiting.empty();
+    const bool deadlocked = n == config_.size && all_blocked && !runnable && !waiting.empty() &&
+                            config_.stall_shutdown_seconds <= 0;
     if (!deadlocked) {
       deadlocked_since_.reset();
     } else if (!deadlocked_since_) {

@@ -1,6 +1,6 @@
 #include "logging.h"
 
-#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -23,11 +23,20 @@ int LogFd() {
   static const int fd = [] {
     const char* value = std::getenv("HOROVODLIKE_STDERR_FD");
     if (value == nullptr || *value == '\0') return 2;
+    // "FD:INODE": the descriptor counts only while it is still that pipe (a child process may
+    // inherit the variable without the descriptor, and reuse the number for a file).
     char* end = nullptr;
     const long parsed = std::strtol(value, &end, 10);
-    if (*end != '\0' || parsed < 0 || parsed > 1 << 20) return 2;
+    if (*end != ':' || parsed < 0 || parsed > 1 << 20) return 2;
+    const unsigned long long inode = std::strtoull(end + 1, &end, 10);
+    if (*end != '\0') return 2;
     const int candidate = static_cast<int>(parsed);
-    return ::fcntl(candidate, F_GETFD) == -1 ? 2 : candidate;
+    struct stat info {};
+    if (::fstat(candidate, &info) != 0 || !S_ISFIFO(info.st_mode) ||
+        static_cast<unsigned long long>(info.st_ino) != inode) {
+      return 2;
+    }
+    return candidate;
   }();
   return fd;
 }

@@ -61,7 +61,10 @@ class RankProcess:
                 # The core's log lines (stall warnings, why the job stopped) go to a second
                 # descriptor of the same pipe, which output capture inside the rank (pytest
                 # redirects fd 2) leaves alone; an ssh rank has only its stderr.
-                env = dict(self.env, HOROVODLIKE_STDERR_FD=str(stderr_write))
+                # The pipe's inode goes with the number, so that a process that inherits the
+                # variable but not the descriptor never writes to whatever reuses the number.
+                env = dict(self.env, HOROVODLIKE_STDERR_FD=(
+                    f"{stderr_write}:{os.fstat(stderr_write).st_ino}"))
             try:
                 self._process = subprocess.Popen(
                     self.argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,

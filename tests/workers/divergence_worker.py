@@ -87,8 +87,8 @@ elif MODE == "order":
     result["steps"] = outcome(steps)
 elif MODE == "interrupt":
     if RANK == 0:
-        threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()
         handle = hvd.allreduce_async(torch.ones(3), name="only_on_0")
+        threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()
         result["synchronize"] = outcome(lambda: hvd.synchronize(handle))
     else:
         signal.setitimer(signal.ITIMER_REAL, 1.0)
