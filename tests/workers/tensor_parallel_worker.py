@@ -199,3 +199,38 @@ if mode == "block":
     close(model(x).detach(), reference(x).detach(), "block output after training")
     hvd.barrier()   # the tp pairs finish at different times; shutdown is job-wide
     print(f"rank {rank}: tensor parallel block OK", flush=True)
+
+
+if mode == "2d":
+    from horovodlike.torch.parallel import Linear2D, gather_2d, split_2d
+    mesh = hvd.ProcessMesh((2, 2), ("row", "col"))
+    torch.manual_seed(20)
+    up, down = torch.nn.Linear(8, 12), torch.nn.Linear(12, 8)
+    first, second = Linear2D.from_dense(up, mesh), Linear2D.from_dense(down, mesh)
+    x, x_ref = inputs(6, 8)
+    r = torch.randn(6, 8)
+    block = split_2d(x, mesh)
+    i, j = mesh.coordinate("row"), mesh.coordinate("col")
+    close(block.detach(), x.detach()[3 * i:3 * i + 3, 4 * j:4 * j + 4], "split_2d block")
+    y = gather_2d(second(F.gelu(first(block))), mesh)
+    y_ref = down(F.gelu(up(x_ref)))
+    (y * r).sum().backward()
+    (y_ref * r).sum().backward()
+    close(y.detach(), y_ref.detach(), "Linear2D forward")
+    close(x.grad, x_ref.grad, "Linear2D input gradient")
+    # Weight block (outputs j, inputs i) as nn.Linear stores it; bias block j.
+    close(first.weight.grad, up.weight.grad[6 * j:6 * j + 6, 4 * i:4 * i + 4], "first weight")
+    close(first.bias.grad, up.bias.grad[6 * j:6 * j + 6], "first bias gradient")
+    close(second.weight.grad, down.weight.grad[4 * j:4 * j + 4, 6 * i:6 * i + 6], "second")
+    # A q x q grid built directly draws what nn.Linear draws with the same seed.
+    torch.manual_seed(21)
+    built = Linear2D(8, 12, mesh)
+    torch.manual_seed(21)
+    close(built.weight.detach(), torch.nn.Linear(8, 12).weight.detach()[6 * j:6 * j + 6,
+                                                                        4 * i:4 * i + 4],
+          "Linear2D initialisation")
+    expect_error(lambda: Linear2D(7, 12, mesh), "in_features = 7")
+    expect_error(lambda: Linear2D(8, 12, hvd.ProcessMesh((4,), ("tp",))), "two-dimensional")
+    expect_error(lambda: first(torch.randn(3, 8)), "block of the input")
+    hvd.barrier()
+    print(f"rank {rank}: tensor parallel 2d OK", flush=True)

@@ -10,3 +10,4 @@ from horovodlike.torch.parallel.mappings import (
     scatter_to_tensor_model_parallel_region, gather_from_tensor_model_parallel_region,
     gather_from_sequence_parallel_region, reduce_scatter_to_sequence_parallel_region,
     scatter_to_sequence_parallel_region)
+from horovodlike.torch.parallel.linear_2d import Linear2D, split_2d, gather_2d
