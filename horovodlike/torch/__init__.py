@@ -35,4 +35,5 @@ from horovodlike.torch.optimizer import DistributedOptimizer
 from horovodlike.torch.sync_batch_norm import SyncBatchNorm
 from horovodlike.torch.process_mesh import ProcessMesh
 from horovodlike.torch.zero_redundancy_optimizer import ZeroRedundancyOptimizer
+from horovodlike.torch.planner import plan
 from horovodlike.torch import elastic
