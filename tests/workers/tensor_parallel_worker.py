@@ -204,33 +204,47 @@ if mode == "block":
 if mode == "2d":
     from horovodlike.torch.parallel import Linear2D, gather_2d, split_2d
     mesh = hvd.ProcessMesh((2, 2), ("row", "col"))
-    torch.manual_seed(20)
-    up, down = torch.nn.Linear(8, 12), torch.nn.Linear(12, 8)
-    first, second = Linear2D.from_dense(up, mesh), Linear2D.from_dense(down, mesh)
-    x, x_ref = inputs(6, 8)
-    r = torch.randn(6, 8)
-    block = split_2d(x, mesh)
-    i, j = mesh.coordinate("row"), mesh.coordinate("col")
-    close(block.detach(), x.detach()[3 * i:3 * i + 3, 4 * j:4 * j + 4], "split_2d block")
-    y = gather_2d(second(F.gelu(first(block))), mesh)
-    y_ref = down(F.gelu(up(x_ref)))
-    (y * r).sum().backward()
-    (y_ref * r).sum().backward()
-    close(y.detach(), y_ref.detach(), "Linear2D forward")
-    close(x.grad, x_ref.grad, "Linear2D input gradient")
-    # Weight block (outputs j, inputs i) as nn.Linear stores it; bias block j.
-    close(first.weight.grad, up.weight.grad[6 * j:6 * j + 6, 4 * i:4 * i + 4], "first weight")
-    close(first.bias.grad, up.bias.grad[6 * j:6 * j + 6], "first bias gradient")
-    close(second.weight.grad, down.weight.grad[4 * j:4 * j + 4, 6 * i:6 * i + 6], "second")
+    a, b = mesh.coordinate("row"), mesh.coordinate("col")
+    for algorithm in Linear2D.ALGORITHMS:
+        # SUMMA keeps the layout; allgather_reducescatter swaps it, so its pair swaps dims.
+        first_dims = ("row", "col")
+        second_dims = first_dims if algorithm == "summa" else ("col", "row")
+        in_dims = first_dims if algorithm == "summa" else ("col", "row")
+        torch.manual_seed(20)
+        up, down = torch.nn.Linear(8, 12), torch.nn.Linear(12, 8)
+        first = Linear2D.from_dense(up, mesh, dims=first_dims, algorithm=algorithm)
+        second = Linear2D.from_dense(down, mesh, dims=second_dims, algorithm=algorithm)
+        x, x_ref = inputs(6, 8)
+        r = torch.randn(6, 8)
+        block = split_2d(x, mesh, dims=in_dims)
+        rows, cols = mesh.coordinate(in_dims[0]), mesh.coordinate(in_dims[1])
+        close(block.detach(), x.detach()[3 * rows:3 * rows + 3, 4 * cols:4 * cols + 4],
+              f"{algorithm} split_2d block")
+        y = gather_2d(second(F.gelu(first(block))), mesh, dims=in_dims)
+        y_ref = down(F.gelu(up(x_ref)))
+        (y * r).sum().backward()
+        (y_ref * r).sum().backward()
+        close(y.detach(), y_ref.detach(), f"{algorithm} forward")
+        close(x.grad, x_ref.grad, f"{algorithm} input gradient")
+        # Weight block (outputs j, inputs i) as nn.Linear stores it; bias block j.
+        i, j = mesh.coordinate(first_dims[0]), mesh.coordinate(first_dims[1])
+        close(first.weight.grad, up.weight.grad[6 * j:6 * j + 6, 4 * i:4 * i + 4],
+              f"{algorithm} first weight gradient")
+        close(first.bias.grad, up.bias.grad[6 * j:6 * j + 6], f"{algorithm} first bias")
+        i, j = mesh.coordinate(second_dims[0]), mesh.coordinate(second_dims[1])
+        close(second.weight.grad, down.weight.grad[4 * j:4 * j + 4, 6 * i:6 * i + 6],
+              f"{algorithm} second weight gradient")
+        close(second.bias.grad, down.bias.grad[4 * j:4 * j + 4], f"{algorithm} second bias")
     # A q x q grid built directly draws what nn.Linear draws with the same seed.
     torch.manual_seed(21)
     built = Linear2D(8, 12, mesh)
     torch.manual_seed(21)
-    close(built.weight.detach(), torch.nn.Linear(8, 12).weight.detach()[6 * j:6 * j + 6,
-                                                                        4 * i:4 * i + 4],
+    close(built.weight.detach(), torch.nn.Linear(8, 12).weight.detach()[6 * b:6 * b + 6,
+                                                                        4 * a:4 * a + 4],
           "Linear2D initialisation")
     expect_error(lambda: Linear2D(7, 12, mesh), "in_features = 7")
     expect_error(lambda: Linear2D(8, 12, hvd.ProcessMesh((4,), ("tp",))), "two-dimensional")
-    expect_error(lambda: first(torch.randn(3, 8)), "block of the input")
+    expect_error(lambda: built(torch.randn(3, 8)), "block of the input")
+    expect_error(lambda: Linear2D(8, 12, mesh, algorithm="cannon"), "'cannon'")
     hvd.barrier()
     print(f"rank {rank}: tensor parallel 2d OK", flush=True)

@@ -1,19 +1,30 @@
 """Linear2D: a linear layer whose weight and activations are both split over an R x C grid of
-ranks (2D tensor parallelism, SUMMA-style).
+ranks (2D tensor parallelism). Rank (i, j) (i along the mesh's first named dimension, j along
+the second) holds the weight block W[i, j]: inputs i of R, outputs j of C, W being
+in_features x out_features. Two ways to multiply:
 
-Rank (i, j) holds the activation block X[i, j] (rows i of the batch, inputs j) and the weight
-block W[i, j] (inputs i, outputs j, W being in_features x out_features). SUMMA's broadcasts of
-X[i, k] along row i and W[k, j] along column j become one allgather each:
+``algorithm="allgather_reducescatter"`` (the default; the seed document's 2D scheme, weights
+stay put). The input block is (batch part j, features i):
+
+    forward    X[:, i] = allgather over the line of j   (batch)
+               Y[i, j] = reducescatter over the line of i (batch) of X[:, i] W[i, j]
+    backward   the reverse: allgather dY, reducescatter dX; dW[i, j] needs no communication
+
+The output block is (batch part i, outputs j): the input layout of a Linear2D with the two
+dimensions swapped, so a pair chains as ``dims=("x", "y")`` then ``dims=("y", "x")``. A pair
+moves bs[e(x-1) + h(y-1)]/xy per rank each way, the seed's 2bs[e(x-1)+h(y-1)]/xy for both
+directions, against 1D's allreduce 2(P-1)bsh/P.
+
+``algorithm="summa"`` (SUMMA: activations and weights move, no reduction forward). The input
+block is (batch part i, features j), and so is the output (outputs j):
 
     forward    X[i, :] = allgather over row i,  W[:, j] = allgather over column j,
-               Y[i, j] = X[i, :] W[:, j]                     (no reduction needed)
+               Y[i, j] = X[i, :] W[:, j]
     backward   dX[i, j] = reducescatter over row i    of dY[i, j] W[:, j]^T
                dW[i, j] = reducescatter over column j of X[i, :]^T dY[i, j]
 
-The output block has the input's layout (rows i, outputs j), so Linear2D layers chain. Per
-rank and per matmul this moves (C-1)/C of an activation row block and (R-1)/R of a weight
-column block each way, against 1D's allreduce of the whole activation: the seed's
-2bs[e(x-1) + h(y-1)]/xy against 2(P-1)bsh/P.
+It moves (q-1)/q^2 of the weight per matmul, so it pays when the batch is large against the
+weight.
 """
 
 import torch
@@ -60,26 +71,32 @@ class _Summa(torch.autograd.Function):
 
 
 class Linear2D(torch.nn.Module):
-    """``y = x A^T + b`` on a 2D ``ProcessMesh`` of R x C ranks (q x q in the classic form).
-
-    ``dims`` names the mesh's (row, column) dimensions (its own order by default). The input
-    is this rank's block of the activation (batch rows i of R, features j of C: see
-    ``split_2d``); the output is the block (rows i, outputs j). The weight block is stored as
-    nn.Linear stores its weight: ``(out_features/C, in_features/R)``; the bias block
-    ``out_features/C`` is repeated down each column (its gradient is summed over the column).
+    """``y = x A^T + b`` on a 2D ``ProcessMesh`` of R x C ranks (q x q in the classic form);
+    ``dims`` names the mesh's (R, C) dimensions (its own order by default). See the module for
+    the input and output blocks of each ``algorithm``. The weight block is stored as nn.Linear
+    stores its weight, ``(out_features/C, in_features/R)``; the bias block (out_features/C) is
+    repeated over R ranks and its gradient summed over them.
     """
 
-    def __init__(self, in_features, out_features, mesh, bias=True, dims=None):
+    ALGORITHMS = ("allgather_reducescatter", "summa")
+
+    def __init__(self, in_features, out_features, mesh, bias=True, dims=None,
+                 algorithm="allgather_reducescatter"):
         super().__init__()
+        if algorithm not in self.ALGORITHMS:
+            raise ValueError(f"Linear2D: algorithm {algorithm!r} is not one of "
+                             f"{self.ALGORITHMS}")
+        self.algorithm = algorithm
+        # row_set: the ranks sharing i (they differ in j); column_set: those sharing j.
         self.row_set, self.column_set, self.i, self.j = _grid_sets(mesh, dims)
-        # A column holds the R ranks of the grid's rows, a row the C ranks of its columns.
         self.rows = mappings.group_size(self.column_set)
         self.columns = mappings.group_size(self.row_set)
         self.in_features, self.out_features = in_features, out_features
-        # The input's features are split over a row, the weight's inputs over a column.
-        divide(in_features, self.columns, "Linear2D in_features")
         self.in_block = divide(in_features, self.rows, "Linear2D in_features")
         self.out_block = divide(out_features, self.columns, "Linear2D out_features")
+        # The input's feature block: i of R (allgather_reducescatter) or j of C (summa).
+        self.input_features = self.in_block if algorithm != "summa" else divide(
+            in_features, self.columns, "Linear2D in_features")
         weight, b = _dense_linear_parameters(in_features, out_features, bias)
         self.weight = torch.nn.Parameter(self._weight_block(weight))
         self.bias = torch.nn.Parameter(self._bias_block(b)) if bias else None
@@ -92,9 +109,9 @@ class Linear2D(torch.nn.Module):
         return bias[self.j * self.out_block:(self.j + 1) * self.out_block].clone()
 
     @classmethod
-    def from_dense(cls, linear, mesh, dims=None):
+    def from_dense(cls, linear, mesh, dims=None, algorithm="allgather_reducescatter"):
         layer = cls(linear.in_features, linear.out_features, mesh,
-                    bias=linear.bias is not None, dims=dims)
+                    bias=linear.bias is not None, dims=dims, algorithm=algorithm)
         with torch.no_grad():
             layer.weight.copy_(layer._weight_block(linear.weight))
             if linear.bias is not None:
@@ -102,22 +119,31 @@ class Linear2D(torch.nn.Module):
         return layer
 
     def forward(self, x):
-        if x.dim() != 2 or x.shape[1] * self.columns != self.in_features:
-            raise ValueError(f"Linear2D: expected this rank's (rows, {self.in_features}/"
-                             f"{self.columns}) block of the input, got {tuple(x.shape)}")
-        y = _Summa.apply(x, self.weight, self.row_set, self.column_set)
+        if x.dim() != 2 or x.shape[1] != self.input_features:
+            raise ValueError(f"Linear2D: expected this rank's (batch part, "
+                             f"{self.input_features}) block of the input, got "
+                             f"{tuple(x.shape)}")
+        if self.algorithm == "summa":
+            y = _Summa.apply(x, self.weight, self.row_set, self.column_set)
+        else:
+            divide(x.shape[0] * self.columns, self.rows, "Linear2D's gathered batch")
+            whole_batch = mappings.gather_from_sequence_parallel_region(x, self.row_set)
+            y = mappings.reduce_scatter_to_sequence_parallel_region(
+                whole_batch @ self.weight.t(), self.column_set)
         if self.bias is not None:
             y = y + mappings.copy_to_tensor_model_parallel_region(self.bias, self.column_set)
         return y
 
     def extra_repr(self):
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"grid {self.rows}x{self.columns}, block ({self.i}, {self.j})")
+                f"grid {self.rows}x{self.columns}, block ({self.i}, {self.j}), "
+                f"algorithm={self.algorithm}")
 
 
 def split_2d(x, mesh, dims=None):
-    """This rank's block of a 2D activation every rank holds whole: rows i of R, columns j of
-    C (differentiable: the gradient blocks are gathered back)."""
+    """This rank's block of a 2D activation every rank holds whole: batch part along dims[0],
+    features along dims[1] (differentiable: the gradient blocks are gathered back). For the
+    first layer of an allgather_reducescatter pair on dims (x, y), split with dims (y, x)."""
     row_set, column_set, _, _ = _grid_sets(mesh, dims)
     x = mappings.scatter_to_sequence_parallel_region(x, column_set)      # rows i of R
     return mappings.scatter_to_tensor_model_parallel_region(x, row_set)  # columns j of C
