@@ -60,6 +60,22 @@ def test_tensor_parallel_and_its_constraints():
     assert result.best.tp == 2
 
 
+def test_hosts_keep_the_gradient_allreduce_inside_a_host():
+    # 2 MiB of gradients: on one host dp=4 wins (no pipeline bubble); on two hosts of two
+    # with a 100x slower link between them, dp=4's allreduce crosses hosts, so the planner
+    # pipelines across the hosts and keeps dp=2 inside each (as Whale does).
+    profile = layers([0.003] * 2, 1 * MB, 1024)
+    fast = LinkProfile(latency_s=0.0, bus_bytes_per_s=1e10)
+    slow = LinkProfile(latency_s=0.0, bus_bytes_per_s=1e8)
+    one_host = plan(None, torch.zeros(8, 1), 4, link=fast, layers=profile, verbose=False)
+    assert one_host.shape == (1, 4, 1)
+    two_hosts = plan(None, torch.zeros(8, 1), 4, hosts="a:2,b:2", link=fast,
+                     inter_host_link=slow, layers=profile, verbose=False)
+    assert two_hosts.shape == (2, 2, 1)
+    assert two_hosts.best.step_s < 0.1 * [c for c in two_hosts.candidates
+                                          if c.layout == "pp=1 dp=4 tp=1"][0].step_s
+
+
 def test_memory_limit_ranks_layouts_that_fit_first():
     profile = layers([0.003] * 4, 1024, 1024)
     unlimited = run(profile, 4)

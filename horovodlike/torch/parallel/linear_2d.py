@@ -11,9 +11,9 @@ stay put). The input block is (batch part j, features i):
     backward   the reverse: allgather dY, reducescatter dX; dW[i, j] needs no communication
 
 The output block is (batch part i, outputs j): the input layout of a Linear2D with the two
-dimensions swapped, so a pair chains as ``dims=("x", "y")`` then ``dims=("y", "x")``. A pair
-moves bs[e(x-1) + h(y-1)]/xy per rank each way, the seed's 2bs[e(x-1)+h(y-1)]/xy for both
-directions, against 1D's allreduce 2(P-1)bsh/P.
+dimensions swapped, so a pair chains as ``dims=("x", "y")`` then ``dims=("y", "x")``. A pair's
+forward pass sends 2bs[e(x-1) + h(y-1)]/xy elements per rank (the seed's formula) and its
+backward pass as much, against 2(P-1)bsh/P each way for 1D.
 
 ``algorithm="summa"`` (SUMMA: activations and weights move, no reduction forward). The input
 block is (batch part i, features j), and so is the output (outputs j):
