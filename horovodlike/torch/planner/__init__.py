@@ -123,7 +123,10 @@ def plan(model, sample_input, world_size, hosts=None, link=None, inter_host_link
     if in_job and basics.size() == world_size:
         result.mesh = result.process_mesh()
     if verbose and (not in_job or basics.rank() == 0):
+        between = "" if inter_host_link is None or slots is None else (
+            f"; between hosts of {slots} ranks: {inter_host_link.latency_s * 1e6:.0f} us, "
+            f"{inter_host_link.bus_bytes_per_s / 1e9:.2f} GB/s")
         print(f"plan for {world_size} ranks, batch {batch}; link: "
-              f"{link.latency_s * 1e6:.0f} us, {link.bus_bytes_per_s / 1e9:.2f} GB/s")
+              f"{link.latency_s * 1e6:.0f} us, {link.bus_bytes_per_s / 1e9:.2f} GB/s{between}")
         print(result.table(), flush=True)
     return result
