@@ -65,6 +65,10 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("-cb", "--check-build", dest="check_build", action="store_true",
                         help="print the frameworks, controllers and tensor operations of this "
                              "build and exit")
+    parser.add_argument("--plan", dest="plan", metavar="MODULE:FUNCTION",
+                        help="instead of a command: rank the (pp, dp, tp) layouts of -np ranks "
+                             "for the model FUNCTION() returns as (model, sample_input), "
+                             "measuring these hosts' links, and print the table")
     hosts = parser.add_mutually_exclusive_group()
     hosts.add_argument("-H", "--hosts", dest="hosts",
                        help="hosts and their slots: host1:4,host2:4 (default localhost:N)")
@@ -197,6 +201,10 @@ def _validate(args, parser) -> None:
         parser.error("-np/--num-proc is required")
     if args.command and args.command[0] == "--":
         args.command = args.command[1:]
+    if args.plan:
+        if args.command:
+            parser.error("--plan takes no command: the ranks run the planner")
+        args.command = [sys.executable, "-m", "horovodlike.torch.planner", args.plan]
     if not args.command:
         parser.error("no command given: horovodlikerun -np N command ...")
     if args.fusion_threshold_mb is not None and args.fusion_threshold_mb < 0:
