@@ -6,6 +6,7 @@
 #include <iterator>
 #include <sstream>
 
+#include "handle_table.h"
 #include "logging.h"
 #include "response_builder.h"
 #include "../collectives/star_exchange.h"
@@ -340,16 +341,19 @@ void Controller::ExchangeStallReports() {
   WireWriter report;
   report.PutI64Vector(slots);
   report.PutI64Vector(waited_ms);
+  report.PutI32(HandleTable::blocked_waiters());
   auto reports = GatherToRoot(transport_, report.bytes(), kCoordinator);
 
   WireWriter verdict;
   if (transport_.rank() == kCoordinator) {
     using Waiting = StallInspector::Waiting;
     std::map<std::string, Waiting> waiting;
+    bool all_blocked = true;
     for (int r = 0; r < n; ++r) {
       WireReader in(reports[r].data(), reports[r].size());
       auto their_slots = in.GetI64Vector();
       auto their_ms = in.GetI64Vector();
+      if (in.GetI32() <= 0) all_blocked = false;
       for (size_t i = 0; i < their_slots.size() && i < their_ms.size(); ++i) {
         const int64_t slot = their_slots[i];
         if (slot < 0 || slot >= cache_.num_slots() || !cache_.occupied(static_cast<int>(slot))) {
@@ -369,7 +373,7 @@ void Controller::ExchangeStallReports() {
       for (int r : joined_ranks_) w.present[r] = true;
       w.seconds = std::max(w.seconds, seconds_since(pending.first_seen));
     }
-    const StallInspector::Verdict judged = stall_inspector_.Judge(waiting, n, now);
+    const StallInspector::Verdict judged = stall_inspector_.Judge(waiting, n, all_blocked, now);
     // Ranks of a process set other than the global one are numbered within the set; only the
     // global set's are job ranks the launcher can name.
     verdict.PutI32(n == config_.size ? judged.origin : -1);

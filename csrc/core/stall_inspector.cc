@@ -24,11 +24,30 @@ bool StallInspector::CheckDue(Clock::time_point now) const {
 }
 
 StallInspector::Verdict StallInspector::Judge(const std::map<std::string, Waiting>& waiting,
-                                              int num_ranks, Clock::time_point now) {
+                                              int num_ranks, bool all_blocked,
+                                              Clock::time_point now) {
   last_check_ = now;
+  // Every rank blocked in a wait and nothing ready on all of them: no rank can go on (the
+  // ranks diverged: one skipped a collective or submitted them in another order). Past the
+  // warning time that is an error rather than a warning, which would repeat for ever; unless
+  // HOROVOD_STALL_SHUTDOWN_TIME_SECONDS says when to stop, which then decides.
+  bool runnable = false;
+  for (const auto& [name, w] : waiting) {
+    if (std::find(w.present.begin(), w.present.end(), false) == w.present.end()) runnable = true;
+  }
+  const bool deadlocked = num_ranks == config_.size && all_blocked && !runnable &&
+                          !waiting.empty() && config_.stall_shutdown_seconds <= 0;
+  if (!deadlocked) {
+    deadlocked_since_.reset();
+  } else if (!deadlocked_since_) {
+    deadlocked_since_ = now;
+  }
+  const bool deadlock_error =
+      deadlocked && std::chrono::duration<double>(now - *deadlocked_since_).count() >=
+                        config_.stall_warning_seconds;
   Verdict verdict;
   std::ostringstream list;
-  bool shutdown = false;
+  bool shutdown = deadlock_error;
   int stalled = 0;
   for (const auto& [name, w] : waiting) {
     std::vector<int> missing;
@@ -37,7 +56,10 @@ StallInspector::Verdict StallInspector::Judge(const std::map<std::string, Waitin
     }
     const bool stop = config_.stall_shutdown_seconds > 0 &&
                       w.seconds >= config_.stall_shutdown_seconds;
-    if (missing.empty() || (w.seconds < config_.stall_warning_seconds && !stop)) continue;
+    if (missing.empty() ||
+        (w.seconds < config_.stall_warning_seconds && !stop && !deadlock_error)) {
+      continue;
+    }
     shutdown = shutdown || stop;
     if (verdict.origin < 0 || missing[0] < verdict.origin) verdict.origin = missing[0];
     list << (stalled++ ? "; " : "") << "'" << name << "' missing on rank"
@@ -46,7 +68,15 @@ StallInspector::Verdict StallInspector::Judge(const std::map<std::string, Waitin
     list << " (waited " << std::fixed << std::setprecision(1) << w.seconds << " s)";
     list.unsetf(std::ios::fixed);
   }
-  if (shutdown) {
+  if (deadlock_error) {
+    std::ostringstream out;
+    out << "ranks diverged: every rank has been blocked for more than "
+        << config_.stall_warning_seconds
+        << " s (HOROVOD_STALL_CHECK_TIME_SECONDS) waiting for a tensor that another rank has "
+           "not submitted, so none can go on (a rank skipped a collective, or the ranks "
+           "submitted them in different orders): " << list.str();
+    verdict.shutdown_message = out.str();
+  } else if (shutdown) {
     std::ostringstream out;
     out << "stall shutdown: tensors were submitted by some ranks and not by the others for "
            "more than " << config_.stall_shutdown_seconds

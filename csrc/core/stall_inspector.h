@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,13 +33,19 @@ class StallInspector {
     int origin = -1;               // the lowest rank missing a stalled tensor (-1: none)
   };
   // Coordinator, once per check: logs a warning (at most once per warning interval) and
-  // returns the shutdown message once a tensor has waited past the shutdown time.
-  Verdict Judge(const std::map<std::string, Waiting>& waiting, int num_ranks, Clock::time_point now);
+  // returns the shutdown message once a tensor has waited past the shutdown time, or once
+  // every rank (`all_blocked`: each has a thread blocked in a wait) has waited past the
+  // warning time with nothing ready anywhere (the ranks diverged).
+  Verdict Judge(const std::map<std::string, Waiting>& waiting, int num_ranks, bool all_blocked,
+                Clock::time_point now);
 
  private:
   const Config& config_;
   Clock::time_point last_check_;
   Clock::time_point last_warning_;
+  // Global set: since when every rank has been blocked waiting with no tensor ready on all
+  // ranks (a deadlock: none can go on), unset while that is not so.
+  std::optional<Clock::time_point> deadlocked_since_;
 };
 
 }  // namespace horovodlike
