@@ -59,6 +59,7 @@ class _PipelineSchedule:
         self.n_microbatches = n_microbatches
         self.loss_fn = loss_fn
         self._local = {}  # messages between two stages of this rank (a set of one rank)
+        self.bytes_sent = 0  # activations and gradients this rank sent to other ranks, in total
         expected = [i for i in range(self.num_stages)
                     if i % len(self.ranks) == self.position]
         if sorted(self.stages) != expected:
@@ -85,17 +86,29 @@ class _PipelineSchedule:
         get each micro-batch's loss); the others pass nothing. Gradients accumulate into
         ``.grad`` (zero them between steps as usual). Returns the output of the last stage,
         the micro-batch outputs concatenated, on its rank; None elsewhere."""
+        return self._run(self.actions, args, target, losses)
+
+    def eval(self, *args, target=None, losses=None):
+        """A forward of the batch only (evaluation): no gradients, nothing kept for a backward,
+        the same arguments and result as ``step``. ``target`` is needed only for ``losses``."""
+        order = [(FORWARD, index, m) for m in range(self.n_microbatches)
+                 for index in sorted(self.stages)]
+        with torch.no_grad():
+            return self._run(order, args, target, losses, need_target=losses is not None)
+
+    def _run(self, actions, args, target, losses, need_target=True):
         n = self.n_microbatches
         inputs = self._split(args[0] if args else None, 0, "the batch") \
             if 0 in self.stages else None
         last = self.num_stages - 1
-        targets = self._split(target, last, "target") if last in self.stages else None
+        targets = self._split(target, last, "target") \
+            if last in self.stages and need_target else None
         for stage in self.stages.values():
             stage.saved.clear()
             stage.peak_saved = 0
         outputs, pending = [None] * n, []
         try:
-            for kind, index, microbatch in self.actions:
+            for kind, index, microbatch in actions:
                 stage = self.stages[index]
                 if kind == FORWARD:
                     self._forward(stage, microbatch, inputs, targets, outputs, losses, pending)
@@ -104,6 +117,9 @@ class _PipelineSchedule:
                 pending = [w for w in pending if not w.is_completed()]
             for work in pending:
                 work.wait()
+            if actions is not self.actions:  # forward only: nothing will be backpropagated
+                for stage in self.stages.values():
+                    stage.saved.clear()
         except BaseException as e:
             for stage in self.stages.values():
                 stage.saved.clear()
@@ -146,6 +162,7 @@ class _PipelineSchedule:
             self._local[tag] = tensor.detach().clone()
             return
         pending.append(isend(tensor.detach(), peer, tag, self.process_set))
+        self.bytes_sent += tensor.numel() * tensor.element_size()
 
     def _forward(self, stage, microbatch, inputs, targets, outputs, losses, pending):
         if stage.is_first:
@@ -154,11 +171,12 @@ class _PipelineSchedule:
             x = self._receive(stage, stage.stage_index - 1, False, microbatch)
         output = stage.forward_one(microbatch, x)
         if stage.is_last:
-            loss = self.loss_fn(output, targets[microbatch])
-            stage.keep_loss(microbatch, loss)
             outputs[microbatch] = output.detach()
-            if losses is not None:
-                losses.append(loss.detach())
+            if targets is not None:
+                loss = self.loss_fn(output, targets[microbatch])
+                stage.keep_loss(microbatch, loss)
+                if losses is not None:
+                    losses.append(loss.detach())
         else:
             self._send(stage, output, stage.stage_index + 1, False, microbatch, pending)
 
