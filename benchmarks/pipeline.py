@@ -19,6 +19,7 @@ saved_tensors_hooks, times the most micro-batches a stage held at once.
 
 import argparse
 import json
+import os
 import statistics
 import time
 
@@ -166,8 +167,10 @@ def main():
     if hvd.rank() != 0:
         return
     mb = 1 << 20
-    print(f"{n} ranks, {args.layers} x Linear({args.width}, {args.width}), Adam, global batch "
-          f"{args.batch}, {args.microbatches} micro-batches; per rank: max (min) over ranks")
+    load = os.getloadavg()[0]
+    print(f"{n} ranks on {os.cpu_count()} cores (load average {load:.1f}), {args.layers} x "
+          f"Linear({args.width}, {args.width}), Adam, global batch {args.batch}, "
+          f"{args.microbatches} micro-batches; per rank: max (min) over ranks")
     print(f"{'layout':<16}{'step ms':>10}{'sent MB/step':>16}{'params MB':>12}"
           f"{'Adam state MB':>16}{'peak act. MB':>16}")
     for name, per_rank in results.items():
@@ -179,7 +182,8 @@ def main():
               f"{span('peak_activation_bytes', 1 / mb):>16}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "ranks": n, "results": results}, f, indent=1)
+            json.dump({"args": vars(args), "ranks": n, "cores": os.cpu_count(),
+                       "load_average": load, "results": results}, f, indent=1)
 
 
 if __name__ == "__main__":
