@@ -13,8 +13,8 @@ Per layout and rank: the median step time, bytes sent per step, the parameter, o
 and peak activation bytes. Bytes sent are counted for point-to-point (the tensors each rank sent)
 and computed for the collectives as the ring algorithm moves them (2 (N-1)/N of the reduced
 bytes per rank for an allreduce, and for ZeRO's reduce-scatter plus allgather alike). Peak
-activation bytes are the tensors autograd saved for one micro-batch's backward, measured with
-saved_tensors_hooks, times the most micro-batches a stage held at once.
+activation bytes are the tensors autograd saved for one micro-batch's backward (weights aside),
+measured with saved_tensors_hooks, times the most micro-batches a stage held at once.
 """
 
 import argparse
@@ -59,11 +59,14 @@ def batch(args, step):
 
 
 def saved_bytes(module, x):
-    """Bytes of the tensors autograd keeps from one forward of ``module`` on ``x``."""
+    """Bytes of the tensors autograd keeps from one forward of ``module`` on ``x``, not counting
+    the parameters it keeps references to (they are there anyway)."""
     total = [0]
+    weights = {p.untyped_storage().data_ptr() for p in module.parameters()}
 
     def pack(t):
-        total[0] += t.numel() * t.element_size()
+        if t.untyped_storage().data_ptr() not in weights:
+            total[0] += t.numel() * t.element_size()
         return t
     x = x.detach().requires_grad_(True)
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
