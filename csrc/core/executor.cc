@@ -31,6 +31,7 @@ const char* Executor::AllreduceLabel(const Transport& transport) {
 }
 
 void Executor::Execute(const Response* const* parts, size_t count) {
+  fusion_.CollectiveDone();
   const Response& response = *parts[0];
   std::vector<TensorEntry>& entries = entries_;
   entries.clear();
