@@ -6,7 +6,7 @@
 #include <iterator>
 #include <sstream>
 
-#include "logging.h"
+#include "../common/logging.h"
 #include "../collectives/star_exchange.h"
 
 namespace horovodlike {
@@ -61,7 +61,7 @@ std::string FormatDouble(double v) {
 
 }  // namespace
 
-Controller::Controller(Transport& transport, const Config& config, bool carries_parameters)
+Controller::Controller(Link& transport, const Config& config, bool carries_parameters)
     : transport_(transport), config_(config), cache_(config.cache_capacity),
       carries_parameters_(carries_parameters),
       last_stall_check_(std::chrono::steady_clock::now()),

@@ -4,7 +4,6 @@
 
 #include "../collectives/chain_broadcast.h"
 #include "../collectives/pairwise_alltoall.h"
-#include "../collectives/ring_allgather.h"
 #include "../reduce/reduce.h"
 
 namespace horovodlike {
@@ -21,14 +20,6 @@ size_t RowBytes(const std::vector<int64_t>& shape, DataType dtype) {
 int64_t ScatterRows(int64_t rows, int r, int n) { return rows / n + (r < rows % n ? 1 : 0); }
 
 }  // namespace
-
-const char* Executor::AllreduceLabel(const Transport& transport) {
-  const std::string name = transport.name();
-  if (name == "mpi") return "MPI_ALLREDUCE";
-  if (name == "gloo") return "GLOO_ALLREDUCE";
-  if (name.find("shm") != std::string::npos) return "SHM_ALLREDUCE";
-  return "RING_ALLREDUCE";
-}
 
 void Executor::Execute(const Response* const* parts, size_t count) {
   const Response& response = *parts[0];
@@ -105,21 +96,16 @@ void Executor::Reduce(void* buf, size_t count, DataType dtype, ReduceOp op, doub
   if (count == 0) return;
   if (transport_.size() == 1) {
     ScaleInPlace(buf, count, dtype, scale);
-  } else if (const HostHierarchy* hosts = transport_.hierarchy(); hosts && hosts->allreduce()) {
-    timeline_.ActivityStart("HIERARCHICAL_ALLREDUCE");
-    hierarchical_.Run(*hosts, buf, count, dtype, op);
-    ++hierarchical_allreduces_;
-    ScaleInPlace(buf, count, dtype, scale);
-    timeline_.ActivityEnd();
-  } else {
-    // Named for the transport: the backend's own algorithm, or the ring over it.
-    timeline_.ActivityStart(allreduce_label_);
-    if (!transport_.NativeAllreduce(buf, count, dtype, op, scale)) {
-      ring_.Run(transport_, buf, count, dtype, op);
-      ScaleInPlace(buf, count, dtype, scale);
-    }
-    timeline_.ActivityEnd();
+    return;
   }
+  const auto chosen = providers_->Allreduce(count, dtype, op);
+  timeline_.ActivityStart(chosen.label);
+  chosen.provider->Run(buf, count, dtype, op, scale);
+  ProviderTable::CountRun(chosen.label);
+  if (std::strcmp(chosen.provider->name(), "hierarchical_allreduce") == 0) {
+    ++hierarchical_allreduces_;
+  }
+  timeline_.ActivityEnd();
 }
 
 void Executor::ReduceAdasum(void* buf, const size_t* counts, size_t num_tensors, DataType dtype,
@@ -136,14 +122,12 @@ void Executor::ReduceAdasum(void* buf, const size_t* counts, size_t num_tensors,
 }
 
 void Executor::Gather(void* out, const std::vector<size_t>& block_bytes) {
-  const HostHierarchy* hosts = transport_.hierarchy();
-  if (hosts != nullptr && hosts->allgather()) {
-    timeline_.ActivityStart("HIERARCHICAL_ALLGATHER");
-    hierarchical_allgather_.Run(*hosts, out, block_bytes);
+  const auto chosen = providers_->Allgather();
+  timeline_.ActivityStart(chosen.label);
+  chosen.provider->Run(out, block_bytes);
+  ProviderTable::CountRun(chosen.label);
+  if (std::strcmp(chosen.provider->name(), "hierarchical_allgather") == 0) {
     ++hierarchical_allgathers_;
-  } else {
-    timeline_.ActivityStart("RING_ALLGATHER");
-    RingAllgatherv(transport_, out, block_bytes);
   }
   timeline_.ActivityEnd();
 }

@@ -9,7 +9,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "common.h"
+#include "../common/common.h"
 
 namespace horovodlike {
 

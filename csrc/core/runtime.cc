@@ -6,10 +6,10 @@
 #include <chrono>
 #include <map>
 
-#include "logging.h"
+#include "../common/logging.h"
 #include "../collectives/adasum_allreduce.h"
-#include "../transport/factory.h"
-#include "../transport/rendezvous_client.h"
+#include "../links/connect.h"
+#include "../links/rendezvous_client.h"
 
 namespace horovodlike {
 namespace {
@@ -55,9 +55,9 @@ void Runtime::Init() {
       throw InvalidArgument(std::string("HOROVOD_TIMELINE: ") + e.what());
     }
   }
-  std::unique_ptr<Transport> transport;
+  std::unique_ptr<Link> transport;
   try {
-    transport = CreateTransport(config, generation);
+    transport = ConnectLink(config, generation);
   } catch (const TransportError& e) {
     // A peer that died or vanished during set-up: tell the launcher which one it was.
     ReportFailureToLauncher(config, generation, {e.peer(), FailureKind(e.cause()), e.what()});
@@ -89,7 +89,7 @@ Runtime& Runtime::Get() {
   return *g_runtime;
 }
 
-Runtime::Runtime(Config config, std::unique_ptr<Transport> transport, int generation,
+Runtime::Runtime(Config config, std::unique_ptr<Link> transport, int generation,
                  std::unique_ptr<ParameterManager> tuner, std::unique_ptr<Timeline> timeline)
     : config_(std::move(config)), generation_(generation), transport_(std::move(transport)),
       timeline_(std::move(timeline)),

@@ -11,13 +11,13 @@
 
 #include "controller.h"
 #include "process_set.h"
-#include "env_config.h"
+#include "../common/env_config.h"
 #include "executor.h"
 #include "handle_table.h"
 #include "parameter_manager.h"
 #include "tensor_queue.h"
 #include "timeline.h"
-#include "../transport/transport.h"
+#include "../links/link.h"
 
 namespace horovodlike {
 
@@ -72,7 +72,7 @@ class Runtime {
   ~Runtime();
 
  private:
-  Runtime(Config config, std::unique_ptr<Transport> transport, int generation,
+  Runtime(Config config, std::unique_ptr<Link> transport, int generation,
           std::unique_ptr<ParameterManager> tuner, std::unique_ptr<Timeline> timeline);
   void Loop();
   // Tells the launcher why the loop stopped (see ReportFailureToLauncher), then fails all work
@@ -84,7 +84,7 @@ class Runtime {
 
   Config config_;
   int generation_;  // which init() of this process; keys its rendezvous entries
-  std::unique_ptr<Transport> transport_;
+  std::unique_ptr<Link> transport_;
   TensorQueue queue_;
   HandleTable handles_;
   std::unique_ptr<Timeline> timeline_;  // before the executors, which record into it
