@@ -34,4 +34,5 @@ from horovodlike.torch.functions import (broadcast_parameters, broadcast_optimiz
 from horovodlike.torch.optimizer import DistributedOptimizer
 from horovodlike.torch.sync_batch_norm import SyncBatchNorm
 from horovodlike.torch.process_mesh import ProcessMesh
+from horovodlike.torch.zero_redundancy_optimizer import ZeroRedundancyOptimizer
 from horovodlike.torch import elastic
