@@ -7,10 +7,14 @@
 
 #include "../links/per_peer_link.h"
 #include "../reduce/reduce.h"
+#include "adasum_allreduce.h"
+#include "chain_broadcast.h"
 #include "hierarchical_allgather.h"
 #include "hierarchical_allreduce.h"
 #include "ring_allgather.h"
+#include "pairwise_alltoall.h"
 #include "ring_allreduce.h"
+#include "ring_reducescatter.h"
 #include "shm/shm_allreduce.h"
 #ifdef HOROVODLIKE_MPI_FOUND
 #include "../links/mpi/mpi_link.h"
@@ -76,6 +80,57 @@ class HierarchicalAllgatherProvider final : public AllgatherProvider {
   HierarchicalAllgather algorithm_;
 };
 
+class RingReducescatterProvider final : public ReducescatterProvider {
+ public:
+  explicit RingReducescatterProvider(Link& link) : link_(link) {}
+  const char* name() const override { return "ring_reducescatter"; }
+  void Run(void* buf, const std::vector<size_t>& block_counts, DataType dtype,
+           ReduceOp op) override {
+    algorithm_.Run(link_, buf, block_counts, dtype, op);
+  }
+
+ private:
+  Link& link_;
+  RingReducescatter algorithm_;
+};
+
+class PairwiseAlltoallProvider final : public AlltoallProvider {
+ public:
+  explicit PairwiseAlltoallProvider(Link& link) : link_(link) {}
+  const char* name() const override { return "pairwise_alltoall"; }
+  void Run(const void* input, const std::vector<size_t>& send_bytes, void* output,
+           const std::vector<size_t>& recv_bytes) override {
+    PairwiseAlltoall(link_, input, send_bytes, output, recv_bytes);
+  }
+
+ private:
+  Link& link_;
+};
+
+class ChainBroadcastProvider final : public BroadcastProvider {
+ public:
+  explicit ChainBroadcastProvider(Link& link) : link_(link) {}
+  const char* name() const override { return "chain_broadcast"; }
+  void Run(void* buf, size_t bytes, int root) override { ChainBroadcast(link_, buf, bytes, root); }
+
+ private:
+  Link& link_;
+};
+
+class AdasumAllreduceProvider final : public AdasumProvider {
+ public:
+  explicit AdasumAllreduceProvider(Link& link) : link_(link) {}
+  const char* name() const override { return "adasum_allreduce"; }
+  void Run(void* buf, const size_t* counts, size_t num_tensors, DataType dtype,
+           const std::string& tensor) override {
+    algorithm_.Run(link_, buf, counts, num_tensors, dtype, tensor);
+  }
+
+ private:
+  Link& link_;
+  AdasumAllreduce algorithm_;
+};
+
 std::mutex g_mutex;  // guards what follows
 
 // Interned labels: the timeline keeps the pointers.
@@ -115,6 +170,26 @@ void ProviderTable::SetAllgather(std::unique_ptr<AllgatherProvider> provider, co
   owned_allgather_ = std::move(provider);
 }
 
+template <class Provider>
+ProviderTable::Entry<Provider> Own(std::unique_ptr<Provider> provider, const Link& link,
+                                   std::unique_ptr<Provider>* owner) {
+  ProviderTable::Entry<Provider> entry{provider.get(),
+                                       Intern(MakeLabel(provider->name(), &link))};
+  *owner = std::move(provider);
+  return entry;
+}
+
+void ProviderTable::SetOthers() {
+  reducescatter_ = Own<ReducescatterProvider>(std::make_unique<RingReducescatterProvider>(link_),
+                                              link_, &owned_reducescatter_);
+  alltoall_ = Own<AlltoallProvider>(std::make_unique<PairwiseAlltoallProvider>(link_), link_,
+                                    &owned_alltoall_);
+  broadcast_ = Own<BroadcastProvider>(std::make_unique<ChainBroadcastProvider>(link_), link_,
+                                      &owned_broadcast_);
+  adasum_ = Own<AdasumProvider>(std::make_unique<AdasumAllreduceProvider>(link_), link_,
+                                &owned_adasum_);
+}
+
 std::unique_ptr<ProviderTable> ProviderTable::ForJob(Link& link) {
   std::unique_ptr<ProviderTable> table(new ProviderTable(link));
   const HostHierarchy* hosts = nullptr;
@@ -141,6 +216,7 @@ std::unique_ptr<ProviderTable> ProviderTable::ForJob(Link& link) {
   } else {
     table->SetAllgather(std::make_unique<RingAllgatherProvider>(link), &link);
   }
+  table->SetOthers();
   auto described = table->Describe();
   std::lock_guard<std::mutex> lock(g_mutex);
   if (g_running_job == nullptr) g_running_job = new std::vector<std::pair<std::string, std::string>>();
@@ -152,6 +228,7 @@ std::unique_ptr<ProviderTable> ProviderTable::ForSubset(Link& view) {
   std::unique_ptr<ProviderTable> table(new ProviderTable(view));
   table->AddAllreduce(std::make_unique<RingAllreduceProvider>(view), &view);
   table->SetAllgather(std::make_unique<RingAllgatherProvider>(view), &view);
+  table->SetOthers();
   return table;
 }
 
@@ -169,14 +246,12 @@ std::vector<std::pair<std::string, std::string>> ProviderTable::Describe() const
     if (!allreduce.empty()) allreduce += ", ";
     allreduce += entry.label;
   }
-  // The other operations have one algorithm each, over the set's link.
-  auto label = [&](const char* name) { return MakeLabel(name, &link_); };
   return {{"allreduce", allreduce},
           {"allgather", allgather_.label},
-          {"reducescatter", label("ring_reducescatter")},
-          {"alltoall", label("pairwise_alltoall")},
-          {"broadcast", label("chain_broadcast")},
-          {"adasum", label("adasum_allreduce")}};
+          {"reducescatter", reducescatter_.label},
+          {"alltoall", alltoall_.label},
+          {"broadcast", broadcast_.label},
+          {"adasum", adasum_.label}};
 }
 
 std::vector<std::pair<std::string, std::string>> ProviderTable::ForRunningJob() {

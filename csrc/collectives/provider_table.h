@@ -38,6 +38,10 @@ class ProviderTable {
   // The first allreduce provider, in the table's order, that takes these arguments.
   Entry<AllreduceProvider> Allreduce(size_t count, DataType dtype, ReduceOp op) const;
   Entry<AllgatherProvider> Allgather() const { return allgather_; }
+  Entry<ReducescatterProvider> Reducescatter() const { return reducescatter_; }
+  Entry<AlltoallProvider> Alltoall() const { return alltoall_; }
+  Entry<BroadcastProvider> Broadcast() const { return broadcast_; }
+  Entry<AdasumProvider> Adasum() const { return adasum_; }
 
   // (operation, providers in the order they are tried) for this set: "allreduce" ->
   // "shm_allreduce, ring_allreduce", ... with the link they run over.
@@ -58,6 +62,8 @@ class ProviderTable {
   // Appends `provider` to the allreduce's list (owned), labelled for `link` (null: no prefix).
   void AddAllreduce(std::unique_ptr<AllreduceProvider> provider, const Link* link);
   void SetAllgather(std::unique_ptr<AllgatherProvider> provider, const Link* link);
+  // The operations with one algorithm of ours over the set's link.
+  void SetOthers();
 
   Link& link_;
   std::vector<std::unique_ptr<AllreduceProvider>> owned_allreduce_;
@@ -65,6 +71,14 @@ class ProviderTable {
   std::vector<Entry<AllreduceProvider>> allreduce_;
   std::unique_ptr<AllgatherProvider> owned_allgather_;
   Entry<AllgatherProvider> allgather_{nullptr, nullptr};
+  std::unique_ptr<ReducescatterProvider> owned_reducescatter_;
+  Entry<ReducescatterProvider> reducescatter_{nullptr, nullptr};
+  std::unique_ptr<AlltoallProvider> owned_alltoall_;
+  Entry<AlltoallProvider> alltoall_{nullptr, nullptr};
+  std::unique_ptr<BroadcastProvider> owned_broadcast_;
+  Entry<BroadcastProvider> broadcast_{nullptr, nullptr};
+  std::unique_ptr<AdasumProvider> owned_adasum_;
+  Entry<AdasumProvider> adasum_{nullptr, nullptr};
 };
 
 }  // namespace horovodlike

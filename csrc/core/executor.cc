@@ -2,8 +2,6 @@
 
 #include <cstring>
 
-#include "../collectives/chain_broadcast.h"
-#include "../collectives/pairwise_alltoall.h"
 #include "../reduce/reduce.h"
 
 namespace horovodlike {
@@ -114,8 +112,10 @@ void Executor::ReduceAdasum(void* buf, const size_t* counts, size_t num_tensors,
   for (size_t t = 0; t < num_tensors; ++t) total += counts[t];
   if (total == 0) return;
   if (transport_.size() > 1) {
-    timeline_.ActivityStart("ADASUM_ALLREDUCE");
-    adasum_.Run(transport_, buf, counts, num_tensors, dtype, tensor);
+    const auto chosen = providers_->Adasum();
+    timeline_.ActivityStart(chosen.label);
+    chosen.provider->Run(buf, counts, num_tensors, dtype, tensor);
+    ProviderTable::CountRun(chosen.label);
     timeline_.ActivityEnd();
   }
   ScaleInPlace(buf, total, dtype, scale);
@@ -322,8 +322,10 @@ void Executor::Reducescatter(const Response& response, std::vector<TensorEntry>&
     }
   }
   timeline_.ActivityEnd();
-  timeline_.ActivityStart("RING_REDUCESCATTER");
-  reducescatter_.Run(transport_, buffer, block_counts, dtype, response.reduce_op);
+  const auto chosen = providers_->Reducescatter();
+  timeline_.ActivityStart(chosen.label);
+  chosen.provider->Run(buffer, block_counts, dtype, response.reduce_op);
+  ProviderTable::CountRun(chosen.label);
   timeline_.ActivityEnd();
   timeline_.ActivityStart("MEMCPY_OUT_FUSION_BUFFER");
   offset = 0;
@@ -360,8 +362,10 @@ void Executor::Alltoall(const Response& response, TensorEntry& entry) {
   state.output_shape = entry.request.shape;
   state.output_shape[0] = total_rows;
   state.first_dims = received;
-  timeline_.ActivityStart("PAIRWISE_ALLTOALL");
-  PairwiseAlltoall(transport_, entry.input, send_bytes, state.output.data(), recv_bytes);
+  const auto chosen = providers_->Alltoall();
+  timeline_.ActivityStart(chosen.label);
+  chosen.provider->Run(entry.input, send_bytes, state.output.data(), recv_bytes);
+  ProviderTable::CountRun(chosen.label);
   timeline_.ActivityEnd();
 }
 
@@ -371,8 +375,10 @@ void Executor::Broadcast(const Response& response, TensorEntry& entry) {
   if (transport_.rank() == response.root_rank && entry.input != entry.output && bytes > 0) {
     std::memcpy(entry.output, entry.input, bytes);
   }
-  timeline_.ActivityStart("CHAIN_BROADCAST");
-  ChainBroadcast(transport_, entry.output, bytes, response.root_rank);
+  const auto chosen = providers_->Broadcast();
+  timeline_.ActivityStart(chosen.label);
+  chosen.provider->Run(entry.output, bytes, response.root_rank);
+  ProviderTable::CountRun(chosen.label);
   timeline_.ActivityEnd();
 }
 

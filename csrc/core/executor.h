@@ -12,9 +12,7 @@
 #include "message.h"
 #include "tensor_queue.h"
 #include "timeline.h"
-#include "../collectives/adasum_allreduce.h"
 #include "../collectives/provider_table.h"
-#include "../collectives/ring_reducescatter.h"
 #include "../links/link.h"
 
 namespace horovodlike {
@@ -85,14 +83,12 @@ class Executor {
   // Reused by every collective, so that running one allocates nothing.
   std::vector<TensorEntry> entries_;
   std::string key_;
-  AdasumAllreduce adasum_;
   std::vector<size_t> adasum_counts_;  // element counts of the fused tensors (Allreduce)
   // The allgather's sizes by tensor and by rank, and offsets (Allgather).
   std::vector<size_t> row_bytes_;
   std::vector<size_t> block_bytes_;
   std::vector<size_t> block_offset_;
   std::vector<size_t> out_offset_;
-  RingReducescatter reducescatter_;
   std::atomic<int64_t> allreduce_collectives_{0};
   std::atomic<int64_t> allreduce_tensors_{0};
   std::atomic<int64_t> errors_{0};

@@ -1,4 +1,5 @@
-// Chooses and connects the transport for this job from the configuration.
+// Chooses and connects the job's link (the transport a user picks: tcp, mpi, gloo) from the
+// configuration.
 #pragma once
 
 #include <memory>

@@ -2,7 +2,7 @@
 // hosts second (hierarchical allreduce and allgather, HOROVOD_HIERARCHICAL_ALLREDUCE=1 and
 // HOROVOD_HIERARCHICAL_ALLGATHER=1).
 //
-// A host here is a group of ranks that share memory (the ShmLink of per_peer.h): a rank
+// A host here is a group of ranks that share memory (the ShmLink of per_peer_link.h): a rank
 // without shared memory (alone on its host, or the segment could not be mapped) is a host of its
 // own. Every rank tells every other the lowest job rank of its group when the transport
 // connects, so all derive the same hosts; a host's local ranks are its members in job rank

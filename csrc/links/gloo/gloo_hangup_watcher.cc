@@ -2,17 +2,12 @@
 
 #include <fcntl.h>
 #include <poll.h>
-#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
 
 namespace horovodlike {
-namespace {
-// A peer that closed while its last bytes are still unread is looked at again after this.
-constexpr int kUnreadRecheckMs = 10;
-}  // namespace
 
 GlooHangupWatcher::GlooHangupWatcher(std::vector<int> peer_sockets,
                                      std::function<void(int rank)> on_hangup)
@@ -43,35 +38,20 @@ void GlooHangupWatcher::Run() {
     std::vector<pollfd> fds;
     fds.push_back({wake_pipe_[0], POLLIN, 0});
     for (int rank : watched) fds.push_back({peer_sockets_[rank], POLLRDHUP, 0});
-    int timeout_ms = 1000;
-    int rc = ::poll(fds.data(), fds.size(), timeout_ms);
+    int rc = ::poll(fds.data(), fds.size(), -1);
     if (rc < 0 && errno == EINTR) continue;
     if (rc < 0) return;
     if (fds[0].revents != 0) return;  // asked to stop
     std::vector<int> still;
-    bool unread = false;
     for (size_t i = 1; i < fds.size(); ++i) {
-      const int rank = watched[i - 1];
-      const short events = fds[i].revents;
-      bool gone = (events & (POLLHUP | POLLERR | POLLNVAL)) != 0;
-      if (!gone && (events & POLLRDHUP) != 0) {
-        // Closed for writing by the peer: gone once Gloo has read what came before the close.
-        int pending = 0;
-        if (::ioctl(fds[i].fd, FIONREAD, &pending) != 0 || pending == 0) {
-          gone = true;
-        } else {
-          unread = true;
-        }
-      }
-      if (gone) {
-        on_hangup_(rank);
+      // Nothing is ever sent on these sockets: any event is the peer's end closing.
+      if (fds[i].revents != 0) {
+        on_hangup_(watched[i - 1]);
       } else {
-        still.push_back(rank);
+        still.push_back(watched[i - 1]);
       }
     }
     watched.swap(still);
-    // A socket closed for writing stays "ready", so poll would return at once: wait a little.
-    if (unread) ::usleep(kUnreadRecheckMs * 1000);
   }
 }
 

@@ -1,7 +1,9 @@
 // Notices a Gloo peer that went away. Gloo 0.5's TCP pair treats a connection closed cleanly
 // by its peer (a rank that exited, was killed while idle, or stopped after an error) as a
-// quiet state change: an operation waiting on that peer would wait out its whole timeout. A
-// thread polls the pairs' sockets and reports the first hang-up of each.
+// quiet state change: an operation waiting on that peer would wait out its whole timeout. So
+// each rank also holds one idle TCP connection per peer; the kernel closes it when the peer's
+// process ends, and the peer closes it when it aborts. A thread polls these sockets and
+// reports the first hang-up of each.
 #pragma once
 
 #include <functional>
@@ -12,9 +14,8 @@ namespace horovodlike {
 
 class GlooHangupWatcher {
  public:
-  // `peer_sockets[r]`: the socket of the connection to rank r, -1 where unknown or this rank.
-  // `on_hangup(r)` runs on the watcher's thread once the peer closed and every byte it sent
-  // has been read by Gloo.
+  // `peer_sockets[r]`: the idle connection to rank r, -1 for this rank; nothing may be sent
+  // on them. `on_hangup(r)` runs on the watcher's thread once rank r closed its end.
   GlooHangupWatcher(std::vector<int> peer_sockets, std::function<void(int rank)> on_hangup);
   ~GlooHangupWatcher();  // stops and joins the thread
   GlooHangupWatcher(const GlooHangupWatcher&) = delete;

@@ -1,19 +1,12 @@
 #include "gloo_link.h"
 
-#include <arpa/inet.h>
-#include <dirent.h>
 #include <gloo/common/error.h>
 #include <gloo/rendezvous/context.h>
-#include <gloo/transport/tcp/address.h>
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
-#include <netinet/in.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 
-#include <cstdlib>
 #include <cstring>
-#include <sstream>
 
 #include "../../common/common.h"
 #include "../../common/env_config.h"
@@ -21,6 +14,7 @@
 #include "gloo_hangup_watcher.h"
 #include "gloo_store.h"
 #include "../rendezvous_client.h"
+#include "../tcp/tcp_link.h"
 #include "../tcp/socket_util.h"
 
 namespace horovodlike {
@@ -37,107 +31,6 @@ std::chrono::milliseconds Milliseconds(double seconds) {
   return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
 }
 
-struct Socket {
-  int fd;
-  sockaddr_in local;
-  sockaddr_in peer;
-};
-
-std::string Format(const sockaddr_in& address) {
-  char host[INET_ADDRSTRLEN] = "";
-  inet_ntop(AF_INET, &address.sin_addr, host, sizeof(host));
-  return std::string(host) + ":" + std::to_string(ntohs(address.sin_port));
-}
-
-// This process's connected IPv4 TCP sockets.
-std::vector<Socket> ConnectedSockets() {
-  std::vector<Socket> sockets;
-  DIR* dir = opendir("/proc/self/fd");
-  if (dir == nullptr) return sockets;
-  while (dirent* entry = readdir(dir)) {
-    char* end = nullptr;
-    long fd = std::strtol(entry->d_name, &end, 10);
-    if (*end != '\0' || fd < 0 || fd == dirfd(dir)) continue;
-    struct stat info;
-    if (fstat(static_cast<int>(fd), &info) != 0 || !S_ISSOCK(info.st_mode)) continue;
-    Socket s{static_cast<int>(fd), {}, {}};
-    socklen_t length = sizeof(s.local);
-    if (getsockname(s.fd, reinterpret_cast<sockaddr*>(&s.local), &length) != 0 ||
-        s.local.sin_family != AF_INET) {
-      continue;
-    }
-    length = sizeof(s.peer);
-    if (getpeername(s.fd, reinterpret_cast<sockaddr*>(&s.peer), &length) != 0) continue;
-    sockets.push_back(s);
-  }
-  closedir(dir);
-  return sockets;
-}
-
-// The endpoint a pair listens on, which its address carries.
-std::string ListeningEndpoint(gloo::Context& context, int peer) {
-  gloo::transport::tcp::Address address(context.getPair(peer)->address().bytes());
-  const auto& storage = address.getSockaddr();
-  if (storage.ss_family != AF_INET) return "";
-  return Format(reinterpret_cast<const sockaddr_in&>(storage));
-}
-
-// Finds "<rank>@<endpoint>" for `rank` in a list of such entries separated by ';'.
-std::string EntryFor(const std::string& entries, int rank) {
-  const std::string prefix = std::to_string(rank) + "@";
-  std::istringstream stream(entries);
-  std::string entry;
-  while (std::getline(stream, entry, ';')) {
-    if (entry.rfind(prefix, 0) == 0) return entry.substr(prefix.size());
-  }
-  return "";
-}
-
-// The socket of each pair, for the hang-up watcher (Gloo does not expose it). One side of a
-// pair listens, the other connects. Each rank publishes where its pairs listen; a rank finds
-// the sockets it opened by the peer's listening endpoint, publishes their local ends, and
-// finds the sockets it accepted by the ends that the peers which opened them published.
-std::vector<int> PairSockets(gloo::Context& context, GlooRendezvousStore& store) {
-  auto publish = [&store](const std::string& key, const std::string& value) {
-    store.set(key, std::vector<char>(value.begin(), value.end()));
-  };
-  auto fetch = [&store](const std::string& key) {
-    std::vector<char> value = store.get(key);
-    return std::string(value.begin(), value.end());
-  };
-  const std::string me = std::to_string(context.rank);
-  std::string listening;
-  for (int peer = 0; peer < context.size; ++peer) {
-    if (peer != context.rank) {
-      listening += std::to_string(peer) + "@" + ListeningEndpoint(context, peer) + ";";
-    }
-  }
-  publish("listening/" + me, listening);
-  std::vector<int> found(context.size, -1);
-  const std::vector<Socket> sockets = ConnectedSockets();
-  std::string opened;
-  for (int peer = 0; peer < context.size; ++peer) {
-    if (peer == context.rank) continue;
-    const std::string endpoint =
-        EntryFor(fetch("listening/" + std::to_string(peer)), context.rank);
-    for (const Socket& s : sockets) {
-      if (!endpoint.empty() && Format(s.peer) == endpoint) {
-        found[peer] = s.fd;
-        opened += std::to_string(peer) + "@" + Format(s.local) + ";";
-      }
-    }
-  }
-  publish("opened/" + me, opened);
-  for (int peer = 0; peer < context.size; ++peer) {
-    if (peer == context.rank || found[peer] >= 0) continue;
-    const std::string endpoint = EntryFor(fetch("opened/" + std::to_string(peer)), context.rank);
-    for (const Socket& s : sockets) {
-      if (!endpoint.empty() && Format(s.peer) == endpoint) found[peer] = s.fd;
-    }
-  }
-  return found;
-}
-
 }  // namespace
 
 std::unique_ptr<GlooLink> GlooLink::Connect(const Config& config, int generation) {
@@ -150,7 +43,7 @@ std::unique_ptr<GlooLink> GlooLink::Connect(const Config& config, int generation
                                   Milliseconds(config.start_timeout_seconds));
       client.Put("addr/" + std::to_string(generation) + "/0", "local");
     }
-    return std::unique_ptr<GlooLink>(new GlooLink(0, 1, nullptr, peer_timeout, {}));
+    return std::unique_ptr<GlooLink>(new GlooLink(0, 1, nullptr, peer_timeout, nullptr));
   }
   if (config.rendezvous_addr.empty() || config.rendezvous_port <= 0) {
     throw InvalidArgument("HOROVOD_SIZE=" + std::to_string(config.size) +
@@ -161,33 +54,23 @@ std::unique_ptr<GlooLink> GlooLink::Connect(const Config& config, int generation
   const std::string address = config.network_interface.empty()
       ? LocalAddressToward(config.rendezvous_addr, config.rendezvous_port)
       : InterfaceAddress(config.network_interface);
+  // Gloo's pairs do not report a peer that closed its connection: a TCP mesh of our own, on
+  // which nothing is sent, tells the watcher when a peer's process is gone or aborted. Its
+  // connect also publishes this rank's address, which the launcher counts as joined.
+  std::unique_ptr<TcpLink> liveness = TcpLink::Connect(config, generation);
   try {
     gloo::transport::tcp::attr attr(address.c_str());
     attr.ai_family = AF_INET;
     auto device = gloo::transport::tcp::CreateDevice(attr);
     auto context = std::make_shared<gloo::rendezvous::Context>(config.rank, config.size);
     context->setTimeout(start_timeout);
-    {
-      RendezvousClient client(config.rendezvous_addr, config.rendezvous_port,
-                              config.secret_key, std::chrono::steady_clock::now() + start_timeout);
-      // The launcher counts a rank as joined once this key is there.
-      client.Put("addr/" + std::to_string(generation) + "/" + std::to_string(config.rank),
-                 address);
-      GlooRendezvousStore store(client, "gloo/" + std::to_string(generation) + "/");
-      context->connectFullMesh(store, device);
-      context->setTimeout(peer_timeout);
-      std::vector<int> sockets = PairSockets(*context, store);
-      for (int peer = 0; peer < config.size; ++peer) {
-        if (peer != config.rank && sockets[peer] < 0) {
-          HVDL_LOG(kWarning, "Gloo: the connection to rank "
-                                 << peer << " was not found among this process's sockets; a "
-                                 "failure of that rank is noticed only after "
-                                 "HOROVOD_PEER_TIMEOUT_SECONDS");
-        }
-      }
-      return std::unique_ptr<GlooLink>(new GlooLink(
-          config.rank, config.size, std::move(context), peer_timeout, std::move(sockets)));
-    }
+    RendezvousClient client(config.rendezvous_addr, config.rendezvous_port, config.secret_key,
+                            std::chrono::steady_clock::now() + start_timeout);
+    GlooRendezvousStore store(client, "gloo/" + std::to_string(generation) + "/");
+    context->connectFullMesh(store, device);
+    context->setTimeout(peer_timeout);
+    return std::unique_ptr<GlooLink>(new GlooLink(config.rank, config.size, std::move(context),
+                                                  peer_timeout, std::move(liveness)));
   } catch (const TransportError&) {
     throw;
   } catch (const InvalidArgument&) {
@@ -198,11 +81,16 @@ std::unique_ptr<GlooLink> GlooLink::Connect(const Config& config, int generation
 }
 
 GlooLink::GlooLink(int rank, int size, std::shared_ptr<gloo::Context> context,
-                             std::chrono::milliseconds timeout, std::vector<int> pair_sockets)
+                   std::chrono::milliseconds timeout, std::unique_ptr<TcpLink> liveness)
     : rank_(rank), size_(size), context_(std::move(context)), timeout_(timeout),
-      lost_(static_cast<size_t>(size)), inbox_(static_cast<size_t>(size)) {
-  if (context_) {
-    watcher_ = std::make_unique<GlooHangupWatcher>(std::move(pair_sockets),
+      lost_(static_cast<size_t>(size)), inbox_(static_cast<size_t>(size)),
+      liveness_(std::move(liveness)) {
+  if (liveness_) {
+    std::vector<int> sockets(static_cast<size_t>(size), -1);
+    for (int peer = 0; peer < size; ++peer) {
+      if (peer != rank) sockets[peer] = liveness_->socket(peer);
+    }
+    watcher_ = std::make_unique<GlooHangupWatcher>(std::move(sockets),
                                                    [this](int peer) { OnHangup(peer); });
   }
 }
@@ -237,7 +125,8 @@ void GlooLink::abort() {
       }
     }
   }
-  // The peers' watchers see the connections close.
+  // The peers' watchers see the liveness connections close.
+  if (liveness_) liveness_->abort();
   if (context_) context_->closeConnections();
 }
 

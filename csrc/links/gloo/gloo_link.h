@@ -1,9 +1,11 @@
-// The Gloo transport: point-to-point over Gloo's TCP pairs, a full mesh connected through the
+// The Gloo link: point-to-point over Gloo's TCP pairs, a full mesh connected through the
 // launcher's rendezvous server. Selected with HOROVOD_CPU_OPERATIONS=gloo (horovodlikerun
 // --gloo); compiled only when CMake finds Gloo.
 //
-// No native allreduce: a wait inside gloo::allreduce can only end by its timeout when a peer
-// goes away (see gloo_hangup_watcher.h), while our ring's waits are ours to wake.
+// A peer that goes away is noticed through a TCP mesh of our own beside Gloo's pairs, which
+// carries nothing and is only watched (gloo_hangup_watcher.h): Gloo's pairs do not report a
+// peer that closed its connection. Gloo's own collectives are not used as providers: a wait
+// inside them can only end by its timeout, while our ring's waits are ours to wake.
 #pragma once
 
 #include <atomic>
@@ -15,6 +17,7 @@
 
 #include "gloo_hangup_watcher.h"
 #include "../link.h"
+#include "../tcp/tcp_link.h"
 
 namespace gloo {
 class Context;
@@ -45,7 +48,7 @@ class GlooLink : public Link {
 
  private:
   GlooLink(int rank, int size, std::shared_ptr<gloo::Context> context,
-                std::chrono::milliseconds timeout, std::vector<int> pair_sockets);
+           std::chrono::milliseconds timeout, std::unique_ptr<TcpLink> liveness);
   void CheckUsable(int peer);
   [[noreturn]] void Fail(const std::string& what, int peer, TransportError::Cause cause);
   // The watcher's report: later calls with `peer` fail, and so does a wait on it now.
@@ -82,6 +85,7 @@ class GlooLink : public Link {
   std::vector<Inbox> inbox_;
   std::vector<char> send_header_;  // the frame header being sent
   std::vector<char> recv_header_;  // the frame header being received
+  std::unique_ptr<TcpLink> liveness_;  // null for a job of one
   std::unique_ptr<GlooHangupWatcher> watcher_;  // last member: it calls back into this one
 };
 

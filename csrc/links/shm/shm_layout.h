@@ -1,4 +1,4 @@
-// The layout of the shared-memory segment of one host's ranks (see shm.h). Every region starts
+// The layout of the shared-memory segment of one host's ranks (see shm_link.h). Every region starts
 // on a page; everything two processes write is on its own cache line.
 //
 //   SegmentHeader                       written once by the creator, before any member maps it
@@ -42,7 +42,7 @@ struct alignas(kLine) RankControl {
   alignas(kLine) std::atomic<uint32_t> doorbell;
   // The owner writes: 1 while it is about to sleep or sleeping on its doorbell.
   alignas(kLine) std::atomic<uint32_t> sleeping;
-  // The owner writes: native allreduce steps (see shm_allreduce.cc), and liveness.
+  // The owner writes: the shared-memory allreduce's steps (collectives/shm/), and liveness.
   alignas(kLine) std::atomic<uint64_t> staged;    // last step whose input is in staging
   std::atomic<uint64_t> reduced;                  // last step whose slice is reduced in staging
   std::atomic<uint64_t> released;                 // last step whose peers' staging it has read

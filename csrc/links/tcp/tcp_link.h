@@ -1,4 +1,4 @@
-// The built-in transport: one TCP connection per pair of ranks (a full mesh), addresses
+// The built-in link: one TCP connection per pair of ranks (a full mesh), addresses
 // exchanged through the launcher's rendezvous server.
 #pragma once
 
@@ -28,6 +28,8 @@ class TcpLink : public Link {
   void sendrecv(int to, const void* sbuf, size_t sn, int from, void* rbuf, size_t rn) override;
   void abort() override;
   const char* name() const override { return "tcp"; }
+  // The connected socket to `peer` (-1 for this rank), for a watcher that only polls it.
+  int socket(int peer) const { return fds_[peer]; }
 
  private:
   TcpLink(int rank, int size, std::vector<int> fds, double timeout_seconds);
