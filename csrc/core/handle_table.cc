@@ -1,5 +1,7 @@
 #include "handle_table.h"
 
+#include <chrono>
+
 namespace horovodlike {
 
 int64_t HandleTable::Create() {
@@ -40,6 +42,15 @@ std::shared_ptr<HandleState> HandleTable::Wait(int64_t handle) {
   std::unique_lock<std::mutex> lock(mutex_);
   done_cv_.wait(lock, [&] { return state->done; });
   return state;
+}
+
+std::shared_ptr<HandleState> HandleTable::WaitFor(int64_t handle, double seconds) {
+  auto state = Get(handle);
+  std::unique_lock<std::mutex> lock(mutex_);
+  const bool done = done_cv_.wait_for(
+      lock, std::chrono::microseconds(static_cast<int64_t>(seconds * 1e6)),
+      [&] { return state->done; });
+  return done ? state : nullptr;
 }
 
 void HandleTable::Release(int64_t handle) {

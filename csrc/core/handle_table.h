@@ -30,6 +30,9 @@ class HandleTable {
   bool Poll(int64_t handle);
   // Blocks until done; returns the state (kept alive for the caller to read the output).
   std::shared_ptr<HandleState> Wait(int64_t handle);
+  // Waits at most `seconds`; null when the handle is not done by then (so that a caller can
+  // look at signals between waits).
+  std::shared_ptr<HandleState> WaitFor(int64_t handle, double seconds);
   void Release(int64_t handle);
 
  private:

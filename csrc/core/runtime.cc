@@ -10,6 +10,7 @@
 #include "../collectives/adasum_allreduce.h"
 #include "../links/connect.h"
 #include "../links/rendezvous_client.h"
+#include "../links/tcp/tcp_link.h"
 
 namespace horovodlike {
 namespace {
@@ -63,8 +64,27 @@ void Runtime::Init() {
     ReportFailureToLauncher(config, generation, {e.peer(), FailureKind(e.cause()), e.what()});
     throw;
   }
+  // Point-to-point gets a TCP mesh of its own (point_to_point.h). Its connections may stay idle
+  // for as long as a pipeline waits, so silence is never a failure there; a peer that dies
+  // still closes them.
+  std::unique_ptr<Link> p2p_links;
+  std::string p2p_unavailable;
+  if (config.size > 1 && (config.rendezvous_addr.empty() || config.rendezvous_port <= 0)) {
+    p2p_unavailable = "point-to-point needs the launcher's rendezvous server, and this job has "
+                      "none (it was started by mpirun directly); start it with horovodlikerun";
+  } else if (config.size > 1) {
+    Config links_config = config;
+    links_config.peer_timeout_seconds = 1e9;
+    try {
+      p2p_links = TcpLink::Connect(links_config, generation, "p2p");
+    } catch (const TransportError& e) {
+      ReportFailureToLauncher(config, generation, {e.peer(), FailureKind(e.cause()), e.what()});
+      throw;
+    }
+  }
   g_runtime.reset(new Runtime(std::move(config), std::move(transport), generation,
-                              std::move(tuner), std::move(timeline)));
+                              std::move(tuner), std::move(timeline), std::move(p2p_links),
+                              std::move(p2p_unavailable)));
 }
 
 void Runtime::Shutdown() {
@@ -90,12 +110,15 @@ Runtime& Runtime::Get() {
 }
 
 Runtime::Runtime(Config config, std::unique_ptr<Link> transport, int generation,
-                 std::unique_ptr<ParameterManager> tuner, std::unique_ptr<Timeline> timeline)
+                 std::unique_ptr<ParameterManager> tuner, std::unique_ptr<Timeline> timeline,
+                 std::unique_ptr<Link> p2p_links, std::string p2p_unavailable)
     : config_(std::move(config)), generation_(generation), transport_(std::move(transport)),
       timeline_(std::move(timeline)),
       process_sets_(*transport_, config_, queue_, handles_, *timeline_,
                     [this](const Response& r) { return ChangeProcessSets(r); }),
-      tuner_(std::move(tuner)) {
+      tuner_(std::move(tuner)),
+      p2p_(std::make_unique<PointToPoint>(config_.rank, config_.size, std::move(p2p_links),
+                                          handles_, std::move(p2p_unavailable))) {
   tuned_.parameters = process_sets_.Member(0)->controller->parameters();
   tuned_.parameters.tuning = config_.autotune;  // until rank 0's first round says otherwise
   loop_ = std::thread([this] { Loop(); });
@@ -240,6 +263,41 @@ void Runtime::FailEverything(StatusCode code, const std::string& message) {
     }
   }
   for (TensorEntry& entry : queue_.TakeAll()) handles_.Complete(entry.handle, stop_status_);
+}
+
+void Runtime::CheckPointToPoint(const PointToPoint::Message& message, const char* what) {
+  std::vector<int> members;
+  if (!process_sets_.Ranks(message.set_id, &members)) {
+    throw InvalidArgument(std::string(what) + ": process set " + std::to_string(message.set_id) +
+                          " does not exist (it was never added, or was removed)");
+  }
+  auto in_set = [&](int rank) {
+    return std::binary_search(members.begin(), members.end(), rank);
+  };
+  for (int rank : {config_.rank, message.peer}) {
+    if (message.set_id != 0 && !in_set(rank)) {
+      throw InvalidArgument(std::string(what) + " on rank " + std::to_string(config_.rank) +
+                            ": rank " + std::to_string(rank) + " is not in process set " +
+                            std::to_string(message.set_id) + " (ranks " +
+                            ShapeString(std::vector<int64_t>(members.begin(), members.end())) +
+                            ")");
+    }
+  }
+}
+
+int64_t Runtime::Send(const PointToPoint::Message& message, const void* data) {
+  CheckPointToPoint(message, "send");
+  return p2p_->Send(message, data);
+}
+
+int64_t Runtime::Recv(const PointToPoint::Message& message, void* data) {
+  CheckPointToPoint(message, "recv");
+  return p2p_->Recv(message, data);
+}
+
+void Runtime::NotifyPointToPointFailure(int set_id, const std::string& reason) {
+  std::vector<int> members;
+  if (process_sets_.Ranks(set_id, &members)) p2p_->NotifyFailure(set_id, members, reason);
 }
 
 std::vector<int> Runtime::ProcessSetRanks(int id) {
@@ -389,8 +447,10 @@ void Runtime::Stop(StatusCode code, const std::string& cause, int origin, const 
     return;
   }
   transport_->abort();
-  FailEverything(code, "horovodlike stopped on rank " + std::to_string(config_.rank) + ": " +
-                           report.reason + ". Call shutdown() and init() to start again.");
+  const std::string message = "horovodlike stopped on rank " + std::to_string(config_.rank) +
+                              ": " + report.reason + ". Call shutdown() and init() to start again.";
+  p2p_->Abort(Status::Error(code, message));
+  FailEverything(code, message);
 }
 
 }  // namespace horovodlike

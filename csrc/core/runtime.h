@@ -15,6 +15,7 @@
 #include "executor.h"
 #include "handle_table.h"
 #include "parameter_manager.h"
+#include "point_to_point.h"
 #include "tensor_queue.h"
 #include "timeline.h"
 #include "../links/link.h"
@@ -53,6 +54,12 @@ class Runtime {
   // Checks the arguments (InvalidArgument) and queues the work; returns a handle at once.
   int64_t Enqueue(EnqueueArgs args);
   HandleTable& handles() { return handles_; }
+  // Point-to-point between two ranks of a process set (`message.peer` a global rank); checks
+  // that both ranks are in the set, then hands over to PointToPoint.
+  int64_t Send(const PointToPoint::Message& message, const void* data);
+  int64_t Recv(const PointToPoint::Message& message, void* data);
+  // This rank failed while exchanging messages in process set `set_id`: tell its other ranks.
+  void NotifyPointToPointFailure(int set_id, const std::string& reason);
   Executor::Stats stats() { return process_sets_.TotalStats(); }
   // Ranks of a process set; throws InvalidArgument when it does not exist.
   std::vector<int> ProcessSetRanks(int id);
@@ -73,7 +80,9 @@ class Runtime {
 
  private:
   Runtime(Config config, std::unique_ptr<Link> transport, int generation,
-          std::unique_ptr<ParameterManager> tuner, std::unique_ptr<Timeline> timeline);
+          std::unique_ptr<ParameterManager> tuner, std::unique_ptr<Timeline> timeline,
+          std::unique_ptr<Link> p2p_links, std::string p2p_unavailable);
+  void CheckPointToPoint(const PointToPoint::Message& message, const char* what);
   void Loop();
   // Tells the launcher why the loop stopped (see ReportFailureToLauncher), then fails all work
   // (`internal`: a failure, which also closes the connections; else a peer's shutdown).
@@ -96,6 +105,7 @@ class Runtime {
   std::atomic<bool> stopped_{false};
   std::mutex stop_mutex_;
   Status stop_status_;  // why the loop stopped; later work fails with it
+  std::unique_ptr<PointToPoint> p2p_;
   std::thread loop_;
 };
 

@@ -75,6 +75,20 @@ py::tuple Output(int64_t handle) {
   return py::make_tuple(bytes, state->output_shape, state->first_dims);
 }
 
+PointToPoint::Message P2PMessage(int set_id, int peer, int tag, int dtype,
+                                 std::vector<int64_t> shape) {
+  if (!IsValidDataType(dtype)) {
+    throw InvalidArgument("point-to-point: unsupported dtype code " + std::to_string(dtype));
+  }
+  PointToPoint::Message message;
+  message.set_id = set_id;
+  message.peer = peer;
+  message.tag = tag;
+  message.dtype = static_cast<DataType>(dtype);
+  message.shape = std::move(shape);
+  return message;
+}
+
 const Config& CurrentConfig() { return Runtime::Get().config(); }
 
 }  // namespace
@@ -104,6 +118,31 @@ PYBIND11_MODULE(_core, m) {
         py::arg("group_size") = 0);
   m.def("wait", &WaitCall, py::arg("handle"),
         "Blocks (without the GIL) until the handle is done; returns (status code, message).");
+  m.def("send", [](int set_id, int peer, int tag, uintptr_t data, int dtype,
+                   std::vector<int64_t> shape) {
+    return Runtime::Get().Send(P2PMessage(set_id, peer, tag, dtype, std::move(shape)),
+                               reinterpret_cast<const void*>(data));
+  }, py::arg("process_set"), py::arg("peer"), py::arg("tag"), py::arg("data"), py::arg("dtype"),
+     py::arg("shape"));
+  m.def("recv", [](int set_id, int peer, int tag, uintptr_t data, int dtype,
+                   std::vector<int64_t> shape) {
+    return Runtime::Get().Recv(P2PMessage(set_id, peer, tag, dtype, std::move(shape)),
+                               reinterpret_cast<void*>(data));
+  }, py::arg("process_set"), py::arg("peer"), py::arg("tag"), py::arg("data"), py::arg("dtype"),
+     py::arg("shape"), "data 0: the core allocates the output with the sender's dtype and shape.");
+  m.def("notify_failure", [](int set_id, const std::string& reason) {
+    Runtime::Get().NotifyPointToPointFailure(set_id, reason);
+  });
+  m.def("wait_for", [](int64_t handle, double seconds) -> py::object {
+    std::shared_ptr<HandleState> state;
+    {
+      py::gil_scoped_release release;
+      state = Runtime::Get().handles().WaitFor(handle, seconds);
+    }
+    if (!state) return py::none();
+    return py::make_tuple(static_cast<int>(state->status.code), state->status.message);
+  }, py::arg("handle"), py::arg("seconds"),
+     "Like wait, but returns None when the handle is not done within `seconds`.");
   m.def("poll", [](int64_t handle) { return Runtime::Get().handles().Poll(handle); });
   m.def("release", [](int64_t handle) { Runtime::Get().handles().Release(handle); });
   m.def("output", &Output);

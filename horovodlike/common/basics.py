@@ -8,6 +8,14 @@ from horovodlike.common.exceptions import HorovodInternalError
 
 _atexit_registered = False
 _ELASTIC_ROUND_ATTEMPTS = 10
+# Called after each successful init(): the framework layers restart the counters that name
+# unnamed collectives, so that ranks agree on those names in a job formed by processes with
+# different pasts (a reused Spark worker, a worker that joined an elastic job late).
+_init_hooks = []
+
+
+def register_init_hook(hook):
+    _init_hooks.append(hook)
 
 
 def init(comm=None, process_sets=None):
@@ -22,6 +30,7 @@ def init(comm=None, process_sets=None):
     if process_sets is not None and not isinstance(process_sets, (list, tuple)):
         raise TypeError("process_sets must be a list of ProcessSet objects or lists of ranks")
     from horovodlike.common import elastic
+    starting = not _core.is_initialized()  # init() of a running job changes nothing
     for attempt in range(_ELASTIC_ROUND_ATTEMPTS):
         if elastic.is_elastic() and not _core.is_initialized():
             elastic.join_round()  # the driver tells this worker its rank in the next round
@@ -32,6 +41,8 @@ def init(comm=None, process_sets=None):
             if not elastic.is_elastic() or attempt + 1 == _ELASTIC_ROUND_ATTEMPTS:
                 raise HorovodInternalError(f"horovodlike.init() failed: {e}") from None
             # A member of the round died while it formed: the driver forms another.
+    for hook in _init_hooks if starting else ():
+        hook()
     from horovodlike.common import process_sets as _sets
     _sets.global_process_set.ranks = list(range(_core.size()))
     for process_set in process_sets or []:
@@ -49,6 +60,9 @@ def init(comm=None, process_sets=None):
 def shutdown():
     """Stops the runtime. Pending operations fail on every rank; init() may be called again."""
     _core.shutdown()
+    # The core has let go of every buffer: forget the ones kept for interrupted waits.
+    from horovodlike.common import point_to_point
+    point_to_point.forget_abandoned()
 
 
 def start_timeline(file_path, mark_cycles=False):

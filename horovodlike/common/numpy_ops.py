@@ -63,6 +63,14 @@ _name_counters = {}
 _group_ids = itertools.count(1 << 32)
 
 
+def _restart_auto_names():
+    with _lock:
+        _name_counters.clear()
+
+
+basics.register_init_hook(_restart_auto_names)
+
+
 def auto_name(prefix):
     """A name for an unnamed collective: the same on every rank that makes the same calls in the
     same order."""

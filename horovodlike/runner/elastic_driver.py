@@ -92,6 +92,11 @@ class ElasticDriver:
         self._hosts_version = 0
         self._short_since: float | None = None
 
+    @property
+    def last_round_processes(self) -> list:
+        """The processes of the last round's workers, in rank order."""
+        return [worker.process for worker in self._round.members] if self._round else []
+
     # ------------------------------------------------------------------ main loop
     def run(self) -> int:
         previous = {}

@@ -45,6 +45,14 @@ _name_counters = {}
 _group_ids = itertools.count(1)
 
 
+def _restart_auto_names():
+    with _lock:
+        _name_counters.clear()
+
+
+basics.register_init_hook(_restart_auto_names)
+
+
 def _auto_name(prefix):
     with _lock:
         counter = _name_counters.setdefault(prefix, itertools.count())

@@ -318,7 +318,8 @@ void AcceptPeers(const Config& config, int generation, int listen_fd, std::vecto
 
 }  // namespace
 
-std::unique_ptr<TcpLink> TcpLink::Connect(const Config& config, int generation) {
+std::unique_ptr<TcpLink> TcpLink::Connect(const Config& config, int generation,
+                                          const std::string& channel) {
   const double timeout_seconds = config.peer_timeout_seconds;
   if (config.size == 1) {
     if (!config.rendezvous_addr.empty() && config.rendezvous_port > 0) {
@@ -328,7 +329,7 @@ std::unique_ptr<TcpLink> TcpLink::Connect(const Config& config, int generation) 
                                 static_cast<int64_t>(config.start_timeout_seconds * 1000));
       RendezvousClient rendezvous(config.rendezvous_addr, config.rendezvous_port,
                                   config.secret_key, deadline);
-      rendezvous.Put("addr/" + std::to_string(generation) + "/0", "single");
+      rendezvous.Put(channel + "/" + std::to_string(generation) + "/0", "single");
     }
     return std::unique_ptr<TcpLink>(new TcpLink(0, 1, {-1}, timeout_seconds));
   }
@@ -349,7 +350,7 @@ std::unique_ptr<TcpLink> TcpLink::Connect(const Config& config, int generation) 
   try {
     RendezvousClient rendezvous(config.rendezvous_addr, config.rendezvous_port,
                                 config.secret_key, deadline);
-    const std::string prefix = "addr/" + std::to_string(generation) + "/";
+    const std::string prefix = channel + "/" + std::to_string(generation) + "/";
     rendezvous.Put(prefix + std::to_string(config.rank), address + ":" + std::to_string(port));
 
     // Lower ranks are dialled; higher ranks dial us.

@@ -18,7 +18,10 @@ class TcpLink : public Link {
  public:
   // Listens, publishes this rank's address under generation `generation`, connects the mesh.
   // Throws TransportError naming the ranks that did not show up before the start timeout.
-  static std::unique_ptr<TcpLink> Connect(const Config& config, int generation);
+  // `channel` names the mesh in the rendezvous, so that a job can connect a second, independent
+  // one (point-to-point traffic has its own, see core/point_to_point.h).
+  static std::unique_ptr<TcpLink> Connect(const Config& config, int generation,
+                                          const std::string& channel = "addr");
   ~TcpLink() override;
 
   int rank() const override { return rank_; }

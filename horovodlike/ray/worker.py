@@ -1,0 +1,55 @@
+"""The Ray actor that holds one rank: it takes the rank's HOROVOD_* variables before the user's
+function calls hvd.init(), runs functions, and holds the user's executable object."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+
+def stop_runtime() -> None:
+    """Shuts the core down in this process if it runs: its peers then fail with
+    HorovodInternalError instead of waiting on a rank that will never send."""
+    from horovodlike import _core
+    if _core.is_initialized():
+        _core.shutdown()
+
+
+class HorovodWorker:
+    """One rank of a job started by RayExecutor or ElasticRayExecutor."""
+
+    def __init__(self):
+        self.executable = None
+
+    def node(self) -> dict:
+        """Where this actor runs: Ray node id, node address, host name, process id, and the
+        GPUs Ray gave it."""
+        import ray
+        return {"node_id": ray.get_runtime_context().get_node_id(),
+                "address": ray.util.get_node_ip_address(), "hostname": socket.gethostname(),
+                "pid": os.getpid(), "gpu_ids": [str(i) for i in ray.get_gpu_ids()]}
+
+    def update_env_vars(self, env: dict) -> None:
+        os.environ.update({str(name): str(value) for name, value in env.items()})
+
+    def start_executable(self, executable_cls, args, kwargs) -> None:
+        self.executable = executable_cls(*(args or ()), **(kwargs or {}))
+
+    def execute(self, fn):
+        """fn(executable): Horovod's RayExecutor.execute."""
+        return self._guarded(fn, (self.executable,), {})
+
+    def run(self, fn, args, kwargs):
+        return self._guarded(fn, tuple(args or ()), dict(kwargs or {}))
+
+    def stop_runtime(self) -> None:
+        stop_runtime()
+
+    def _guarded(self, fn, args, kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except BaseException:
+            # The actor lives on after the exception; its runtime must not, or the other ranks
+            # would wait in their collectives for this one until the peer timeout.
+            stop_runtime()
+            raise

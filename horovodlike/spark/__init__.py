@@ -1,0 +1,7 @@
+"""Horovod's Spark API: ``run`` (a fixed number of ranks, one Spark barrier task each) and
+``run_elastic``. Needs ``pyspark`` (``pip install "horovodlike[spark]"``) and Java."""
+
+from horovodlike.spark.elastic import run_elastic
+from horovodlike.spark.runner import run
+
+__all__ = ["run", "run_elastic"]

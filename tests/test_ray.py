@@ -1,0 +1,211 @@
+"""horovodlike.ray on a real local Ray cluster that this module starts (2 CPUs, its own temp
+folder) and stops: training equal to NumPy and to the launcher, results in rank order, failures
+named, nothing left behind, a clear error when the cluster is too small, and elastic training
+with a worker killed and a worker added."""
+
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+import numpy as np
+import pytest
+
+from conftest import PACKAGE_PARENT, WORKERS, job_env
+
+import ray  # noqa: E402  (CI installs it: .[ray])
+
+sys.path.insert(0, str(WORKERS))
+import cluster_jobs  # noqa: E402
+from cluster_reference import launcher_weights  # noqa: E402
+from test_elastic import check_report  # noqa: E402
+
+from horovodlike.ray import ElasticRayExecutor, RayExecutor  # noqa: E402
+
+
+def start_local_ray(num_cpus, **kwargs):
+    """A private Ray instance: its own temp folder, no dashboard; the actors import this tree
+    and the job functions (the raylet passes this process's environment to them)."""
+    os.environ.update(job_env({"PYTHONPATH": os.pathsep.join(
+        [str(PACKAGE_PARENT), str(WORKERS), os.environ.get("PYTHONPATH", "")])}))
+    temp_dir = tempfile.mkdtemp(prefix="hvdl-ray-")
+    for attempt in range(3):
+        try:
+            ray.init(address="local", num_cpus=num_cpus, include_dashboard=False,
+                     _temp_dir=temp_dir, log_to_driver=True, **kwargs)
+            return temp_dir
+        except Exception as error:  # Ray gives its node 30 s to start, too few on a busy host
+            if "timed out during startup" not in str(error) or attempt == 2:
+                raise
+            ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    saved = dict(os.environ)
+    temp_dir = start_local_ray(2)
+    yield
+    ray.shutdown()
+    shutil.rmtree(temp_dir, ignore_errors=True)
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+@pytest.fixture
+def executor(local_ray):
+    executor = RayExecutor(RayExecutor.create_settings(timeout_s=30), num_workers=2)
+    yield executor
+    executor.shutdown()
+
+
+def test_training_equals_numpy_and_the_launcher(executor, tmp_path):
+    executor.start()
+    results = executor.run(cluster_jobs.train_linear)
+    assert [r["rank"] for r in results] == [0, 1]
+    assert [r["size"] for r in results] == [2, 2]
+    expected = cluster_jobs.numpy_linear_weights(2)
+    for result in results:
+        np.testing.assert_allclose(result["weights"], expected, rtol=1e-10)
+    for ray_weights, launched in zip((r["weights"] for r in results), launcher_weights(tmp_path)):
+        np.testing.assert_allclose(ray_weights, launched, rtol=1e-6)
+
+
+def test_execute_execute_single_and_run_remote_in_rank_order(executor):
+    executor.start(executable_cls=cluster_jobs.Counter, executable_args=[10])
+    assert executor.execute(lambda counter: counter.add(1)) == [(0, 11), (1, 12)]
+    assert executor.execute(lambda counter: counter.add(2)) == [(0, 13), (1, 16)]
+    assert executor.execute_single(lambda counter: counter.value) == 13
+    futures = executor.run_remote(cluster_jobs.placement)
+    results = ray.get(futures)
+    assert [r["rank"] for r in results] == [0, 1]
+    assert all(r["sum"] == 3.0 and r["local_size"] == 2 and r["cross_size"] == 1
+               for r in results), results
+    assert executor.run(lambda a, b=0: a * 10 + b, args=[4], kwargs={"b": 2}) == [42, 42]
+
+
+@pytest.mark.parametrize("how", ["raise", "kill"])
+def test_failed_worker_is_named_and_the_others_raise(executor, tmp_path, how):
+    executor.start()
+    started = time.monotonic()
+    with pytest.raises(RuntimeError) as failure:
+        executor.run(cluster_jobs.fail_on_rank, args=[1, how, str(tmp_path)])
+    message = str(failure.value)
+    if how == "raise":
+        assert message.startswith("rank 1 (on ") and "raised ValueError: rank 1 gives up" in \
+            message, message
+    else:
+        assert message.startswith("rank 1 (on ") and "died" in message, message
+    outcome, seconds = (tmp_path / "rank0.txt").read_text().split()
+    assert outcome == "HorovodInternalError" and float(seconds) < 10, (outcome, seconds)
+    assert time.monotonic() - started < 30
+    with pytest.raises(RuntimeError, match="this job failed .*call shutdown"):
+        executor.run(cluster_jobs.placement)
+
+
+def test_shutdown_leaves_no_worker_process(executor):
+    executor.start()
+    pids = [node["pid"] for node in executor.nodes]
+    executor.run(cluster_jobs.placement)
+    executor.shutdown()
+    deadline = time.monotonic() + 15
+    alive = pids
+    while alive and time.monotonic() < deadline:
+        alive = [pid for pid in pids if _process_exists(pid)]
+        time.sleep(0.1)
+    assert not alive, f"worker processes {alive} outlived shutdown()"
+    # The CPUs are free again: a new executor gets both.
+    executor.start()
+    assert [r["rank"] for r in executor.run(cluster_jobs.placement)] == [0, 1]
+
+
+def test_too_few_cpus_is_a_clear_error_within_the_placement_timeout(local_ray):
+    settings = RayExecutor.create_settings(placement_group_timeout_s=3)
+    executor = RayExecutor(settings, num_workers=3, cpus_per_worker=1)
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"could not place 3 workers with 1 CPU each .*"
+                                           r"the cluster has 2 CPUs"):
+        executor.start()
+    assert time.monotonic() - started < 15
+    assert executor.workers == []
+
+
+def test_bad_arguments_are_refused_before_anything_starts():
+    settings = RayExecutor.create_settings()
+    with pytest.raises(ValueError, match="either num_workers, or num_hosts"):
+        RayExecutor(settings)
+    with pytest.raises(ValueError, match="either num_workers, or num_hosts"):
+        RayExecutor(settings, num_workers=2, num_hosts=2)
+    with pytest.raises(ValueError, match="num_workers must be a positive integer"):
+        RayExecutor(settings, num_workers=0)
+    with pytest.raises(ValueError, match="use_gpu"):
+        RayExecutor(settings, num_workers=2, gpus_per_worker=1)
+    with pytest.raises(ValueError, match="max_num_proc .* must be >= min_num_proc"):
+        ElasticRayExecutor.create_settings(min_num_proc=3, max_num_proc=2)
+
+
+class FileDiscovery:
+    """The hosts a file lists, one `address:slots` a line (the test's workers edit it)."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def find_available_hosts_and_slots(self):
+        hosts = {}
+        for line in open(self.path).read().split():
+            host, slots = line.split(":")
+            hosts[host] = int(slots)
+        return hosts
+
+
+def run_elastic(tmp_path, scenario, settings, **executor_args):
+    executor = ElasticRayExecutor(settings, cpus_per_slot=1, **executor_args)
+    executor.start()
+    try:
+        hosts_file = str(tmp_path / "hosts.txt")
+        results = executor.run(lambda: cluster_jobs.elastic_train(str(tmp_path), scenario,
+                                                                  hosts_file))
+    finally:
+        executor.shutdown()
+    return results
+
+
+def test_elastic_worker_killed_the_job_finishes_with_the_other(local_ray, tmp_path, capfd):
+    settings = ElasticRayExecutor.create_settings(min_num_proc=1, max_num_proc=2,
+                                                  elastic_timeout=60)
+    results = run_elastic(tmp_path, "kill", settings)
+    assert len(results) == 1, results
+    report = results[0]
+    sizes = [len(per_rank) for _, per_rank in report["steps"]]
+    assert sizes[0] == 2 and sizes[-1] == 1 and report["size"] == 1, sizes
+    check_report(report)
+    assert "/1: its Ray actor died" in capfd.readouterr().err
+
+
+def test_elastic_worker_added_by_discovery_joins(local_ray, tmp_path):
+    node = ray.util.get_node_ip_address()
+    (tmp_path / "hosts.txt").write_text(f"{node}:1\n")
+    settings = ElasticRayExecutor.create_settings(
+        min_num_proc=1, max_num_proc=2, elastic_timeout=60,
+        discovery=FileDiscovery(str(tmp_path / "hosts.txt")))
+    results = run_elastic(tmp_path, "grow", settings, override_discovery=False)
+    assert len(results) == 2 and results[1] is None, results
+    report = results[0]
+    sizes = [len(per_rank) for _, per_rank in report["steps"]]
+    assert sizes[0] == 1 and sizes[-1] == 2 and report["size"] == 2, sizes
+    check_report(report)
+
+
+def _process_exists(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie has exited; only its parent has not reaped it yet.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
