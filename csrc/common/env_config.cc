@@ -135,6 +135,10 @@ Config Config::FromEnvironment() {
   if (!(c.peer_timeout_seconds > 0)) {
     throw InvalidArgument("HOROVOD_PEER_TIMEOUT_SECONDS must be a positive number of seconds");
   }
+  c.gloo_timeout_seconds = GetDouble("HOROVOD_GLOO_TIMEOUT_SECONDS", c.peer_timeout_seconds);
+  if (!(c.gloo_timeout_seconds > 0)) {
+    throw InvalidArgument("HOROVOD_GLOO_TIMEOUT_SECONDS must be a positive number of seconds");
+  }
   c.log_level = ParseLogLevel(Get("HOROVOD_LOG_LEVEL"));
   ReadAutotune(c);
   c.hierarchical_allreduce = GetBool("HOROVOD_HIERARCHICAL_ALLREDUCE", false);

@@ -31,6 +31,8 @@ struct Config {
   double stall_warning_seconds = 60.0;
   double stall_shutdown_seconds = 0.0;  // 0: a stall never stops the job
   double peer_timeout_seconds = 300.0;  // a peer silent for this long counts as failed
+  // HOROVOD_GLOO_TIMEOUT_SECONDS: the Gloo transport's own timeout (default: the peer timeout)
+  double gloo_timeout_seconds = 300.0;
   int log_level = 3;  // 0 trace, 1 debug, 2 info, 3 warning, 4 error, 5 fatal
   // HOROVOD_HIERARCHICAL_ALLREDUCE: allreduce inside each host, then across hosts (TCP transport).
   bool hierarchical_allreduce = false;

@@ -6,6 +6,7 @@
 #include <iterator>
 #include <sstream>
 
+#include "handle_table.h"
 #include "../common/logging.h"
 #include "../collectives/star_exchange.h"
 
@@ -485,6 +486,7 @@ void Controller::ExchangeStallReports() {
   WireWriter report;
   report.PutI64Vector(slots);
   report.PutI64Vector(waited_ms);
+  report.PutI32(HandleTable::blocked_waiters());
   auto reports = GatherToRoot(transport_, report.bytes(), kCoordinator);
 
   WireWriter verdict;
@@ -495,10 +497,12 @@ void Controller::ExchangeStallReports() {
       double seconds = 0;
     };
     std::map<std::string, Waiting> waiting;
+    bool all_blocked = true;
     for (int r = 0; r < n; ++r) {
       WireReader in(reports[r].data(), reports[r].size());
       auto their_slots = in.GetI64Vector();
       auto their_ms = in.GetI64Vector();
+      if (in.GetI32() <= 0) all_blocked = false;
       for (size_t i = 0; i < their_slots.size() && i < their_ms.size(); ++i) {
         const int64_t slot = their_slots[i];
         if (slot < 0 || slot >= cache_.num_slots() || !cache_.occupied(static_cast<int>(slot))) {
@@ -518,16 +522,37 @@ void Controller::ExchangeStallReports() {
       for (int r : joined_ranks_) w.present[r] = true;
       w.seconds = std::max(w.seconds, seconds_since(pending.first_seen));
     }
+    // Every rank blocked in a wait and nothing ready on all of them: no rank can go on (the
+    // ranks diverged: one skipped a collective or submitted them in another order). Past the
+    // warning time that is an error rather than a warning, which would repeat for ever; unless
+    // HOROVOD_STALL_SHUTDOWN_TIME_SECONDS says when to stop, which then decides.
+    bool runnable = false;
+    for (const auto& [name, w] : waiting) {
+      if (std::find(w.present.begin(), w.present.end(), false) == w.present.end()) runnable = true;
+    }
+    const bool deadlocked = n == config_.size && all_blocked && !runnable && !waiting.empty() &&
+                            config_.stall_shutdown_seconds <= 0;
+    if (!deadlocked) {
+      deadlocked_since_.reset();
+    } else if (!deadlocked_since_) {
+      deadlocked_since_ = now;
+    }
+    const bool deadlock_error =
+        deadlocked && std::chrono::duration<double>(now - *deadlocked_since_).count() >=
+                          config_.stall_warning_seconds;
     std::ostringstream list;
     int origin = -1;
-    bool shutdown = false;
+    bool shutdown = deadlock_error;
     int stalled = 0;
     for (const auto& [name, w] : waiting) {
       std::vector<int> missing;
       for (int r = 0; r < n; ++r) if (!w.present[r]) missing.push_back(r);
       const bool stop = config_.stall_shutdown_seconds > 0 &&
                         w.seconds >= config_.stall_shutdown_seconds;
-      if (missing.empty() || (w.seconds < config_.stall_warning_seconds && !stop)) continue;
+      if (missing.empty() ||
+          (w.seconds < config_.stall_warning_seconds && !stop && !deadlock_error)) {
+        continue;
+      }
       shutdown = shutdown || stop;
       if (origin < 0 || missing[0] < origin) origin = missing[0];
       list << (stalled++ ? "; " : "") << "'" << name << "' missing on rank"
@@ -537,7 +562,15 @@ void Controller::ExchangeStallReports() {
       list.unsetf(std::ios::fixed);
     }
     std::string message;
-    if (shutdown) {
+    if (deadlock_error) {
+      std::ostringstream out;
+      out << "ranks diverged: every rank has been blocked for more than "
+          << config_.stall_warning_seconds
+          << " s (HOROVOD_STALL_CHECK_TIME_SECONDS) waiting for a tensor that another rank has "
+             "not submitted, so none can go on (a rank skipped a collective, or the ranks "
+             "submitted them in different orders): " << list.str();
+      message = out.str();
+    } else if (shutdown) {
       std::ostringstream out;
       out << "stall shutdown: tensors were submitted by some ranks and not by the others for "
              "more than " << config_.stall_shutdown_seconds

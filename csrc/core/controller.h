@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <unordered_map>
@@ -133,6 +134,9 @@ class Controller {
   std::map<int64_t, std::vector<Response>> group_ready_;  // coordinator: group id -> members
   std::chrono::steady_clock::time_point last_stall_check_;
   std::chrono::steady_clock::time_point last_stall_warning_;
+  // Coordinator of the global set: since when every rank has been blocked waiting with no
+  // tensor ready on all ranks (a deadlock: none can go on), unset while that is not so.
+  std::optional<std::chrono::steady_clock::time_point> deadlocked_since_;
 };
 
 }  // namespace horovodlike

@@ -2,6 +2,8 @@
 // ended with, and for allgather the output the core allocated.
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
@@ -33,6 +35,17 @@ class HandleTable {
   // Waits at most `seconds`; null when the handle is not done by then (so that a caller can
   // look at signals between waits).
   std::shared_ptr<HandleState> WaitFor(int64_t handle, double seconds);
+  // Threads of this process blocked waiting on a handle, counted from the first slice of a
+  // wait to its end (process-wide, so a wait that outlives shutdown() stays safe): the stall
+  // inspector tells ranks that wait on each other (a deadlock) from ranks busy elsewhere.
+  class BlockedWaiter {
+   public:
+    BlockedWaiter() { ++blocked_waiters_; }
+    ~BlockedWaiter() { --blocked_waiters_; }
+    BlockedWaiter(const BlockedWaiter&) = delete;
+    BlockedWaiter& operator=(const BlockedWaiter&) = delete;
+  };
+  static int blocked_waiters() { return blocked_waiters_.load(); }
   void Release(int64_t handle);
 
  private:
@@ -40,6 +53,7 @@ class HandleTable {
   std::condition_variable done_cv_;
   std::unordered_map<int64_t, std::shared_ptr<HandleState>> handles_;
   int64_t next_ = 1;
+  static std::atomic<int> blocked_waiters_;
 };
 
 }  // namespace horovodlike

@@ -4,6 +4,12 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <chrono>
+#include <condition_variable>
+#include <exception>
+#include <mutex>
+#include <thread>
+
 #include "../common/hmac.h"
 #include "../core/message.h"
 #include "../core/parameter_manager.h"
@@ -53,13 +59,110 @@ int64_t EnqueueCall(int op, const std::string& name, uintptr_t input, uintptr_t 
   return Runtime::Get().Enqueue(std::move(args));
 }
 
+// Blocking calls wake this often to let Python run its signal handlers: a handler runs only
+// when the main thread is back in the interpreter, so without this Ctrl-C, SIGALRM
+// (pytest-timeout) and SIGTERM handlers would wait for a collective that may never complete.
+constexpr std::chrono::milliseconds kSignalCheckInterval(100);
+
+// Runs Python's pending signal handlers (the GIL is held); when one raises, rethrows its
+// exception with a note saying what was interrupted and what became of it.
+void CheckSignals(const char* interrupted) {
+  if (PyErr_CheckSignals() == 0) return;
+  // KeyboardInterrupt is raised without an instance; make one to carry the note.
+  PyObject *type = nullptr, *value = nullptr, *traceback = nullptr;
+  PyErr_Fetch(&type, &value, &traceback);
+  PyErr_NormalizeException(&type, &value, &traceback);
+  if (traceback != nullptr) PyException_SetTraceback(value, traceback);
+  PyErr_Restore(type, value, traceback);
+  py::error_already_set error;
+  if (py::hasattr(error.value(), "add_note")) {
+    error.value().attr("add_note")(std::string("(raised while horovodlike ") + interrupted + ")");
+  }
+  throw error;
+}
+
 py::tuple WaitCall(int64_t handle) {
   std::shared_ptr<HandleState> state;
-  {
-    py::gil_scoped_release release;
-    state = Runtime::Get().handles().Wait(handle);
+  HandleTable::BlockedWaiter blocked;
+  while (true) {
+    {
+      py::gil_scoped_release release;
+      state = Runtime::Get().handles().WaitFor(handle, kSignalCheckInterval.count() / 1000.0);
+    }
+    if (state) break;
+    CheckSignals("waited for a collective to complete; it is still pending on this rank, and "
+                 "its buffers stay alive until it completes or shutdown() is called");
   }
   return py::make_tuple(static_cast<int>(state->status.code), state->status.message);
+}
+
+// init() runs on a thread of its own while the caller's thread wakes for signals: the
+// rendezvous may wait for the other ranks up to HOROVOD_START_TIMEOUT. An attempt abandoned by
+// an exception from a signal handler finishes in the background; a shutdown() asked for
+// meanwhile is carried out by that thread when the attempt ends, so the process never waits
+// for it (an exiting process calls shutdown() from atexit).
+struct InitAttempt {
+  std::mutex mutex;
+  std::condition_variable done_cv;
+  bool done = false;
+  bool shutdown_requested = false;
+  std::exception_ptr error;
+};
+std::mutex g_init_mutex;
+std::shared_ptr<InitAttempt> g_init_in_flight;
+
+void InitCall() {
+  std::shared_ptr<InitAttempt> attempt;
+  {
+    std::lock_guard<std::mutex> lock(g_init_mutex);
+    if (!g_init_in_flight) {
+      g_init_in_flight = std::make_shared<InitAttempt>();
+      std::thread([attempt = g_init_in_flight] {
+        std::exception_ptr error;
+        try {
+          Runtime::Init();
+        } catch (...) {
+          error = std::current_exception();
+        }
+        bool shutdown = false;
+        {
+          std::lock_guard<std::mutex> lock(g_init_mutex);
+          if (g_init_in_flight == attempt) g_init_in_flight.reset();
+          std::lock_guard<std::mutex> done_lock(attempt->mutex);
+          attempt->done = true;
+          attempt->error = error;
+          shutdown = attempt->shutdown_requested;
+        }
+        attempt->done_cv.notify_all();
+        if (shutdown) Runtime::Shutdown();
+      }).detach();
+    }
+    attempt = g_init_in_flight;
+  }
+  while (true) {
+    bool done = false;
+    {
+      py::gil_scoped_release release;
+      std::unique_lock<std::mutex> lock(attempt->mutex);
+      done = attempt->done_cv.wait_for(lock, kSignalCheckInterval, [&] { return attempt->done; });
+    }
+    if (done) break;
+    CheckSignals("waited in init() for the other ranks to connect");
+  }
+  if (attempt->error) std::rethrow_exception(attempt->error);
+}
+
+void ShutdownCall() {
+  {
+    std::lock_guard<std::mutex> lock(g_init_mutex);
+    if (g_init_in_flight) {  // an interrupted init(): its thread shuts down when it ends
+      std::lock_guard<std::mutex> done_lock(g_init_in_flight->mutex);
+      g_init_in_flight->shutdown_requested = true;
+      return;
+    }
+  }
+  py::gil_scoped_release release;
+  Runtime::Shutdown();
 }
 
 // An output the core allocated (allgather, alltoall, reducescatter) as a NumPy uint8 array that
@@ -95,14 +198,9 @@ const Config& CurrentConfig() { return Runtime::Get().config(); }
 
 PYBIND11_MODULE(_core, m) {
   m.doc() = "horovodlike native core";
-  m.def("init", [] {
-    py::gil_scoped_release release;
-    Runtime::Init();
-  });
-  m.def("shutdown", [] {
-    py::gil_scoped_release release;
-    Runtime::Shutdown();
-  });
+  m.def("init", &InitCall,
+        "Connects to the other ranks; wakes every 100 ms for Python's signal handlers.");
+  m.def("shutdown", &ShutdownCall);
   m.def("is_initialized", &Runtime::IsInitialized);
   m.def("rank", [] { return CurrentConfig().rank; });
   m.def("size", [] { return CurrentConfig().size; });
@@ -117,7 +215,8 @@ PYBIND11_MODULE(_core, m) {
         py::arg("splits") = std::vector<int64_t>(), py::arg("group_id") = 0,
         py::arg("group_size") = 0);
   m.def("wait", &WaitCall, py::arg("handle"),
-        "Blocks (without the GIL) until the handle is done; returns (status code, message).");
+        "Blocks (without the GIL, waking every 100 ms for Python's signal handlers) until the "
+        "handle is done; returns (status code, message).");
   m.def("send", [](int set_id, int peer, int tag, uintptr_t data, int dtype,
                    std::vector<int64_t> shape) {
     return Runtime::Get().Send(P2PMessage(set_id, peer, tag, dtype, std::move(shape)),

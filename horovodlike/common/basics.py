@@ -43,6 +43,8 @@ def init(comm=None, process_sets=None):
             # A member of the round died while it formed: the driver forms another.
     for hook in _init_hooks if starting else ():
         hook()
+    if starting:
+        _pin_background_thread()
     from horovodlike.common import process_sets as _sets
     _sets.global_process_set.ranks = list(range(_core.size()))
     for process_set in process_sets or []:
@@ -55,6 +57,34 @@ def init(comm=None, process_sets=None):
     if not _atexit_registered:
         atexit.register(_core.shutdown)
         _atexit_registered = True
+
+
+def _pin_background_thread():
+    """HOROVOD_THREAD_AFFINITY (horovodlikerun --thread-affinity): CPU numbers, one per local
+    rank; pins this rank's background thread (named hvdl-loop) to its CPU."""
+    value = os.environ.get("HOROVOD_THREAD_AFFINITY", "").strip()
+    if not value:
+        return
+    try:
+        cores = [int(core) for core in value.split(",")]
+    except ValueError:
+        raise ValueError(f"HOROVOD_THREAD_AFFINITY must be CPU numbers separated by commas, "
+                         f"got '{value}'") from None
+    if len(cores) < _core.local_size():
+        raise ValueError(f"HOROVOD_THREAD_AFFINITY gives {len(cores)} CPUs for "
+                         f"{_core.local_size()} local ranks; give one per local rank")
+    core = cores[_core.local_rank()]
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/comm") as f:
+                if f.read().strip() != "hvdl-loop":
+                    continue
+            os.sched_setaffinity(int(task), {core})
+        except FileNotFoundError:
+            continue  # a thread that ended meanwhile
+        except OSError as e:
+            raise ValueError(f"HOROVOD_THREAD_AFFINITY: cannot pin the background thread of "
+                             f"local rank {_core.local_rank()} to CPU {core}: {e}") from None
 
 
 def shutdown():

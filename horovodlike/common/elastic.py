@@ -60,13 +60,21 @@ def hosts_changed_locally():
     return value is not None and value != _hosts_version
 
 
+# Buffers of waits a signal handler interrupted (see numpy_ops.Handle.wait).
+_INTERRUPTED = []
+
+
 def any_rank_true(flag, name):
     """True on every rank when ``flag`` is true on any rank (an allreduce with Max)."""
     import numpy as np
     from horovodlike import _core
     value = np.array([1 if flag else 0], dtype=np.int32)
     handle = _core.enqueue(0, name, value.ctypes.data, value.ctypes.data, 3, [1], reduce_op=3)
-    code, message = _core.wait(handle)
+    try:
+        code, message = _core.wait(handle)
+    except BaseException:
+        _INTERRUPTED.append(value)  # the core may still write it
+        raise
     _core.release(handle)
     if code != _core.STATUS_OK:
         raise HorovodInternalError(message)

@@ -169,6 +169,10 @@ def raise_for(code, message):
 
 # ---------------------------------------------------------------------------------- handles
 
+# Buffers of collectives whose wait was interrupted, by core handle: kept until waited again.
+_INTERRUPTED = {}
+
+
 class Handle:
     """One collective in flight. ``wait()`` returns its output (once). For an allgather,
     ``extra`` then holds every rank's first dimension; for an alltoall, the rows received from
@@ -189,7 +193,14 @@ class Handle:
     def wait(self):
         if self._done:
             raise ValueError(f"the collective '{self.name}' was already waited for")
-        code, message = _core.wait(self._core_handle)
+        try:
+            code, message = _core.wait(self._core_handle)
+        except BaseException:
+            # A signal handler raised (Ctrl-C, a test timeout): the core may still read and
+            # write the buffers, so they outlive this handle object.
+            _INTERRUPTED[self._core_handle] = self._keep
+            raise
+        _INTERRUPTED.pop(self._core_handle, None)
         self._done = True
         source, output = self._keep
         self._keep = None

@@ -39,6 +39,7 @@ class JobSettings:
     hierarchical_allgather: bool | None = None  # HOROVOD_HIERARCHICAL_ALLGATHER=1 or 0
     timeline_filename: str | None = None  # HOROVOD_TIMELINE
     timeline_mark_cycles: bool = False
+    extra_env: tuple[tuple[str, str], ...] = ()  # horovodrun_options: stall check, logging...
 
 
 def format_number(value: float) -> str:
@@ -102,6 +103,7 @@ def job_environment(job: JobSettings) -> dict[str, str]:
         env["HOROVOD_TIMELINE"] = job.timeline_filename
     if job.timeline_mark_cycles:
         env["HOROVOD_TIMELINE_MARK_CYCLES"] = "1"
+    env.update(dict(job.extra_env))
     return env
 
 

@@ -33,11 +33,12 @@ class RankAssignment:
     hostname: str
 
 
-def _host_slots(hostname: str, slots_text: str | None, where: str) -> HostSlots:
+def _host_slots(hostname: str, slots_text: str | None, where: str,
+                default_slots: int = 1) -> HostSlots:
     if not hostname or not _HOSTNAME_PATTERN.match(hostname):
         raise HostError(f"{where}: '{hostname}' is not a valid host name")
     if slots_text is None:
-        return HostSlots(hostname, 1)
+        return HostSlots(hostname, default_slots)
     if not slots_text.isdigit() or int(slots_text) < 1:
         raise HostError(f"{where}: slots of host '{hostname}' must be a positive integer, "
                         f"got '{slots_text}'")
@@ -56,20 +57,22 @@ def _check_unique(hosts: list[HostSlots], where: str) -> list[HostSlots]:
     return hosts
 
 
-def parse_hosts(spec: str) -> list[HostSlots]:
-    """Parses `-H host1:4,host2:4` (a host without `:N` has one slot)."""
+def parse_hosts(spec: str, default_slots: int = 1) -> list[HostSlots]:
+    """Parses `-H host1:4,host2:4` (a host without `:N` has `default_slots`, from
+    --slots-per-host)."""
     hosts = []
     for item in spec.split(","):
         item = item.strip()
         name, sep, slots = item.rpartition(":")
         if not sep:
             name, slots = item, None
-        hosts.append(_host_slots(name, slots, f"-H {spec}"))
+        hosts.append(_host_slots(name, slots, f"-H {spec}", default_slots))
     return _check_unique(hosts, f"-H {spec}")
 
 
-def parse_hostfile(path: str) -> list[HostSlots]:
-    """Parses a hostfile: one host a line, `host slots=N` or `host:N` or `host`; `#` comments."""
+def parse_hostfile(path: str, default_slots: int = 1) -> list[HostSlots]:
+    """Parses a hostfile: one host a line, `host slots=N` or `host:N` or `host` (with
+    `default_slots`); `#` comments."""
     try:
         text = Path(path).read_text()
     except OSError as error:
@@ -89,7 +92,7 @@ def parse_hostfile(path: str) -> list[HostSlots]:
             name, slots = fields[0], fields[1][len("slots="):]
         else:
             raise HostError(f"{where}: expected 'host slots=N' or 'host:N', got '{line}'")
-        hosts.append(_host_slots(name, slots, where))
+        hosts.append(_host_slots(name, slots, where, default_slots))
     return _check_unique(hosts, f"hostfile {path}")
 
 

@@ -12,7 +12,7 @@ import secrets
 import shlex
 import sys
 
-from horovodlike.runner import network
+from horovodlike.runner import horovodrun_options, network
 from horovodlike.runner.check_build import check_build
 from horovodlike.runner.elastic_driver import ElasticDriver, discover_with_script
 from horovodlike.runner.environment import (JobSettings, format_number, horovod_environment,
@@ -65,6 +65,10 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("-cb", "--check-build", dest="check_build", action="store_true",
                         help="print the frameworks, controllers and tensor operations of this "
                              "build and exit")
+    parser.add_argument("--plan", dest="plan", metavar="MODULE:FUNCTION",
+                        help="instead of a command: rank the (pp, dp, tp) layouts of -np ranks "
+                             "for the model FUNCTION() returns as (model, sample_input), "
+                             "measuring these hosts' links, and print the table")
     hosts = parser.add_mutually_exclusive_group()
     hosts.add_argument("-H", "--hosts", dest="hosts",
                        help="hosts and their slots: host1:4,host2:4 (default localhost:N)")
@@ -154,9 +158,9 @@ def make_parser() -> argparse.ArgumentParser:
 
     elastic = parser.add_argument_group(
         "elastic training (on when --host-discovery-script, --min-np or --max-np is given)")
-    elastic.add_argument("--min-np", dest="min_np", type=int,
+    elastic.add_argument("--min-np", "--min-num-proc", dest="min_np", type=int,
                          help="fewest workers to go on with (default: -np)")
-    elastic.add_argument("--max-np", dest="max_np", type=int,
+    elastic.add_argument("--max-np", "--max-num-proc", dest="max_np", type=int,
                          help="most workers to run (default: -np)")
     elastic.add_argument("--host-discovery-script", dest="host_discovery_script",
                          help="executable printing the available hosts, one 'host:slots' a "
@@ -171,6 +175,7 @@ def make_parser() -> argparse.ArgumentParser:
     ssh.add_argument("-i", "--ssh-identity-file", dest="ssh_identity_file",
                      help="private key file for ssh")
 
+    horovodrun_options.add_arguments(parser)
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the command each rank runs")
     return parser
 
@@ -196,6 +201,10 @@ def _validate(args, parser) -> None:
         parser.error("-np/--num-proc is required")
     if args.command and args.command[0] == "--":
         args.command = args.command[1:]
+    if args.plan:
+        if args.command:
+            parser.error("--plan takes no command: the ranks run the planner")
+        args.command = [sys.executable, "-m", "horovodlike.torch.planner", args.plan]
     if not args.command:
         parser.error("no command given: horovodlikerun -np N command ...")
     if args.fusion_threshold_mb is not None and args.fusion_threshold_mb < 0:
@@ -222,6 +231,14 @@ def _validate(args, parser) -> None:
         parser.error(f"--ssh-identity-file {args.ssh_identity_file} does not exist")
     if args.mpi_args is not None and not args.use_mpi:
         parser.error("--mpi-args needs --mpi")
+    horovodrun_options.validate(args, parser)
+    if args.network_interfaces is not None and args.network_interface is None:
+        wanted = [name.strip() for name in args.network_interfaces.split(",") if name.strip()]
+        present = [name for name in wanted if name in network.interface_names()]
+        if not present:
+            parser.error(f"--network-interfaces {args.network_interfaces}: none of them is an "
+                         f"interface of this machine ({', '.join(network.interface_names())})")
+        args.network_interface = present[0]
     if args.network_interface is not None:
         if args.network_interface not in network.interface_names():
             parser.error(f"--network-interface {args.network_interface}: no such interface "
@@ -229,10 +246,11 @@ def _validate(args, parser) -> None:
 
 
 def _hosts(args) -> list[HostSlots]:
+    slots = args.slots_per_host or 1
     if args.hosts:
-        return parse_hosts(args.hosts)
+        return parse_hosts(args.hosts, default_slots=slots)
     if args.hostfile:
-        return parse_hostfile(args.hostfile)
+        return parse_hostfile(args.hostfile, default_slots=slots)
     return [HostSlots("localhost", args.num_proc)]
 
 
@@ -267,7 +285,8 @@ def _job_settings(args, address: str, port: int, secret: str, timeout: float) ->
                        hierarchical_allreduce=args.hierarchical_allreduce,
                        hierarchical_allgather=args.hierarchical_allgather,
                        timeline_filename=args.timeline_filename,
-                       timeline_mark_cycles=args.timeline_mark_cycles)
+                       timeline_mark_cycles=args.timeline_mark_cycles,
+                       extra_env=tuple(horovodrun_options.environment(args).items()))
 
 
 def _is_elastic(args) -> bool:
@@ -279,7 +298,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.check_build:
         return check_build()
+    args.notices = []
+    horovodrun_options.apply_config_file(args, parser, argv)
     _validate(args, parser)
+    horovodrun_options.collect_notices(args)
+    for notice in args.notices:
+        print(f"horovodlikerun: {notice}", file=sys.stderr, flush=True)
     if _is_elastic(args):
         if args.use_mpi:
             parser.error("--mpi cannot be combined with elastic training")
@@ -312,7 +336,8 @@ def main(argv: list[str] | None = None) -> int:
 def _with_rendezvous(args, bind_address, connect_address, timeout, run) -> int:
     """Starts the rendezvous server with a new job secret, runs
     `run(console, server, job_settings, launcher_env, cwd)` and stops the server."""
-    console = Console(sys.stdout.buffer, sys.stderr.buffer)
+    console = Console(sys.stdout.buffer, sys.stderr.buffer,
+                      timestamps=args.prefix_output_with_timestamp)
     secret = secrets.token_hex(32)
     server = RendezvousServer(secret, host=bind_address)
     try:
@@ -350,7 +375,8 @@ def _run_with_mpirun(args, parser, job: JobSettings, assignments, all_local: boo
         as_root=hasattr(os, "geteuid") and os.geteuid() == 0,
         oversubscribe=all_local and args.num_proc > (os.cpu_count() or 1),
         network_interface=args.network_interface, ssh_port=args.ssh_port,
-        ssh_identity_file=args.ssh_identity_file, mpi_args=mpi_args)
+        ssh_identity_file=args.ssh_identity_file, mpi_args=mpi_args,
+        binding_args=shlex.split(args.binding_args) if args.binding_args else None)
     if args.verbose:
         console.message("running: " + " ".join(shlex.quote(word) for word in argv), "stdout")
     hostnames = {a.rank: a.hostname for a in assignments}

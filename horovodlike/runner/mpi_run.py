@@ -77,14 +77,17 @@ def mpirun_command(mpirun: str, hosts: list[HostSlots], num_proc: int, command: 
                    env_names: list[str], *, as_root: bool, oversubscribe: bool,
                    network_interface: str | None = None, ssh_port: int | None = None,
                    ssh_identity_file: str | None = None,
-                   mpi_args: list[str] = ()) -> list[str]:
+                   mpi_args: list[str] = (),
+                   binding_args: list[str] | None = None) -> list[str]:
     """The mpirun argv. Values travel in mpirun's environment and are named with `-x NAME`, so
     that the job's secret never shows on a command line."""
     argv = [mpirun]
     if as_root:
         argv.append("--allow-run-as-root")
-    argv += ["--tag-output", "-np", str(num_proc), "-H", format_hosts(hosts),
-             "--bind-to", "none", "--map-by", "slot"]
+    argv += ["--tag-output", "-np", str(num_proc), "-H", format_hosts(hosts)]
+    # --binding-args replaces the default placement: no binding, ranks slot by slot.
+    argv += list(binding_args) if binding_args is not None else \
+        ["--bind-to", "none", "--map-by", "slot"]
     if oversubscribe:
         argv.append("--oversubscribe")
     if network_interface is not None:
@@ -199,7 +202,7 @@ class TagRewriter(threading.Thread):
 
     def _emit(self, rank: int, stream: str, line: bytes) -> None:
         self._write_raw(rank, stream, line)
-        self._console.write(stream, f"[{rank}]<{stream}>:".encode() + line)
+        self._console.write(stream, f"[{rank}]<{stream}>:".encode() + line, rank_line=True)
 
     def _write_raw(self, rank: int, stream: str, body: bytes) -> None:
         if self._output_dir is None:

@@ -21,12 +21,17 @@ def rank_output_dir(base: str, rank: int, size: int) -> Path:
 class Console:
     """The launcher's stdout and stderr, written a whole line at a time from many threads."""
 
-    def __init__(self, stdout: BinaryIO, stderr: BinaryIO):
+    def __init__(self, stdout: BinaryIO, stderr: BinaryIO, timestamps: bool = False):
         self._streams = {"stdout": stdout, "stderr": stderr}
         self._lock = threading.Lock()
+        self._timestamps = timestamps  # --prefix-output-with-timestamp
 
-    def write(self, stream: str, data: bytes) -> None:
+    def write(self, stream: str, data: bytes, rank_line: bool = False) -> None:
+        """Writes `data`; a rank's line (`[1]<stdout>:...`) starts with the local time, as
+        `Wed Nov 25 05:20:49 2026[1]<stdout>:...`, when timestamps were asked for."""
         target = self._streams[stream]
+        if rank_line and self._timestamps:
+            data = time.asctime().encode() + data
         with self._lock:
             try:
                 target.write(data)
@@ -64,7 +69,7 @@ class StreamForwarder(threading.Thread):
                     self._raw_file.flush()
                 if not line.endswith(b"\n"):
                     line += b"\n"
-                self._console.write(self._stream, self._prefix + line)
+                self._console.write(self._stream, self._prefix + line, rank_line=True)
         except (OSError, ValueError):
             pass  # the pipe was closed under us: the job is being torn down
         finally:

@@ -55,16 +55,33 @@ class RankProcess:
                 raw_dir.mkdir(parents=True, exist_ok=True)
                 for stream in raw_files:
                     raw_files[stream] = open(Path(raw_dir, stream), "wb")
-            self._process = subprocess.Popen(
-                self.argv, env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, start_new_session=True)
+            stderr_read, stderr_write = os.pipe()
+            env = self.env
+            if not self.via_ssh:
+                # The core's log lines (stall warnings, why the job stopped) go to a second
+                # descriptor of the same pipe, which output capture inside the rank (pytest
+                # redirects fd 2) leaves alone; an ssh rank has only its stderr.
+                # The pipe's inode goes with the number, so that a process that inherits the
+                # variable but not the descriptor never writes to whatever reuses the number.
+                env = dict(self.env, HOROVODLIKE_STDERR_FD=(
+                    f"{stderr_write}:{os.fstat(stderr_write).st_ino}"))
+            try:
+                self._process = subprocess.Popen(
+                    self.argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                    stderr=stderr_write, pass_fds=() if self.via_ssh else (stderr_write,),
+                    start_new_session=True)
+            except OSError:
+                os.close(stderr_read)
+                raise
+            finally:
+                os.close(stderr_write)
         except OSError:
             for raw_file in raw_files.values():
                 if raw_file is not None:
                     raw_file.close()
             raise
         for stream, source in (("stdout", self._process.stdout),
-                               ("stderr", self._process.stderr)):
+                               ("stderr", os.fdopen(stderr_read, "rb"))):
             forwarder = StreamForwarder(self.rank, stream, source, console, raw_files[stream])
             forwarder.start()
             self.forwarders.append(forwarder)

@@ -178,6 +178,31 @@ class ProcessMesh:
         """The global ranks of this rank's line along ``dim_name``, in coordinate order."""
         return self._line(self.coordinate(), dim_name)
 
+    # ------------------------------------------------------------ DeviceMesh's names
+
+    def _name(self, mesh_dim):
+        if isinstance(mesh_dim, int) and not isinstance(mesh_dim, bool):
+            if not 0 <= mesh_dim < len(self.dim_names):
+                raise ValueError(f"ProcessMesh has {len(self.dim_names)} dimensions; "
+                                 f"mesh_dim {mesh_dim} is out of range")
+            return self.dim_names[mesh_dim]
+        return mesh_dim
+
+    @property
+    def mesh_dim_names(self):
+        return self.dim_names
+
+    def get_group(self, mesh_dim):
+        """``process_set`` under DeviceMesh's name (a dimension's name or index)."""
+        return self.process_set(self._name(mesh_dim))
+
+    def get_local_rank(self, mesh_dim):
+        """``coordinate`` under DeviceMesh's name (a dimension's name or index)."""
+        return self.coordinate(self._name(mesh_dim))
+
+    def get_coordinate(self):
+        return list(self.coordinate())
+
     def __repr__(self):
         dims = ", ".join(f"{n}={s}" for n, s in zip(self.dim_names, self.shape))
         return f"ProcessMesh({dims}, innermost={self.innermost!r})"

@@ -34,7 +34,7 @@ std::chrono::milliseconds Milliseconds(double seconds) {
 }  // namespace
 
 std::unique_ptr<GlooLink> GlooLink::Connect(const Config& config, int generation) {
-  const auto peer_timeout = Milliseconds(config.peer_timeout_seconds);
+  const auto peer_timeout = Milliseconds(config.gloo_timeout_seconds);
   if (config.size == 1) {
     if (!config.rendezvous_addr.empty() && config.rendezvous_port > 0) {
       // Nobody to connect to, but the launcher waits for this rank to say it joined.
@@ -189,7 +189,8 @@ void GlooLink::Await(std::unique_ptr<gloo::transport::UnboundBuffer>& buffer, bo
     completed = false;
     timed_out = std::chrono::steady_clock::now() - start >= timeout_;
     why = timed_out ? "no progress for " + std::to_string(timeout_.count() / 1000) +
-                          " s (HOROVOD_PEER_TIMEOUT_SECONDS); the peer is stopped or unreachable"
+                          " s (HOROVOD_GLOO_TIMEOUT_SECONDS, by default "
+                          "HOROVOD_PEER_TIMEOUT_SECONDS); the peer is stopped or unreachable"
                     : e.what();
   }
   {

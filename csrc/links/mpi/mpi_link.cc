@@ -97,7 +97,12 @@ bool EnsureMpiInitialized() {
     int provided = 0;
     // The loop calls MPI from its own thread, init() and shutdown() from the caller's; abort()
     // tells the peers at once only when MPI allows concurrent calls.
-    if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS) {
+    // HOROVOD_MPI_THREADS_DISABLE=1 (--mpi-threads-disable) asks for the least that works:
+    // one thread at a time.
+    const char* disable = std::getenv("HOROVOD_MPI_THREADS_DISABLE");
+    const bool threads = disable == nullptr || std::string(disable) == "0" || *disable == '\0';
+    if (MPI_Init_thread(nullptr, nullptr, threads ? MPI_THREAD_MULTIPLE : MPI_THREAD_SERIALIZED,
+                        &provided) != MPI_SUCCESS) {
       throw TransportError("MPI_Init_thread failed");
     }
     std::atexit(FinalizeAtExit);
