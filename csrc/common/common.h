@@ -9,7 +9,8 @@
 
 namespace horovodlike {
 
-// Numbering is part of the Python contract (horovodlike/common/dtypes.py).
+// The Python layers take these numbers (and the names below) from the extension
+// (csrc/python/module.cc, horovodlike/common/constants.py); the wire format carries them too.
 enum class DataType : int32_t {
   kUInt8 = 0,
   kInt8 = 1,
@@ -33,6 +34,7 @@ enum class ReduceOp : int32_t {
   // Adaptive summation of gradients (collectives/adasum_allreduce.h); allreduce only.
   kAdasum = 5,
 };
+constexpr int kNumReduceOps = 6;
 
 enum class OpType : int32_t {
   kAllreduce = 0,

@@ -1,6 +1,6 @@
-// SHA-256 (FIPS 180-4) and HMAC-SHA256 (RFC 2104): the job's connections prove that they know
-// its secret (HOROVOD_SECRET_KEY) by answering a fresh random nonce, so the secret itself never
-// crosses the wire.
+// SHA-256 and HMAC-SHA256, computed by OpenSSL's libcrypto: the job's connections prove that
+// they know its secret (HOROVOD_SECRET_KEY) by answering a fresh random nonce, so the secret
+// itself never crosses the wire.
 #pragma once
 
 #include <array>
@@ -12,21 +12,8 @@ namespace horovodlike {
 
 using Sha256Digest = std::array<uint8_t, 32>;
 
-class Sha256 {
- public:
-  Sha256();
-  void Update(const void* data, size_t n);
-  void Update(const std::string& s) { Update(s.data(), s.size()); }
-  // The digest of everything passed to Update; the object must not be used afterwards.
-  Sha256Digest Finish();
-
- private:
-  void Compress(const uint8_t* block);
-  uint32_t state_[8];
-  uint8_t block_[64];
-  size_t block_used_ = 0;
-  uint64_t total_bytes_ = 0;
-};
+Sha256Digest Sha256(const void* data, size_t n);
+inline Sha256Digest Sha256(const std::string& s) { return Sha256(s.data(), s.size()); }
 
 Sha256Digest HmacSha256(const std::string& key, const std::string& message);
 

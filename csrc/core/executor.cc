@@ -20,6 +20,7 @@ int64_t ScatterRows(int64_t rows, int r, int n) { return rows / n + (r < rows % 
 }  // namespace
 
 void Executor::Execute(const Response* const* parts, size_t count) {
+  fusion_.CollectiveDone();
   const Response& response = *parts[0];
   std::vector<TensorEntry>& entries = entries_;
   entries.clear();

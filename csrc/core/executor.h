@@ -38,17 +38,19 @@ class Executor {
 
   // Counters since init, for tests and tuning: collectives run and tensors they carried, and
   // how many of the allreduces and allgathers went inside and across hosts
-  // (hierarchical_allreduce.h, hierarchical_allgather.h).
+  // (hierarchical_allreduce.h, hierarchical_allgather.h); and the fusion buffer's size.
   struct Stats {
     int64_t allreduce_collectives = 0;
     int64_t allreduce_tensors = 0;
     int64_t errors = 0;
     int64_t hierarchical_allreduces = 0;
     int64_t hierarchical_allgathers = 0;
+    int64_t fusion_buffer_bytes = 0;  // held now
   };
   Stats stats() const {
     return {allreduce_collectives_.load(), allreduce_tensors_.load(), errors_.load(),
-            hierarchical_allreduces_.load(), hierarchical_allgathers_.load()};
+            hierarchical_allreduces_.load(), hierarchical_allgathers_.load(),
+            static_cast<int64_t>(fusion_.capacity())};
   }
 
  private:

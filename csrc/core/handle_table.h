@@ -1,5 +1,5 @@
-// Handles returned to the caller of an asynchronous collective: wait(), poll(), the status it
-// ended with, and for allgather the output the core allocated.
+// Handles returned to the caller of an asynchronous operation: wait(), poll(), the status it
+// ended with, and the output the core allocated where the caller gave none.
 #pragma once
 
 #include <atomic>
@@ -18,10 +18,14 @@ namespace horovodlike {
 struct HandleState {
   bool done = false;
   Status status;
-  // Allgather only: the gathered bytes and their shape.
+  // The bytes the core allocated and their shape: allgather, alltoall, reducescatter, and a
+  // point-to-point receive without a buffer.
   std::vector<uint8_t> output;
   std::vector<int64_t> output_shape;
-  std::vector<int64_t> first_dims;  // each rank's first dimension, for the gradient
+  // The integers the operation reports: allgather, each rank's first dimension (for the
+  // gradient); alltoall, the rows received from each rank; join, the last rank to join;
+  // add/remove_process_set, the set's id; a point-to-point receive, the sender's dtype code.
+  std::vector<int64_t> first_dims;
 };
 
 class HandleTable {

@@ -116,6 +116,7 @@ Executor::Stats ProcessSetTable::TotalStats() {
     total.errors += s.errors;
     total.hierarchical_allreduces += s.hierarchical_allreduces;
     total.hierarchical_allgathers += s.hierarchical_allgathers;
+    total.fusion_buffer_bytes += s.fusion_buffer_bytes;
   }
   return total;
 }

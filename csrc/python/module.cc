@@ -10,12 +10,11 @@
 #include <mutex>
 #include <thread>
 
-#include "../common/hmac.h"
 #include "../core/message.h"
-#include "../core/parameter_manager.h"
 #include "../core/runtime.h"
 #include "../collectives/provider_table.h"
 #include "../links/connect.h"
+#include "testing.h"
 
 namespace py = pybind11;
 using namespace horovodlike;
@@ -34,7 +33,7 @@ int64_t EnqueueCall(int op, const std::string& name, uintptr_t input, uintptr_t 
     throw InvalidArgument("tensor '" + name + "' has an unsupported dtype code " +
                           std::to_string(dtype));
   }
-  if (reduce_op < 0 || reduce_op > static_cast<int>(ReduceOp::kAdasum)) {
+  if (reduce_op < 0 || reduce_op >= kNumReduceOps) {
     throw InvalidArgument("unknown reduce op " + std::to_string(reduce_op));
   }
   if (op < 0 || op >= kNumOpTypes) {
@@ -56,7 +55,7 @@ int64_t EnqueueCall(int op, const std::string& name, uintptr_t input, uintptr_t 
   args.splits = std::move(splits);
   args.group_id = group_id;
   args.group_size = group_size;
-  return Runtime::Get().Enqueue(std::move(args));
+  return Runtime::Get()->Enqueue(std::move(args));
 }
 
 // Blocking calls wake this often to let Python run its signal handlers: a handler runs only
@@ -87,7 +86,7 @@ py::tuple WaitCall(int64_t handle) {
   while (true) {
     {
       py::gil_scoped_release release;
-      state = Runtime::Get().handles().WaitFor(handle, kSignalCheckInterval.count() / 1000.0);
+      state = Runtime::Get()->handles().WaitFor(handle, kSignalCheckInterval.count() / 1000.0);
     }
     if (state) break;
     CheckSignals("waited for a collective to complete; it is still pending on this rank, and "
@@ -170,7 +169,7 @@ void ShutdownCall() {
 // dimension (allgather), the received splits (alltoall), the last rank to join (join), the new
 // process set's id (add_process_set).
 py::tuple Output(int64_t handle) {
-  auto state = Runtime::Get().handles().Get(handle);
+  auto state = Runtime::Get()->handles().Get(handle);
   auto* keep = new std::shared_ptr<HandleState>(state);
   py::capsule owner(keep, [](void* p) { delete static_cast<std::shared_ptr<HandleState>*>(p); });
   py::array_t<uint8_t> bytes({static_cast<py::ssize_t>(state->output.size())},
@@ -192,8 +191,6 @@ PointToPoint::Message P2PMessage(int set_id, int peer, int tag, int dtype,
   return message;
 }
 
-const Config& CurrentConfig() { return Runtime::Get().config(); }
-
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
@@ -202,12 +199,12 @@ PYBIND11_MODULE(_core, m) {
         "Connects to the other ranks; wakes every 100 ms for Python's signal handlers.");
   m.def("shutdown", &ShutdownCall);
   m.def("is_initialized", &Runtime::IsInitialized);
-  m.def("rank", [] { return CurrentConfig().rank; });
-  m.def("size", [] { return CurrentConfig().size; });
-  m.def("local_rank", [] { return CurrentConfig().local_rank; });
-  m.def("local_size", [] { return CurrentConfig().local_size; });
-  m.def("cross_rank", [] { return CurrentConfig().cross_rank; });
-  m.def("cross_size", [] { return CurrentConfig().cross_size; });
+  m.def("rank", [] { return Runtime::Get()->config().rank; });
+  m.def("size", [] { return Runtime::Get()->config().size; });
+  m.def("local_rank", [] { return Runtime::Get()->config().local_rank; });
+  m.def("local_size", [] { return Runtime::Get()->config().local_size; });
+  m.def("cross_rank", [] { return Runtime::Get()->config().cross_rank; });
+  m.def("cross_size", [] { return Runtime::Get()->config().cross_size; });
   m.def("enqueue", &EnqueueCall, py::arg("op"), py::arg("name"), py::arg("input"),
         py::arg("output"), py::arg("dtype"), py::arg("shape"), py::arg("reduce_op") = 1,
         py::arg("prescale") = 1.0, py::arg("postscale") = 1.0, py::arg("root_rank") = 0,
@@ -219,57 +216,58 @@ PYBIND11_MODULE(_core, m) {
         "handle is done; returns (status code, message).");
   m.def("send", [](int set_id, int peer, int tag, uintptr_t data, int dtype,
                    std::vector<int64_t> shape) {
-    return Runtime::Get().Send(P2PMessage(set_id, peer, tag, dtype, std::move(shape)),
+    return Runtime::Get()->Send(P2PMessage(set_id, peer, tag, dtype, std::move(shape)),
                                reinterpret_cast<const void*>(data));
   }, py::arg("process_set"), py::arg("peer"), py::arg("tag"), py::arg("data"), py::arg("dtype"),
      py::arg("shape"));
   m.def("recv", [](int set_id, int peer, int tag, uintptr_t data, int dtype,
                    std::vector<int64_t> shape) {
-    return Runtime::Get().Recv(P2PMessage(set_id, peer, tag, dtype, std::move(shape)),
+    return Runtime::Get()->Recv(P2PMessage(set_id, peer, tag, dtype, std::move(shape)),
                                reinterpret_cast<void*>(data));
   }, py::arg("process_set"), py::arg("peer"), py::arg("tag"), py::arg("data"), py::arg("dtype"),
      py::arg("shape"), "data 0: the core allocates the output with the sender's dtype and shape.");
   m.def("notify_failure", [](int set_id, const std::string& reason) {
-    Runtime::Get().NotifyPointToPointFailure(set_id, reason);
+    Runtime::Get()->NotifyPointToPointFailure(set_id, reason);
   });
   m.def("wait_for", [](int64_t handle, double seconds) -> py::object {
     std::shared_ptr<HandleState> state;
     {
       py::gil_scoped_release release;
-      state = Runtime::Get().handles().WaitFor(handle, seconds);
+      state = Runtime::Get()->handles().WaitFor(handle, seconds);
     }
     if (!state) return py::none();
     return py::make_tuple(static_cast<int>(state->status.code), state->status.message);
   }, py::arg("handle"), py::arg("seconds"),
      "Like wait, but returns None when the handle is not done within `seconds`.");
-  m.def("poll", [](int64_t handle) { return Runtime::Get().handles().Poll(handle); });
-  m.def("release", [](int64_t handle) { Runtime::Get().handles().Release(handle); });
+  m.def("poll", [](int64_t handle) { return Runtime::Get()->handles().Poll(handle); });
+  m.def("release", [](int64_t handle) { Runtime::Get()->handles().Release(handle); });
   m.def("output", &Output);
   m.def("allgather_output", &Output);
   m.def("start_timeline", [](const std::string& path, bool mark_cycles) {
     py::gil_scoped_release release;  // may wait for a previous recording's writer to finish
-    Runtime::Get().StartTimeline(path, mark_cycles);
+    Runtime::Get()->StartTimeline(path, mark_cycles);
   }, py::arg("file_path"), py::arg("mark_cycles") = false);
   m.def("stop_timeline", [] {
     py::gil_scoped_release release;
-    Runtime::Get().StopTimeline();
+    Runtime::Get()->StopTimeline();
   });
-  m.def("process_set_ranks", [](int id) { return Runtime::Get().ProcessSetRanks(id); });
-  m.def("process_set_ids", [] { return Runtime::Get().ProcessSetIds(); });
+  m.def("process_set_ranks", [](int id) { return Runtime::Get()->ProcessSetRanks(id); });
+  m.def("process_set_ids", [] { return Runtime::Get()->ProcessSetIds(); });
   m.def("stats", [] {
-    auto s = Runtime::Get().stats();
+    auto runtime = Runtime::Get();
+    auto s = runtime->stats();
     py::dict d;
     d["allreduce_collectives"] = s.allreduce_collectives;
     d["allreduce_tensors"] = s.allreduce_tensors;
     d["errors"] = s.errors;
     // The tuned parameters in force on this rank (the same on every rank after each round).
-    auto tuned = Runtime::Get().tuned();
+    auto tuned = runtime->tuned();
     d["fusion_threshold_bytes"] = tuned.parameters.fusion_threshold_bytes;
     d["cycle_time_ms"] = tuned.parameters.cycle_time_ms;
     d["cache_enabled"] = tuned.parameters.cache_enabled;
     d["parameters_round"] = tuned.round;
-    d["autotune"] = CurrentConfig().autotune;
-    d["autotune_done"] = CurrentConfig().autotune && !tuned.parameters.tuning;
+    d["autotune"] = runtime->config().autotune;
+    d["autotune_done"] = runtime->config().autotune && !tuned.parameters.tuning;
     d["hierarchical_allreduces"] = s.hierarchical_allreduces;
     d["hierarchical_allgathers"] = s.hierarchical_allgathers;
     // Runs per provider label since the process started ("SHM_ALLREDUCE", "TCP_RING_ALLREDUCE"):
@@ -277,6 +275,7 @@ PYBIND11_MODULE(_core, m) {
     py::dict runs;
     for (const auto& [label, count] : ProviderTable::Runs()) runs[py::str(label)] = count;
     d["provider_runs"] = runs;
+    d["fusion_buffer_bytes"] = s.fusion_buffer_bytes;
     return d;
   });
   m.def("build_info", [] {
@@ -314,89 +313,32 @@ PYBIND11_MODULE(_core, m) {
                                    : py::none();
     return info;
   });
+  // The numbering of the core, the one source of these constants for the Python layers
+  // (horovodlike/common/constants.py): dtypes, reduce ops and collectives by name.
+  py::dict dtypes, reduce_ops, ops;
+  py::list floating;
+  for (int code = 0; code < kNumDataTypes; ++code) {
+    const auto dtype = static_cast<DataType>(code);
+    dtypes[DataTypeName(dtype)] = code;
+    if (IsFloatingPoint(dtype)) floating.append(DataTypeName(dtype));
+  }
+  for (int code = 0; code < kNumReduceOps; ++code) {
+    reduce_ops[ReduceOpName(static_cast<ReduceOp>(code))] = code;
+  }
+  for (int code = 0; code < kNumOpTypes; ++code) {
+    ops[OpTypeName(static_cast<OpType>(code))] = code;
+  }
+  m.attr("DTYPES") = dtypes;
+  m.attr("FLOATING_DTYPES") = py::tuple(floating);
+  m.attr("REDUCE_OPS") = reduce_ops;
+  m.attr("OPS") = ops;
   m.attr("STATUS_OK") = static_cast<int>(StatusCode::kOk);
   m.attr("STATUS_INVALID_ARGUMENT") = static_cast<int>(StatusCode::kInvalidArgument);
   m.attr("STATUS_MISMATCH") = static_cast<int>(StatusCode::kMismatch);
   m.attr("STATUS_INTERNAL") = static_cast<int>(StatusCode::kInternal);
   m.attr("STATUS_SHUTDOWN") = static_cast<int>(StatusCode::kShutdown);
 
-  // Test-only entry points (tests/test_security.py): the control-message decoders on arbitrary
-  // bytes, returning the re-encoded message or raising ValueError when it is malformed; and
-  // the SHA-256 / HMAC-SHA256 that authenticate the job's connections.
-  m.def("_decode_requests_for_fuzzing", [](py::bytes data) {
-    std::string raw = data;
-    WireWriter out;
-    try {
-      EncodeRequests(DecodeRequests(reinterpret_cast<const uint8_t*>(raw.data()), raw.size()),
-                     out);
-    } catch (const TransportError& e) {
-      throw py::value_error(e.what());
-    }
-    return py::bytes(reinterpret_cast<const char*>(out.bytes().data()), out.bytes().size());
-  });
-  m.def("_decode_responses_for_fuzzing", [](py::bytes data) {
-    std::string raw = data;
-    WireWriter out;
-    try {
-      EncodeResponses(DecodeResponses(reinterpret_cast<const uint8_t*>(raw.data()), raw.size()),
-                      out);
-    } catch (const TransportError& e) {
-      throw py::value_error(e.what());
-    }
-    return py::bytes(reinterpret_cast<const char*>(out.bytes().data()), out.bytes().size());
-  });
-  m.def("_sha256_for_testing", [](py::bytes data) {
-    std::string raw = data;
-    Sha256 hash;
-    hash.Update(raw);
-    Sha256Digest digest = hash.Finish();
-    return py::bytes(reinterpret_cast<const char*>(digest.data()), digest.size());
-  });
-  // Test-only (tests/test_autotune.py): runs the autotuner's decisions without a job, scoring
-  // each point with `score(fusion_threshold_bytes, cycle_time_ms, cache_enabled)`; returns the
-  // samples as (fusion threshold, cycle time, cache, score) and the parameters it settled on.
-  m.def("_autotune_for_testing", [](py::function score, int max_samples, double noise,
-                                    int warmup_samples, bool tune_cache, std::string log_file,
-                                    py::object fixed_fusion, py::object fixed_cycle) {
-    Config config;
-    config.autotune = true;
-    config.autotune_max_samples = max_samples;
-    config.autotune_noise = noise;
-    config.autotune_warmup_samples = warmup_samples;
-    config.autotune_log = log_file;
-    config.cache_capacity_given = !tune_cache;
-    if (!fixed_fusion.is_none()) {
-      config.fusion_threshold_bytes = fixed_fusion.cast<int64_t>();
-      config.fusion_threshold_given = true;
-    }
-    if (!fixed_cycle.is_none()) {
-      config.cycle_time_ms = fixed_cycle.cast<double>();
-      config.cycle_time_given = true;
-    }
-    TunedParameters initial;
-    initial.fusion_threshold_bytes = config.fusion_threshold_bytes;
-    initial.cycle_time_ms = config.cycle_time_ms;
-    ParameterManager manager(config, initial);
-    for (int i = 0; manager.tuning() && i < 100000; ++i) {
-      const TunedParameters& p = manager.current();
-      manager.RecordScore(
-          score(p.fusion_threshold_bytes, p.cycle_time_ms, p.cache_enabled).cast<double>());
-    }
-    py::list samples;
-    for (const auto& s : manager.samples()) {
-      samples.append(py::make_tuple(s.parameters.fusion_threshold_bytes,
-                                    s.parameters.cycle_time_ms, s.parameters.cache_enabled,
-                                    s.score));
-    }
-    const TunedParameters& chosen = manager.current();
-    return py::make_tuple(samples, py::make_tuple(chosen.fusion_threshold_bytes,
-                                                  chosen.cycle_time_ms, chosen.cache_enabled,
-                                                  chosen.tuning));
-  }, py::arg("score"), py::arg("max_samples") = 20, py::arg("noise") = 0.8,
-     py::arg("warmup_samples") = 0, py::arg("tune_cache") = true, py::arg("log_file") = "",
-     py::arg("fixed_fusion") = py::none(), py::arg("fixed_cycle") = py::none());
-  m.def("_hmac_sha256_for_testing", [](py::bytes key, py::bytes message) {
-    Sha256Digest mac = HmacSha256(std::string(key), std::string(message));
-    return py::bytes(reinterpret_cast<const char*>(mac.data()), mac.size());
-  });
+
+  // Test-only entry points live in their own submodule (testing.cc).
+  DefineTestingModule(m);
 }

@@ -16,44 +16,35 @@ import numpy as np
 
 from horovodlike import _core
 from horovodlike.common import basics
+from horovodlike.common.constants import (  # noqa: F401  (re-exported)
+    ADD_PROCESS_SET, ALLGATHER, ALLREDUCE, ALLTOALL, BARRIER, BROADCAST, DTYPES, FLOATING_DTYPES,
+    JOIN, REDUCESCATTER, REMOVE_PROCESS_SET, Adasum, Average, Max, Min, Product, Sum)
+from horovodlike.common.constants import OP_NAMES as KIND_NAMES
+from horovodlike.common.constants import REDUCE_OP_NAMES as OP_NAMES
 from horovodlike.common.exceptions import HorovodInternalError, TensorMismatchError
 from horovodlike.common.process_sets import global_process_set, set_id, set_ranks
 
-# Reduce ops, numbered as in the core.
-Average = 0
-Sum = 1
-Min = 2
-Max = 3
-Product = 4
-# Adaptive summation (allreduce of floating tensors over a power-of-two number of ranks).
-Adasum = 5
 
-OP_NAMES = {Average: "Average", Sum: "Sum", Min: "Min", Max: "Max", Product: "Product",
-            Adasum: "Adasum"}
-
-# Collectives, numbered as in the core.
-ALLREDUCE, ALLGATHER, BROADCAST, BARRIER, ALLTOALL, REDUCESCATTER, JOIN = range(7)
-KIND_NAMES = {ALLREDUCE: "allreduce", ALLGATHER: "allgather", BROADCAST: "broadcast",
-              BARRIER: "barrier", ALLTOALL: "alltoall", REDUCESCATTER: "reducescatter",
-              JOIN: "join"}
 # The collectives whose output the core allocates, and which report integers with it.
 _CORE_OUTPUT = (ALLGATHER, ALLTOALL, REDUCESCATTER, JOIN)
 
 
 def _dtype_codes():
-    codes = {np.dtype(np.uint8): 0, np.dtype(np.int8): 1, np.dtype(np.int16): 2,
-             np.dtype(np.int32): 3, np.dtype(np.int64): 4, np.dtype(np.float16): 5,
-             np.dtype(np.float32): 7, np.dtype(np.float64): 8, np.dtype(np.bool_): 9}
-    try:  # NumPy has no bfloat16; ml_dtypes (a TensorFlow and JAX dependency) provides it.
-        import ml_dtypes
-        codes[np.dtype(ml_dtypes.bfloat16)] = 6
-    except ImportError:
-        pass
+    codes = {}
+    for name, code in DTYPES.items():
+        if name == "bfloat16":
+            try:  # NumPy has no bfloat16; ml_dtypes (a TensorFlow and JAX dependency) has it.
+                import ml_dtypes
+                codes[np.dtype(ml_dtypes.bfloat16)] = code
+            except ImportError:
+                pass
+        else:
+            codes[np.dtype(name)] = code
     return codes
 
 
 DTYPE_CODES = _dtype_codes()
-_FLOATING = (5, 6, 7, 8)  # the codes of float16, bfloat16, float32, float64
+_FLOATING = tuple(DTYPES[name] for name in FLOATING_DTYPES)
 SUPPORTED_DTYPES = ", ".join(str(d) for d in DTYPE_CODES)
 
 _lock = threading.Lock()

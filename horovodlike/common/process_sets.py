@@ -9,7 +9,8 @@ import os
 from horovodlike import _core
 from horovodlike.common.exceptions import HorovodInternalError, TensorMismatchError
 
-_OP_ADD, _OP_REMOVE = 7, 8
+from horovodlike.common.constants import ADD_PROCESS_SET as _OP_ADD
+from horovodlike.common.constants import REMOVE_PROCESS_SET as _OP_REMOVE
 
 
 class ProcessSet:

@@ -26,6 +26,7 @@ import numpy as np
 import tensorflow as tf
 
 from horovodlike.common import numpy_ops
+from horovodlike.common.constants import DTYPES
 from horovodlike.common.numpy_ops import (ALLGATHER, ALLREDUCE, ALLTOALL, BROADCAST, KIND_NAMES,
                                           REDUCESCATTER)
 from horovodlike.common.process_sets import global_process_set
@@ -42,8 +43,8 @@ def make_spec(kind, name, op=numpy_ops.Sum, prescale=1.0, postscale=1.0, root_ra
                 splits)
 
 
-TF_DTYPES = (tf.uint8, tf.int8, tf.int16, tf.int32, tf.int64, tf.float16, tf.bfloat16,
-             tf.float32, tf.float64, tf.bool)
+# TensorFlow's dtype of each name the core numbers.
+TF_DTYPES = tuple(getattr(tf, name) for name in DTYPES)
 _SUPPORTED = ", ".join(d.name for d in TF_DTYPES)
 
 

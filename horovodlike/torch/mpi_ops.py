@@ -11,33 +11,21 @@ import torch
 
 from horovodlike import _core
 from horovodlike.common import basics
+from horovodlike.common.constants import (ALLGATHER as _OP_ALLGATHER,
+                                          ALLREDUCE as _OP_ALLREDUCE,
+                                          ALLTOALL as _OP_ALLTOALL,
+                                          BARRIER as _OP_BARRIER,
+                                          BROADCAST as _OP_BROADCAST,
+                                          DTYPES,
+                                          JOIN as _OP_JOIN,
+                                          REDUCESCATTER as _OP_REDUCESCATTER,
+                                          Adasum, Average, Max, Min, Product, Sum)  # noqa: F401
 from horovodlike.common.exceptions import HorovodInternalError, TensorMismatchError
 from horovodlike.common.process_sets import global_process_set, set_id, set_ranks
 
-# Reduce ops, numbered as in the core.
-Average = 0
-Sum = 1
-Min = 2
-Max = 3
-Product = 4
-# Adaptive summation (allreduce of floating tensors over a power-of-two number of ranks).
-Adasum = 5
 
-(_OP_ALLREDUCE, _OP_ALLGATHER, _OP_BROADCAST, _OP_BARRIER, _OP_ALLTOALL, _OP_REDUCESCATTER,
- _OP_JOIN) = range(7)
-
-_DTYPES = {
-    torch.uint8: 0,
-    torch.int8: 1,
-    torch.int16: 2,
-    torch.int32: 3,
-    torch.int64: 4,
-    torch.float16: 5,
-    torch.bfloat16: 6,
-    torch.float32: 7,
-    torch.float64: 8,
-    torch.bool: 9,
-}
+# torch's dtype of each name the core numbers.
+_DTYPES = {getattr(torch, name): code for name, code in DTYPES.items()}
 
 _lock = threading.Lock()
 _handle_map = {}  # handle -> (result, objects to keep alive, op)
