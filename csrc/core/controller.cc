@@ -7,8 +7,8 @@
 #include <sstream>
 
 #include "handle_table.h"
-#include "logging.h"
 #include "response_builder.h"
+#include "../common/logging.h"
 #include "../collectives/star_exchange.h"
 
 namespace horovodlike {
@@ -35,7 +35,7 @@ Request RequestFromResponse(const Response& r) {
 
 }  // namespace
 
-Controller::Controller(Transport& transport, const Config& config, bool carries_parameters)
+Controller::Controller(Link& transport, const Config& config, bool carries_parameters)
     : transport_(transport), config_(config), cache_(config.cache_capacity),
       carries_parameters_(carries_parameters),
       stall_inspector_(config) {

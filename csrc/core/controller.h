@@ -20,19 +20,19 @@
 #include <unordered_map>
 #include <vector>
 
-#include "env_config.h"
+#include "../common/env_config.h"
 #include "message.h"
 #include "response_cache.h"
 #include "stall_inspector.h"
 #include "tuned_parameters.h"
-#include "../transport/transport.h"
+#include "../links/link.h"
 
 namespace horovodlike {
 
 class Controller {
  public:
   // `carries_parameters`: this is the global set, whose coordinator decides the parameters.
-  Controller(Transport& transport, const Config& config, bool carries_parameters = false);
+  Controller(Link& transport, const Config& config, bool carries_parameters = false);
 
   // What to run this round, identical on every rank. Each part is the response of one
   // tensor; parts fused into one collective are adjacent: collective g is parts[ends[g - 1]]
@@ -92,7 +92,7 @@ class Controller {
   // Switches the response cache as the parameters say; cached work goes the slow way.
   void ApplyCacheSetting();
 
-  Transport& transport_;
+  Link& transport_;
   const Config& config_;
   ResponseCache cache_;
   const bool carries_parameters_;

@@ -11,7 +11,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "common.h"
+#include "../common/common.h"
 
 namespace horovodlike {
 

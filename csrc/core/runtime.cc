@@ -8,10 +8,11 @@
 #include <map>
 
 #include "enqueue_checks.h"
-#include "logging.h"
-#include "../transport/factory.h"
-#include "../transport/rendezvous_client.h"
-#include "../transport/tcp.h"
+#include "../common/logging.h"
+#include "../collectives/adasum_allreduce.h"
+#include "../links/connect.h"
+#include "../links/rendezvous_client.h"
+#include "../links/tcp/tcp_link.h"
 
 namespace horovodlike {
 namespace {
@@ -77,9 +78,9 @@ void Runtime::Init() {
       throw InvalidArgument(std::string("HOROVOD_TIMELINE: ") + e.what());
     }
   }
-  std::unique_ptr<Transport> transport;
+  std::unique_ptr<Link> transport;
   try {
-    transport = CreateTransport(config, generation);
+    transport = ConnectLink(config, generation);
   } catch (const TransportError& e) {
     // A peer that died or vanished during set-up: tell the launcher which one it was.
     ReportFailureToLauncher(config, generation, {e.peer(), FailureKind(e.cause()), e.what()});
@@ -88,7 +89,7 @@ void Runtime::Init() {
   // Point-to-point gets a TCP mesh of its own (point_to_point.h). Its connections may stay idle
   // for as long as a pipeline waits, so silence is never a failure there; a peer that dies
   // still closes them.
-  std::unique_ptr<Transport> p2p_links;
+  std::unique_ptr<Link> p2p_links;
   std::string p2p_unavailable;
   if (config.size > 1 && (config.rendezvous_addr.empty() || config.rendezvous_port <= 0)) {
     p2p_unavailable = "point-to-point needs the launcher's rendezvous server, and this job has "
@@ -97,7 +98,7 @@ void Runtime::Init() {
     Config links_config = config;
     links_config.peer_timeout_seconds = 1e9;
     try {
-      p2p_links = TcpTransport::Connect(links_config, generation, "p2p");
+      p2p_links = TcpLink::Connect(links_config, generation, "p2p");
     } catch (const TransportError& e) {
       ReportFailureToLauncher(config, generation, {e.peer(), FailureKind(e.cause()), e.what()});
       throw;
@@ -134,9 +135,9 @@ std::shared_ptr<Runtime> Runtime::Get() {
   return g_runtime;
 }
 
-Runtime::Runtime(Config config, std::unique_ptr<Transport> transport, int generation,
+Runtime::Runtime(Config config, std::unique_ptr<Link> transport, int generation,
                  std::unique_ptr<ParameterManager> tuner, std::unique_ptr<Timeline> timeline,
-                 std::unique_ptr<Transport> p2p_links, std::string p2p_unavailable)
+                 std::unique_ptr<Link> p2p_links, std::string p2p_unavailable)
     : config_(std::move(config)), generation_(generation), transport_(std::move(transport)),
       timeline_(std::move(timeline)),
       process_sets_(*transport_, config_, queue_, handles_, *timeline_,

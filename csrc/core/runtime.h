@@ -13,14 +13,14 @@
 #include "controller.h"
 #include "process_set.h"
 #include "runtime_args.h"
-#include "env_config.h"
+#include "../common/env_config.h"
 #include "executor.h"
 #include "handle_table.h"
 #include "parameter_manager.h"
 #include "point_to_point.h"
 #include "tensor_queue.h"
 #include "timeline.h"
-#include "../transport/transport.h"
+#include "../links/link.h"
 
 namespace horovodlike {
 
@@ -66,9 +66,9 @@ class Runtime {
   ~Runtime();
 
  private:
-  Runtime(Config config, std::unique_ptr<Transport> transport, int generation,
+  Runtime(Config config, std::unique_ptr<Link> transport, int generation,
           std::unique_ptr<ParameterManager> tuner, std::unique_ptr<Timeline> timeline,
-          std::unique_ptr<Transport> p2p_links, std::string p2p_unavailable);
+          std::unique_ptr<Link> p2p_links, std::string p2p_unavailable);
   void CheckPointToPoint(const PointToPoint::Message& message, const char* what);
   // What the loop keeps from round to round, with its storage, so that a round of tensors
   // seen before allocates nothing here (nor in the controller and executor).
@@ -95,7 +95,7 @@ class Runtime {
 
   Config config_;
   int generation_;  // which init() of this process; keys its rendezvous entries
-  std::unique_ptr<Transport> transport_;
+  std::unique_ptr<Link> transport_;
   TensorQueue queue_;
   HandleTable handles_;
   std::unique_ptr<Timeline> timeline_;  // before the executors, which record into it

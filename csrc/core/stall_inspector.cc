@@ -4,7 +4,7 @@
 #include <iomanip>
 #include <sstream>
 
-#include "logging.h"
+#include "../common/logging.h"
 
 namespace horovodlike {
 

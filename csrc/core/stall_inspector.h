@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "env_config.h"
+#include "../common/env_config.h"
 
 namespace horovodlike {
 

@@ -12,7 +12,8 @@
 
 #include "../core/message.h"
 #include "../core/runtime.h"
-#include "../transport/factory.h"
+#include "../collectives/provider_table.h"
+#include "../links/connect.h"
 #include "testing.h"
 
 namespace py = pybind11;
@@ -269,6 +270,11 @@ PYBIND11_MODULE(_core, m) {
     d["autotune_done"] = runtime->config().autotune && !tuned.parameters.tuning;
     d["hierarchical_allreduces"] = s.hierarchical_allreduces;
     d["hierarchical_allgathers"] = s.hierarchical_allgathers;
+    // Runs per provider label since the process started ("SHM_ALLREDUCE", "TCP_RING_ALLREDUCE"):
+    // which algorithm ran, over which link.
+    py::dict runs;
+    for (const auto& [label, count] : ProviderTable::Runs()) runs[py::str(label)] = count;
+    d["provider_runs"] = runs;
     d["fusion_buffer_bytes"] = s.fusion_buffer_bytes;
     return d;
   });
@@ -276,7 +282,7 @@ PYBIND11_MODULE(_core, m) {
     py::dict info;
     info["version"] = HOROVODLIKE_VERSION;
     info["tcp"] = true;
-    info["shm"] = false;
+    info["shm"] = true;  // shared memory between the ranks of a host: always built
 #ifdef HOROVODLIKE_MPI_FOUND
     info["mpi"] = true;
 #else
@@ -293,8 +299,18 @@ PYBIND11_MODULE(_core, m) {
     info["hierarchical_allgather"] = true;
     // The transport of the running job ("tcp", "shm", "shm+tcp", "mpi", "gloo"), None before
     // init().
-    const char* in_use = Runtime::IsInitialized() ? LastTransportName() : nullptr;
+    const char* in_use = Runtime::IsInitialized() ? LastLinkName() : nullptr;
     info["cpu_operations"] = in_use != nullptr ? py::object(py::str(in_use)) : py::none();
+    // The collective providers: what the build has, and what the running job's table chose.
+    auto pairs = [](const std::vector<std::pair<std::string, std::string>>& entries) {
+      py::list list;
+      for (const auto& [op, providers] : entries) list.append(py::make_tuple(op, providers));
+      return list;
+    };
+    info["providers"] = pairs(ProviderTable::Available());
+    info["providers_in_use"] = Runtime::IsInitialized()
+                                   ? py::object(pairs(ProviderTable::ForRunningJob()))
+                                   : py::none();
     return info;
   });
   // The numbering of the core, the one source of these constants for the Python layers

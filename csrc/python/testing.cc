@@ -6,7 +6,7 @@
 #include <chrono>
 #include <thread>
 
-#include "../core/hmac.h"
+#include "../common/hmac.h"
 #include "../core/message.h"
 #include "../core/parameter_manager.h"
 #include "../core/runtime.h"

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "half.h"
-#include "../core/common.h"
+#include "../common/common.h"
 
 // Define HOROVODLIKE_REDUCE_PORTABLE_ONLY to build without the x86 F16C path (used by the
 // selftest to exercise the portable code on x86 machines).

@@ -45,6 +45,11 @@ def format_report(build_info: dict, frameworks: dict[str, bool]) -> str:
     if others:
         lines.append("")
         lines += section("Other Features", others)
+    # Which provider runs each collective, tried in order (the core's provider table).
+    providers = build_info.get("providers_in_use") or build_info.get("providers") or []
+    if providers:
+        lines += ["", "Collective Providers (tried in order):"]
+        lines += [f"    {op}: {names}" for op, names in providers]
     return "\n".join(lines) + "\n"
 
 
