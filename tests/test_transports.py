@@ -262,7 +262,7 @@ def test_an_abandoned_mpi_collective_is_released_once_it_completes(tmp_path):
     # late; the request and its buffer are kept until MPI completes it, then released.
     binary = tmp_path / "mpi_abandon"
     sources = ["common/common.cc", "common/env_config.cc", "common/logging.cc",
-               "reduce/reduce.cc", "links/mpi/mpi_link.cc", "collectives/mpi/mpi_allreduce.cc"]
+               "reduce/reduce.cc", "reduce/scale.cc", "links/mpi/mpi_link.cc", "collectives/mpi/mpi_allreduce.cc"]
     subprocess.run(["mpicxx", "-O1", "-std=c++17", *[str(REPO / "csrc" / s) for s in sources],
                     str(REPO / "tests" / "native" / "mpi_abandon_selftest.cc"), "-o",
                     str(binary)], check=True, capture_output=True, text=True)
