@@ -1,5 +1,6 @@
 """The core's folders are layers (csrc/README.md): each includes only the ones below it, so
-there is no include cycle between folders, and no block of code is copied between links."""
+there is no include cycle between folders, and no block of code is copied between links; the
+environment is read in one place (common/env_config.cc, once per init)."""
 
 import re
 from pathlib import Path
@@ -32,6 +33,14 @@ def test_folders_include_only_the_layers_below_them():
             if theirs > mine:
                 wrong.append(f"{path.relative_to(CSRC)} includes {target.relative_to(CSRC)}")
     assert not wrong, "\n".join(wrong)
+
+
+def test_only_common_reads_the_environment():
+    # Links, providers and the runtime take their settings from the Config read at init().
+    readers = [str(p.relative_to(CSRC)) for p in sources()
+               if layer_of(p) != "common" and re.search(r"\b(getenv|secure_getenv|environ)\b",
+                                                         p.read_text())]
+    assert not readers, f"these read the environment instead of the Config: {readers}"
 
 
 def test_no_block_of_six_lines_is_copied_between_links():

@@ -307,7 +307,13 @@ PYBIND11_MODULE(_core, m) {
       for (const auto& [op, providers] : entries) list.append(py::make_tuple(op, providers));
       return list;
     };
-    info["providers"] = pairs(ProviderTable::Available());
+    // As HOROVOD_CPU_OPERATIONS would have them (a bad value is init()'s to report).
+    std::string cpu_operations;
+    try {
+      cpu_operations = CpuOperationsFromEnvironment();
+    } catch (const InvalidArgument&) {
+    }
+    info["providers"] = pairs(ProviderTable::Available(cpu_operations));
     info["providers_in_use"] = Runtime::IsInitialized()
                                    ? py::object(pairs(ProviderTable::ForRunningJob()))
                                    : py::none();

@@ -31,30 +31,11 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Defaults, tuned on a 2-core machine (see the README's Performance section). A member of the
-// group takes the creator's values from the segment header, so these agree on every rank.
-constexpr size_t kDefaultChannelBytes = 1 << 20;
-constexpr size_t kDefaultChunkBytes = 1 << 20;
-constexpr size_t kDefaultSmallBytes = 64 << 10;
-// Longest busy-wait before sleeping (see WaitUntil), and when a spinner checks whether other
-// threads wait for a core.
-constexpr size_t kDefaultSpinMicroseconds = 2000;
+// When a spinner (see WaitUntil) checks whether other threads wait for a core.
 constexpr auto kFirstLoadCheck = std::chrono::microseconds(2);
 constexpr auto kLoadCheckInterval = std::chrono::microseconds(50);
 // A sleeper wakes this often to check that its peers are alive.
 constexpr int kSleepSliceMs = 10;
-
-size_t EnvBytes(const char* name, size_t fallback, size_t lo, size_t hi) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || v[0] == '\0') return fallback;
-  char* end = nullptr;
-  unsigned long long parsed = std::strtoull(v, &end, 10);
-  if (*end != '\0' || parsed < lo || parsed > hi) {
-    throw InvalidArgument(std::string(name) + "='" + v + "' must be a number of bytes from " +
-                          std::to_string(lo) + " to " + std::to_string(hi));
-  }
-  return static_cast<size_t>(parsed);
-}
 
 size_t FloorPowerOfTwo(size_t n) {
   size_t p = 1;
@@ -150,15 +131,11 @@ std::unique_ptr<ShmLink> ShmLink::Connect(Link& bootstrap,
   const size_t ranks = group.size();
   if (ranks < 2 || ranks > shm::kMaxRanks || index >= static_cast<int>(ranks)) return nullptr;
 
-  // Tuning knobs (see the README's Performance section), checked on every rank before any
-  // message so that a bad value fails init() everywhere alike. Only the creator's geometry
-  // counts: the members read it from the segment.
-  size_t channel = EnvBytes("HOROVOD_SHM_CHANNEL_BYTES", kDefaultChannelBytes, 4096,
-                            size_t{1} << 30);
-  size_t chunk = EnvBytes("HOROVOD_SHM_CHUNK_BYTES", kDefaultChunkBytes, 4096, size_t{1} << 30);
-  size_t small = EnvBytes("HOROVOD_SHM_SMALL_BYTES", kDefaultSmallBytes, 0, size_t{1} << 30);
-  const int64_t spin_us = static_cast<int64_t>(
-      EnvBytes("HOROVOD_SHM_SPIN_US", kDefaultSpinMicroseconds, 0, 1000000));
+  // Tuning knobs (see the README's Performance section). Only the creator's geometry counts:
+  // the members read it from the segment.
+  size_t channel = options.channel_bytes;
+  size_t chunk = options.chunk_bytes;
+  size_t small = options.small_bytes;
   // The channels shrink with the number of pairs and the staging with the number of ranks, so
   // that big hosts stay within a modest /dev/shm (Docker's default is 64 MiB).
   channel = FloorPowerOfTwo(std::max<size_t>(
@@ -264,11 +241,11 @@ std::unique_ptr<ShmLink> ShmLink::Connect(Link& bootstrap,
     if (!all_ok) return nullptr;
   }
   return std::unique_ptr<ShmLink>(
-      new ShmLink(std::move(segment), group, index, options, spin_us));
+      new ShmLink(std::move(segment), group, index, options));
 }
 
 ShmLink::ShmLink(ShmSegment segment, std::vector<int> members, int index,
-                           const Options& options, int64_t spin_us)
+                           const Options& options)
     : segment_(std::move(segment)), members_(std::move(members)), index_(index),
       peer_timeout_(static_cast<int64_t>(options.peer_timeout_seconds * 1000)) {
   const auto* header = reinterpret_cast<const shm::SegmentHeader*>(segment_.data());
@@ -280,8 +257,7 @@ ShmLink::ShmLink(ShmSegment segment, std::vector<int> members, int index,
   // Spinning only pays while every rank of the host has a core to itself; with more ranks than
   // cores a spinner would steal the time of the rank it waits for.
   const bool oversubscribed = static_cast<int>(members_.size()) > UsableCpus();
-  max_spin_ns_ = oversubscribed && std::getenv("HOROVOD_SHM_SPIN_US") == nullptr ? 0
-                                                                                : 1000 * spin_us;
+  max_spin_ns_ = oversubscribed && !options.spin_given ? 0 : 1000 * options.spin_us;
   // Runnable threads on the machine, for WaitUntil.
   loadavg_fd_ = ::open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
   cpus_ = UsableCpus();
