@@ -61,3 +61,42 @@ def test_no_block_of_six_lines_is_copied_between_links():
             copied += [(a, b, block) for block in backends[a] & backends[b]]
     assert not copied, "\n\n".join(f"{a} and {b}:\n" + "\n".join(block)
                                    for a, b, block in copied[:3])
+
+
+def test_no_function_is_over_100_lines():
+    # A function of the core that long mixes steps that deserve names. Counted from the line
+    # that opens its body to the closing brace, for every definition at namespace level.
+    def code(line):
+        line = re.sub(r'"(\\.|[^"\\])*"', '""', line)
+        line = re.sub(r"'(\\.|[^'\\])*'", "''", line)
+        return line.split("//")[0]
+
+    long = []
+    for path in sources():
+        if path.suffix != ".cc":
+            continue
+        depth, namespaces, start, header = 0, 0, None, ""
+        for number, line in enumerate(path.read_text().splitlines()):
+            line = code(line)
+            for char in line:
+                if char == "{":
+                    if depth == namespaces and start is None:
+                        if re.match(r"\s*(namespace|extern)\b", header + line):
+                            namespaces += 1
+                        else:
+                            start, signature = number, (header + line).strip()
+                    depth += 1
+                elif char == "}":
+                    depth -= 1
+                    if start is not None and depth == namespaces:
+                        if number - start + 1 > 100:
+                            long.append(f"{path.relative_to(CSRC)}: {signature[:70]} "
+                                        f"({number - start + 1} lines)")
+                        start = None
+                    elif depth < namespaces:
+                        namespaces = depth
+            if line.strip().endswith((";", "}", "{")) or not line.strip():
+                header = ""
+            elif depth == namespaces:
+                header += line + " "
+    assert not long, "\n".join(long)
