@@ -202,16 +202,16 @@ def main():
     print(f"{n} ranks on {os.cpu_count()} cores (load average {load:.1f}), {args.layers} x "
           f"Linear({args.width}, {args.width}), Adam, global batch {args.batch}, "
           f"{args.microbatches} micro-batches; per rank: max (min) over ranks")
-    print(f"{'layout':<16}{'step ms':>10}{'sent MB/step':>16}{'params MB':>12}"
-          f"{'Adam state MB':>16}{'peak act. MB':>16}{'held':>9}")
+    print(f"{'layout':<16}{'step ms':>20}{'sent MB/step':>14}{'params MB':>13}"
+          f"{'Adam state MB':>15}{'peak act. MB':>14}{'held':>11}")
     for name, per_rank in results.items():
         def span(key, scale=1.0):
             values = [r[key] * scale for r in per_rank]
             return f"{max(values):.1f} ({min(values):.1f})"
-        print(f"{name:<16}{span('step_s', 1e3):>10}{span('bytes_sent', 1 / mb):>16}"
-              f"{span('param_bytes', 1 / mb):>12}{span('optimizer_state_bytes', 1 / mb):>16}"
-              f"{span('peak_activation_bytes', 1 / mb):>16}"
-              f"{span('peak_microbatches') if 'peak_microbatches' in per_rank[0] else '-':>9}")
+        print(f"{name:<16}{span('step_s', 1e3):>20}{span('bytes_sent', 1 / mb):>14}"
+              f"{span('param_bytes', 1 / mb):>13}{span('optimizer_state_bytes', 1 / mb):>15}"
+              f"{span('peak_activation_bytes', 1 / mb):>14}"
+              f"{span('peak_microbatches') if 'peak_microbatches' in per_rank[0] else '-':>11}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "ranks": n, "cores": os.cpu_count(),

@@ -347,18 +347,17 @@ std::unique_ptr<TcpLink> TcpLink::Connect(const Config& config, int generation,
       : InterfaceAddress(config.network_interface);
   int port = 0;
   int listen_fd = ListenOn(address, &port);
+  const std::string prefix = channel + "/" + std::to_string(generation) + "/";
   std::unique_ptr<RendezvousClient> rendezvous;
   try {
     rendezvous = std::make_unique<RendezvousClient>(config.rendezvous_addr,
                                                     config.rendezvous_port, config.secret_key,
                                                     deadline);
-    const std::string prefix = channel + "/" + std::to_string(generation) + "/";
     rendezvous->Put(prefix + std::to_string(config.rank), address + ":" + std::to_string(port));
   } catch (...) {
     ::close(listen_fd);
     throw;
   }
-  const std::string prefix = channel + "/" + std::to_string(generation) + "/";
   return ConnectMesh(config, generation, listen_fd, deadline, rendezvous.get(),
                      [&](int peer, std::string* value) {
                        return rendezvous->Get(prefix + std::to_string(peer), value);
