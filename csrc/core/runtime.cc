@@ -348,6 +348,7 @@ bool Runtime::RunSets(RoundState& state, std::vector<int>* shutdown_ranks) {
       std::lock_guard<std::mutex> lock(tuned_mutex_);
       tuned_ = {state.in_force, set->controller->parameters_round()};
     }
+    set->executor->Prepare(round.max_parts, round.max_fused_bytes);
     size_t begin = 0;
     for (size_t end : round.ends) {
       const Response* const* parts = round.parts.data() + begin;
