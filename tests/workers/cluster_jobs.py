@@ -114,6 +114,7 @@ def greet(word, punctuation="."):
     import torch
     hvd.init()
     print(f"{word} from {hvd.rank()}{punctuation}")
+    os.write(1, f"and from {hvd.rank()}'s file descriptor 1\n".encode())
     gathered = hvd.allgather(torch.tensor([hvd.rank() * 10]))
     return hvd.rank(), gathered.tolist()
 
@@ -192,10 +193,23 @@ def elastic_train(report_dir, scenario, hosts_file=None, log_steps=False):
             state.commit()
 
     train(state)
+    print(f"worker {worker} finished as rank {hvd.rank()} of {hvd.size()}")
     if hvd.rank() != 0:
         return None
     return {"steps": state.steps, "size": hvd.size(),
             "weights": {k: v.tolist() for k, v in model.state_dict().items()}}
+
+
+def hold_a_slot(hosts_file, started_file, _=None):
+    """A Spark task that keeps its core until the "grow" scenario asks for a second slot (at
+    most 120 s)."""
+    open(started_file, "w").close()
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        with open(hosts_file) as f:
+            if ":2" in f.read():
+                return
+        time.sleep(0.05)
 
 
 if __name__ == "__main__":
