@@ -186,7 +186,33 @@ def interrupted_wait():
         hvd.send(torch.full((2,), 5.0), 0, tag=11)
 
 
-if mode == "correctness":
+def beside_collectives():
+    """Messages in flight while collectives run over the job's transport: neither holds up the
+    other, and both give the right values."""
+    peer = 1 - rank if rank < 2 else None
+    if peer is None:
+        hvd.allreduce(torch.ones(1), op=hvd.Sum, name="beside.0")
+        hvd.allreduce(torch.ones(1 << 16), op=hvd.Sum, name="beside.1")
+        return
+    work = hvd.isend(torch.full((1 << 16,), float(rank)), peer, tag=21)
+    small = hvd.allreduce(torch.ones(1), op=hvd.Sum, name="beside.0")
+    out = hvd.irecv(torch.zeros(1 << 16), peer, tag=21).wait()
+    big = hvd.allreduce(torch.ones(1 << 16), op=hvd.Sum, name="beside.1")
+    work.wait()
+    check(torch.equal(out, torch.full((1 << 16,), float(peer))), f"beside collectives: {out[:3]}")
+    check(small.item() == size and torch.all(big == size), "collectives beside p2p")
+
+
+if mode == "transport":
+    # The job's collectives go over the transport the launcher was asked for; point-to-point
+    # works beside it.
+    from horovodlike.common.basics import build_info
+    ring_exchange()
+    ordering_and_tags()
+    beside_collectives()
+    hvd.barrier()
+    print(f"rank {rank}: transport={build_info()['cpu_operations']} p2p OK", flush=True)
+elif mode == "correctness":
     pair = hvd.add_process_set([0, 1])
     ring_exchange()
     ordering_and_tags()
