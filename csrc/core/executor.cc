@@ -43,6 +43,12 @@ void Executor::Execute(const Response* const* parts, size_t count) {
     TensorEntry& entry = entries.back();
     QueueKey(process_set_id_, name, &key_);
     if (!queue_.Take(key_, &entry)) {
+      if (response.type == Response::Type::kError) {
+        // The others' collective failed because this rank joined (only allreduce goes on
+        // after a join): this rank never asked for it and has nothing to fail.
+        entries.pop_back();
+        continue;
+      }
       if (response.type != Response::Type::kAllreduce) {
         throw TransportError("internal error: negotiated tensor '" + name +
                              "' has no local entry");

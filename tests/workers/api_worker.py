@@ -210,4 +210,20 @@ for step, got in enumerate(results):
     check(got == want, f"join step {step}: sum {got}, expected {want}")
 # Averages after a join divide by the whole job (joined ranks contribute zeros).
 check(hvd.allreduce(torch.tensor([2.0]), name="after.join").item() == 2.0, "after join wrong")
+# Only allreduce goes on once a rank joined: another collective fails on the ranks that asked
+# for it, naming the joined rank; the joined rank, which holds no such tensor, waits on.
+if size > 1:
+    if rank == 0:
+        last = hvd.join()
+    else:
+        try:
+            hvd.allgather(torch.ones(2), name="gather.after.join")
+            raise AssertionError("an allgather beside a joined rank did not fail")
+        except hvd.TensorMismatchError as e:
+            check("gather.after.join" in str(e) and "rank 0" in str(e) and "join" in str(e),
+                  f"unclear: {e}")
+        last = hvd.join()
+    check(0 < last < size, f"join returned {last}, expected a rank other than 0")
+    check(hvd.allreduce(torch.tensor([2.0]), name="after.join2").item() == 2.0,
+          "allreduce after the second join wrong")
 print(f"rank {rank}: api OK", flush=True)
