@@ -72,7 +72,11 @@ def test_training_equals_numpy_and_the_launcher(executor, tmp_path):
 
 
 def test_execute_execute_single_and_run_remote_in_rank_order(executor):
-    executor.start(executable_cls=cluster_jobs.Counter, executable_args=[10])
+    executor.start(executable_cls=cluster_jobs.Counter, executable_args=[10],
+                   extra_env_vars={"HVDL_TEST_GREETING": "hi"})
+    # A lambda: os.environ.get itself would carry this process's environment along.
+    assert executor.run(lambda name: os.environ.get(name),
+                        args=["HVDL_TEST_GREETING"]) == ["hi", "hi"]
     assert executor.execute(lambda counter: counter.add(1)) == [(0, 11), (1, 12)]
     assert executor.execute(lambda counter: counter.add(2)) == [(0, 13), (1, 16)]
     assert executor.execute_single(lambda counter: counter.value) == 13
@@ -209,12 +213,18 @@ def test_elastic_worker_killed_the_job_finishes_with_the_other(local_ray, tmp_pa
     assert "/1: its Ray actor died" in capfd.readouterr().err
 
 
-def test_elastic_worker_added_by_discovery_joins(local_ray, tmp_path):
+def one_slot_that_grows(tmp_path, **settings):
+    """Settings whose discovery offers this node with one slot, until the "grow" scenario's
+    rank 0 offers a second."""
     node = ray.util.get_node_ip_address()
     (tmp_path / "hosts.txt").write_text(f"{node}:1\n")
-    settings = ElasticRayExecutor.create_settings(
+    return ElasticRayExecutor.create_settings(
         min_num_proc=1, max_num_proc=2, elastic_timeout=60,
-        discovery=FileDiscovery(str(tmp_path / "hosts.txt")))
+        discovery=FileDiscovery(str(tmp_path / "hosts.txt")), **settings)
+
+
+def test_elastic_worker_added_by_discovery_joins(local_ray, tmp_path):
+    settings = one_slot_that_grows(tmp_path)
     logged = []
     results = run_elastic(tmp_path, "grow", settings, callbacks=[logged.append],
                           override_discovery=False)
@@ -225,6 +235,14 @@ def test_elastic_worker_added_by_discovery_joins(local_ray, tmp_path):
     check_report(report)
     # Rank 0 sent every step to the callback, before and after the worker joined.
     assert logged == report["steps"]
+
+
+def test_elastic_reset_limit_stops_the_job(local_ray, tmp_path):
+    # The worker that joins needs a new round: one reset more than reset_limit=0 allows.
+    settings = one_slot_that_grows(tmp_path, reset_limit=0)
+    with pytest.raises(RuntimeError, match=r"the elastic Ray job failed: the job was reset 1 "
+                                           r"times, more than --reset-limit 0"):
+        run_elastic(tmp_path, "grow", settings, override_discovery=False)
 
 
 def _process_exists(pid):

@@ -252,8 +252,8 @@ class ElasticRayExecutor:
                                verbose=bool(settings.verbose and settings.verbose > 1))
         code = self._run_driver(driver, relay)
         if code != 0:
-            raise RuntimeError(f"the elastic Ray job failed (exit code {code}); see the "
-                               "driver's messages above")
+            raise RuntimeError(f"the elastic Ray job failed: "
+                               f"{driver.stop_reason or f'exit code {code}'}")
         return [process.result for process in driver.last_round_processes]
 
     @staticmethod
