@@ -22,6 +22,7 @@ from cluster_reference import launcher_weights  # noqa: E402
 from test_elastic import check_report  # noqa: E402
 
 from horovodlike.ray import ElasticRayExecutor, RayExecutor  # noqa: E402
+from horovodlike.runner.rendezvous_client import RendezvousClient, RendezvousError  # noqa: E402
 
 
 def start_local_ray(num_cpus, **kwargs):
@@ -77,6 +78,16 @@ def test_execute_execute_single_and_run_remote_in_rank_order(executor):
     # A lambda: os.environ.get itself would carry this process's environment along.
     assert executor.run(lambda name: os.environ.get(name),
                         args=["HVDL_TEST_GREETING"]) == ["hi", "hi"]
+    # The job's rendezvous server runs here, in the driver, guarded by a secret of its own
+    # that every worker got and a stranger does not have.
+    rendezvous = executor.run(lambda: [os.environ[f"HOROVOD_{name}"] for name in
+                                       ("RENDEZVOUS_ADDR", "RENDEZVOUS_PORT", "SECRET_KEY")])
+    assert rendezvous[0] == rendezvous[1], rendezvous
+    address, port, secret = rendezvous[0]
+    assert int(port) == executor._server.port and len(secret) == 64, rendezvous
+    RendezvousClient(address, int(port), secret, timeout=10).close()
+    with pytest.raises(RendezvousError, match="refused this job's secret"):
+        RendezvousClient(address, int(port), "0" * 64, timeout=10)
     assert executor.execute(lambda counter: counter.add(1)) == [(0, 11), (1, 12)]
     assert executor.execute(lambda counter: counter.add(2)) == [(0, 13), (1, 16)]
     assert executor.execute_single(lambda counter: counter.value) == 13
@@ -213,18 +224,18 @@ def test_elastic_worker_killed_the_job_finishes_with_the_other(local_ray, tmp_pa
     assert "/1: its Ray actor died" in capfd.readouterr().err
 
 
-def one_slot_that_grows(tmp_path, **settings):
-    """Settings whose discovery offers this node with one slot, until the "grow" scenario's
-    rank 0 offers a second."""
+def slots_from_a_file(tmp_path, slots=1, **settings):
+    """Settings whose discovery offers this node with `slots` slots, until the "grow" or
+    "shrink" scenario's rank 0 changes that."""
     node = ray.util.get_node_ip_address()
-    (tmp_path / "hosts.txt").write_text(f"{node}:1\n")
+    (tmp_path / "hosts.txt").write_text(f"{node}:{slots}\n")
     return ElasticRayExecutor.create_settings(
         min_num_proc=1, max_num_proc=2, elastic_timeout=60,
         discovery=FileDiscovery(str(tmp_path / "hosts.txt")), **settings)
 
 
 def test_elastic_worker_added_by_discovery_joins(local_ray, tmp_path):
-    settings = one_slot_that_grows(tmp_path)
+    settings = slots_from_a_file(tmp_path)
     logged = []
     results = run_elastic(tmp_path, "grow", settings, callbacks=[logged.append],
                           override_discovery=False)
@@ -237,9 +248,22 @@ def test_elastic_worker_added_by_discovery_joins(local_ray, tmp_path):
     assert logged == report["steps"]
 
 
+def test_elastic_worker_stopped_when_its_slot_leaves_the_discovery(local_ray, tmp_path, capfd):
+    settings = slots_from_a_file(tmp_path, slots=2)
+    results = run_elastic(tmp_path, "shrink", settings, override_discovery=False)
+    assert len(results) == 1, results
+    report = results[0]
+    sizes = [len(per_rank) for _, per_rank in report["steps"]]
+    assert sizes[0] == 2 and sizes[-1] == 1 and report["size"] == 1, sizes
+    check_report(report)
+    # A node that leaves is no failure: its slot is not retired, no error is reported.
+    err = capfd.readouterr().err
+    assert "retired" not in err and "died" not in err, err
+
+
 def test_elastic_reset_limit_stops_the_job(local_ray, tmp_path):
     # The worker that joins needs a new round: one reset more than reset_limit=0 allows.
-    settings = one_slot_that_grows(tmp_path, reset_limit=0)
+    settings = slots_from_a_file(tmp_path, reset_limit=0)
     with pytest.raises(RuntimeError, match=r"the elastic Ray job failed: the job was reset 1 "
                                            r"times, more than --reset-limit 0"):
         run_elastic(tmp_path, "grow", settings, override_discovery=False)

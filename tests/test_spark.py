@@ -133,6 +133,22 @@ def test_a_failing_task_fails_run_naming_its_rank(spark, tmp_path):
     assert [rank for rank, _ in results] == [0, 1]
 
 
+def test_more_ranks_than_task_slots_fail_within_start_timeout(spark):
+    context = spark.sparkContext
+    context.setJobGroup("the-callers-group", "the caller's jobs")
+    started = time.monotonic()
+    # local[2] has two task slots; a barrier stage of 3 tasks never starts.
+    with pytest.raises(RuntimeError, match=r"only 0 of num_proc=3 Spark tasks were running "
+                                           r"after start_timeout=4 s.*default parallelism "
+                                           r"is 2"):
+        horovodlike.spark.run(cluster_jobs.greet, args=("x",), num_proc=3, start_timeout=4)
+    assert time.monotonic() - started < 40
+    assert context.getLocalProperty("spark.jobGroup.id") == "the-callers-group"
+    context.setLocalProperty("spark.jobGroup.id", None)
+    context.setLocalProperty("spark.job.description", None)
+    assert context.getLocalProperty("spark.jobGroup.id") is None
+
+
 def test_bad_arguments_are_refused_before_anything_starts(spark):
     with pytest.raises(ValueError, match="num_proc must be a positive integer"):
         horovodlike.spark.run(cluster_jobs.greet, num_proc=0)

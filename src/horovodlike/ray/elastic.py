@@ -87,6 +87,7 @@ class RayWorkerProcess:
         self._actor = None
         self._code: int | None = None
         self._done = threading.Event()
+        self._stopped = False  # by the driver, through signal_group
 
     @property
     def rank(self) -> int:
@@ -109,7 +110,8 @@ class RayWorkerProcess:
             self.result = ray.get(future)
             code = 0
         except ray.exceptions.RayActorError as error:
-            console.message(f"worker {worker}: its Ray actor died ({_first_line(error)})")
+            if not self._stopped:  # the driver stopped it (its node left, the job ended)
+                console.message(f"worker {worker}: its Ray actor died ({_first_line(error)})")
             code = 1
         except Exception as error:  # the training function raised
             cause = getattr(error, "cause", None) or error
@@ -131,6 +133,7 @@ class RayWorkerProcess:
     def signal_group(self, signum: int) -> None:
         import ray
         if self._actor is not None and signum in (signal.SIGTERM, signal.SIGKILL):
+            self._stopped = True
             ray.kill(self._actor, no_restart=True)
 
     def join_output(self, timeout: float) -> None:
