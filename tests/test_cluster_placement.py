@@ -67,3 +67,21 @@ def test_each_worker_sees_every_gpu_of_its_host_in_local_rank_order():
     nodes = [{"gpu_ids": ["3"]}, {"gpu_ids": ["0"]}, {"gpu_ids": ["1"]}]
     assert visible_gpus(labels, nodes, "h1") == "3,1"
     assert visible_gpus(labels, nodes, "h2") == "0"
+
+
+def test_ray_host_discovery_counts_slots_of_the_live_nodes(monkeypatch):
+    import ray
+    from horovodlike.ray import RayHostDiscovery
+    nodes = [
+        {"Alive": True, "NodeManagerAddress": "10.0.0.1", "Resources": {"CPU": 8.0, "GPU": 1}},
+        {"Alive": False, "NodeManagerAddress": "10.0.0.2", "Resources": {"CPU": 8.0}},
+        {"Alive": True, "NodeManagerAddress": "10.0.0.3", "Resources": {"CPU": 3.0, "GPU": 4}},
+        {"Alive": True, "NodeManagerAddress": "10.0.0.4", "Resources": {"CPU": 1.0}},
+    ]
+    monkeypatch.setattr(ray, "nodes", lambda: nodes)
+    # 2 CPUs a slot: 8 -> 4, 3 -> 1, 1 -> none; the dead node offers nothing.
+    assert RayHostDiscovery(cpus_per_slot=2).find_available_hosts_and_slots() == \
+        {"10.0.0.1": 4, "10.0.0.3": 1}
+    # With GPUs, a node holds as many slots as both its CPUs and its GPUs allow.
+    assert RayHostDiscovery(use_gpu=True, cpus_per_slot=1, gpus_per_slot=1) \
+        .find_available_hosts_and_slots() == {"10.0.0.1": 1, "10.0.0.3": 3}

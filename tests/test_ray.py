@@ -172,6 +172,37 @@ def test_too_few_cpus_is_a_clear_error_within_the_placement_timeout(local_ray):
     assert executor.workers == []
 
 
+def test_use_current_placement_group_places_the_workers_in_the_drivers_group(local_ray):
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    def drive_in_the_current_placement_group(use_current):
+        """A driver that is itself a Ray task inside a placement group (as under Ray Tune);
+        defined here so that Ray ships it by value."""
+        executor = RayExecutor(RayExecutor.create_settings(placement_group_timeout_s=5),
+                               num_workers=2, use_current_placement_group=use_current)
+        try:
+            executor.start()
+            return executor.run(cluster_jobs.placement)
+        except TimeoutError as error:
+            return str(error)
+        finally:
+            executor.shutdown()
+
+    group = placement_group([{"CPU": 1}, {"CPU": 1}], strategy="PACK")
+    ray.get(group.ready(), timeout=60)
+    drive = ray.remote(num_cpus=0)(drive_in_the_current_placement_group).options(
+        scheduling_strategy=PlacementGroupSchedulingStrategy(
+            group, placement_group_capture_child_tasks=True))
+    try:
+        # The group holds both CPUs: the workers fit only in it.
+        results = ray.get(drive.remote(True), timeout=120)
+        assert [(r["rank"], r["sum"]) for r in results] == [(0, 3.0), (1, 3.0)], results
+        assert "could not place 2 workers" in ray.get(drive.remote(False), timeout=120)
+    finally:
+        remove_placement_group(group)
+
+
 def test_bad_arguments_are_refused_before_anything_starts():
     settings = RayExecutor.create_settings()
     with pytest.raises(ValueError, match="either num_workers, or num_hosts"):

@@ -212,9 +212,9 @@ class ElasticRayExecutor:
     def run(self, worker_fn: Callable[[], Any], callbacks: list | None = None) -> list:
         """worker_fn() on every worker of the elastic job until the last round's workers have
         all returned; their results in rank order. `callbacks`: callables, each called here on
-        every value the workers send with ray_logger.log() while they run. Raises RuntimeError when the job fails
-        (fewer than min_num_proc workers for elastic_timeout, the reset limit, a failure of
-        every worker)."""
+        every value the workers send with ray_logger.log() while they run. Raises RuntimeError
+        saying why the job stopped (fewer than min_num_proc workers for elastic_timeout, more
+        resets than reset_limit, a worker no round could go on without)."""
         import ray
         callbacks = check_callbacks(callbacks)
         if self._server is None:
