@@ -179,8 +179,10 @@ def test_use_current_placement_group_places_the_workers_in_the_drivers_group(loc
     def drive_in_the_current_placement_group(use_current):
         """A driver that is itself a Ray task inside a placement group (as under Ray Tune);
         defined here so that Ray ships it by value."""
-        executor = RayExecutor(RayExecutor.create_settings(placement_group_timeout_s=5),
-                               num_workers=2, use_current_placement_group=use_current)
+        # Short where no group can be placed; long where the actors only have to start.
+        settings = RayExecutor.create_settings(placement_group_timeout_s=60 if use_current
+                                               else 5)
+        executor = RayExecutor(settings, num_workers=2, use_current_placement_group=use_current)
         try:
             executor.start()
             return executor.run(cluster_jobs.placement)
