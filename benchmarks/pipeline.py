@@ -1,6 +1,6 @@
 """Data parallel alone vs pipeline x data parallel vs ZeRO, for a model whose gradients are large.
 
-    horovodlikerun -np 4 python benchmarks/pipeline.py --json results.json
+    HOROVOD_SHM_DISABLE=1 horovodlikerun -np 4 python benchmarks/pipeline.py --json results.json
 
 Every layout trains the same MLP (--layers Linear layers of --width, Adam) on the same global
 batch, on the job's ranks:
@@ -16,11 +16,15 @@ and computed for the collectives as the ring algorithm moves them (2 (N-1)/N of 
 bytes per rank for an allreduce, and for ZeRO's reduce-scatter plus allgather alike). Peak
 activation bytes are the tensors autograd saved for one micro-batch's backward (weights aside),
 measured with saved_tensors_hooks, times the most micro-batches the rank held at once (over
-all its stages, following its schedule's actions in order). Step times depend on the machine's
-load (printed); the bytes and memory figures do not.
+all its stages, following its schedule's actions in order). Run over TCP
+(HOROVOD_SHM_DISABLE=1), the bytes are also measured on the wire: the kernel's count of what
+each rank's sockets sent during the timed steps (wire_bytes.py). Peak RSS is each rank's
+resident high-water mark while the layout ran, reset before it. Step times depend on the
+machine's load (printed); the bytes and memory figures do not.
 """
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -30,8 +34,12 @@ import torch
 import torch.nn.functional as F
 
 import horovodlike.torch as hvd
+from horovodlike.common.basics import build_info
 from horovodlike.torch.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
                                           ScheduleInterleaved1F1B, split_sequential)
+from wire_bytes import tcp_bytes_sent
+
+OVER_TCP = False  # set in main(): the kernel's TCP counters then see every byte sent
 
 
 def parse_args():
@@ -86,14 +94,36 @@ def ring_bytes(nbytes, n):
     return 2 * (n - 1) / n * nbytes if n > 1 else 0
 
 
+def reset_peak_rss():
+    """Starts a new high-water mark of this process's resident memory (Linux: clear_refs 5)."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def peak_rss():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
 def timed(args, one_step):
+    """(median step seconds, bytes this rank's TCP sockets sent per timed step, or None when
+    the job does not run over TCP, peak resident bytes while the layout ran)."""
     times = []
+    settle = 0.2  # lets the last sends leave before a reading
     for step in range(args.steps + 2):
+        if step == 2:
+            time.sleep(settle)
+            wire_start = tcp_bytes_sent()
         start = time.perf_counter()
         one_step(step)
         if step >= 2:
             times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    time.sleep(settle)
+    wire = (tcp_bytes_sent() - wire_start) / args.steps if OVER_TCP else None
+    return statistics.median(times), wire, peak_rss()
 
 
 def data_parallel(args, zero):
@@ -111,10 +141,11 @@ def data_parallel(args, zero):
         optimizer.zero_grad()
         F.mse_loss(model(x[rows]), y[rows]).backward()
         optimizer.step()
-    seconds = timed(args, one_step)
+    seconds, wire, rss = timed(args, one_step)
     param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     x, _ = batch(args, 0)
     return {"step_s": seconds, "bytes_sent": ring_bytes(param_bytes, n),
+            "wire_bytes_sent": wire, "peak_rss_bytes": rss,
             "param_bytes": param_bytes,
             "optimizer_state_bytes": state_bytes(optimizer.optim if zero else optimizer),
             "peak_activation_bytes": saved_bytes(model, x[rows])}
@@ -165,13 +196,14 @@ def pipelined(args, pp, schedule_class, stages_per_rank=1):
         else:
             schedule.step()
         optimizer.step()
-    seconds = timed(args, one_step)
+    seconds, wire, rss = timed(args, one_step)
     p2p_per_step = schedule.bytes_sent / (args.steps + 2)
     param_bytes = sum(p.numel() * p.element_size() for p in params)
     microbatch = torch.randn(per_replica // args.microbatches, args.width)
     held = peak_held(schedule.actions)
     # Every part has the same layers, so one part's saved bytes stand for each.
     return {"step_s": seconds, "bytes_sent": p2p_per_step + ring_bytes(param_bytes, replicas),
+            "wire_bytes_sent": wire, "peak_rss_bytes": rss,
             "p2p_bytes_sent": p2p_per_step, "param_bytes": param_bytes,
             "optimizer_state_bytes": state_bytes(optimizer),
             "peak_microbatches": held,
@@ -179,8 +211,10 @@ def pipelined(args, pp, schedule_class, stages_per_rank=1):
 
 
 def main():
+    global OVER_TCP
     args = parse_args()
     hvd.init()
+    OVER_TCP = build_info()["cpu_operations"] == "tcp"
     n = hvd.size()
     layouts = [("dp", lambda: data_parallel(args, zero=False)),
                ("zero", lambda: data_parallel(args, zero=True))]
@@ -194,6 +228,8 @@ def main():
     results = {}
     for name, run in layouts:
         hvd.barrier()
+        gc.collect()   # the previous layout's model and optimizer are gone before this one
+        reset_peak_rss()
         results[name] = hvd.allgather_object(run(), name=f"bench.{name.replace(' ', '_')}")
     if hvd.rank() != 0:
         return
@@ -202,16 +238,25 @@ def main():
     print(f"{n} ranks on {os.cpu_count()} cores (load average {load:.1f}), {args.layers} x "
           f"Linear({args.width}, {args.width}), Adam, global batch {args.batch}, "
           f"{args.microbatches} micro-batches; per rank: max (min) over ranks")
-    print(f"{'layout':<16}{'step ms':>20}{'sent MB/step':>14}{'params MB':>13}"
-          f"{'Adam state MB':>15}{'peak act. MB':>14}{'held':>11}")
+    print("sent: counted (tensors sent point-to-point, collectives at the ring's cost); "
+          "on the wire: the kernel's TCP counters (negotiation included; only when the job "
+          "runs over TCP, HOROVOD_SHM_DISABLE=1); peak RSS: the process's resident high-water "
+          "mark while the layout ran (torch itself included)")
+    print(f"{'layout':<16}{'step ms':>20}{'sent MB/step':>14}{'on the wire':>14}"
+          f"{'params MB':>13}{'Adam state MB':>15}{'peak act. MB':>14}{'held':>11}"
+          f"{'peak RSS MB':>16}")
     for name, per_rank in results.items():
         def span(key, scale=1.0):
             values = [r[key] * scale for r in per_rank]
+            if any(v is None for v in values):
+                return "-"
             return f"{max(values):.1f} ({min(values):.1f})"
         print(f"{name:<16}{span('step_s', 1e3):>20}{span('bytes_sent', 1 / mb):>14}"
+              f"{span('wire_bytes_sent', 1 / mb):>14}"
               f"{span('param_bytes', 1 / mb):>13}{span('optimizer_state_bytes', 1 / mb):>15}"
               f"{span('peak_activation_bytes', 1 / mb):>14}"
-              f"{span('peak_microbatches') if 'peak_microbatches' in per_rank[0] else '-':>11}")
+              f"{span('peak_microbatches') if 'peak_microbatches' in per_rank[0] else '-':>11}"
+              f"{span('peak_rss_bytes', 1 / mb):>16}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "ranks": n, "cores": os.cpu_count(),
