@@ -324,7 +324,7 @@ std::vector<Response> Controller::CoordinatorCollect(
     Response join;
     join.type = Response::Type::kJoin;
     join.names = {"join"};
-    join.first_dims = {last_joined_};
+    join.control.last_joined_rank = last_joined_;
     responses.push_back(std::move(join));
     joined_ranks_.clear();
     last_joined_ = -1;

@@ -308,6 +308,18 @@ PYBIND11_MODULE(_core, m) {
         py::arg("device") = -1, py::arg("process_set") = 0,
         py::arg("splits") = std::vector<int64_t>(), py::arg("group_id") = 0,
         py::arg("group_size") = 0);
+  // Join and process-set changes: control operations, with their own arguments (no tensor).
+  m.def("enqueue_control", [](int op, const std::string& name, std::vector<int32_t> ranks,
+                              int process_set_id) {
+    if (op < 0 || op >= kNumOpTypes) {
+      throw InvalidArgument("unknown operation " + std::to_string(op));
+    }
+    ControlRequest control;
+    control.ranks = std::move(ranks);
+    control.process_set_id = process_set_id;
+    return Runtime::Get()->EnqueueControl(static_cast<OpType>(op), name, std::move(control));
+  }, py::arg("op"), py::arg("name"), py::arg("ranks") = std::vector<int32_t>(),
+     py::arg("process_set_id") = -1);
   m.def("wait", &WaitCall, py::arg("handle"),
         "Blocks (without the GIL, waking every 100 ms for Python's signal handlers) until the "
         "handle is done; returns (status code, message).");
