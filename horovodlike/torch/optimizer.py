@@ -96,11 +96,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """The tensor to reduce for p's gradient: densified or compressed as configured."""
         if p.grad is None:
             p.grad = torch.zeros_like(p)
-        if p.grad.is_sparse and self._sparse_as_dense:
-            p.grad = p.grad.to_dense()
-        if p.grad.is_sparse:
+        if p.grad.is_sparse and not self._sparse_as_dense:
             return p.grad, None
-        compressed, ctx = self._compression.compress(p.grad)
+        # sparse_as_dense: reduce a dense copy; the gradient goes back sparse (as in Horovod),
+        # so optimizers that want sparse gradients (SparseAdam) still get them.
+        grad = p.grad.to_dense() if p.grad.is_sparse else p.grad
+        compressed, ctx = self._compression.compress(grad)
         return compressed.contiguous(), ctx
 
     def _start_allreduce(self, p):
@@ -163,6 +164,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                         p.grad = output
                         continue
                     reduced = self._compression.decompress(compressed, ctx)
+                    if p.grad.is_sparse:
+                        p.grad = reduced.to_sparse()
+                        continue
                     if reduced.data_ptr() != p.grad.data_ptr():
                         p.grad.copy_(reduced)
         finally:

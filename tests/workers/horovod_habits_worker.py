@@ -1,7 +1,8 @@
 """Habits of Horovod's torch API that migrated code relies on: sparse handles that are callable,
 duplicate names raising while in flight, reducescatter refusing Adasum, the optimizer's
 parameter names, the warning for step() after synchronize(), optimizer state with parameters
-that have no gradient, and sparse gradients through DistributedOptimizer."""
+that have no gradient, sparse gradients through DistributedOptimizer, and collectives other
+than allreduce started after another rank joined."""
 
 import warnings
 
@@ -99,11 +100,36 @@ for sparse_as_dense in (False, True):
     rows = [torch.tensor([r % 6, (r + 2) % 6, 5]) for r in range(size)]
     embedding(rows[rank]).sum().backward()
     opt.step()
+    check(embedding.weight.grad.is_sparse, "the reduced gradient is no longer sparse")
     counts = np.zeros(6)
     for r in range(size):
         np.add.at(counts, rows[r].numpy(), 1.0)
     want = start.numpy() - (counts / size)[:, None]
     check(np.allclose(embedding.weight.detach().numpy(), want),
           f"sparse_as_dense={sparse_as_dense}: {embedding.weight.detach().tolist()}")
+    # SparseAdam takes only sparse gradients: it must work either way.
+    other = torch.nn.Embedding(6, 2, sparse=True)
+    adam = hvd.DistributedOptimizer(torch.optim.SparseAdam(list(other.parameters())),
+                                    sparse_as_dense=sparse_as_dense)
+    other(rows[rank]).sum().backward()
+    adam.step()
+
+# An allgather or broadcast started after another rank joined fails with a RuntimeError on the
+# ranks that started it; the joined rank goes on, and both then finish the join together.
+for kind in ("allgather", "broadcast"):
+    if rank == 0:
+        last = hvd.join()
+    else:
+        try:
+            if kind == "allgather":
+                hvd.allgather(torch.ones(2, 2), name=f"after.join.{kind}")
+            else:
+                hvd.broadcast(torch.ones(2, 2), root_rank=rank, name=f"after.join.{kind}")
+            raise AssertionError(f"{kind} after a join did not fail")
+        except RuntimeError as e:
+            check("join" in str(e), f"unclear error: {e}")
+        last = hvd.join()
+    everyone = hvd.allgather_object(last)
+    check(everyone == [everyone[0]] * size and everyone[0] != 0, f"join returned {everyone}")
 
 print(f"rank {rank}: horovod habits OK", flush=True)
