@@ -7,9 +7,15 @@ from pathlib import Path
 
 import pytest
 
-import horovodlike
-
 REPO = Path(__file__).resolve().parents[1]
+# A checkout whose core was built in place (src/horovodlike/_core*.so) is tested as it stands;
+# otherwise the installed package (`pip install .`) is.
+_SOURCE = REPO / "src"
+if any((_SOURCE / "horovodlike").glob("_core*.so")) and str(_SOURCE) not in sys.path:
+    sys.path.insert(0, str(_SOURCE))
+
+import horovodlike  # noqa: E402
+
 WORKERS = REPO / "tests" / "workers"
 # Ranks import the same horovodlike as this process, installed or from a source tree.
 PACKAGE_PARENT = Path(horovodlike.__file__).resolve().parents[1]

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from conftest import assert_all_ranks, launch
-from horovodlike import _core
+from horovodlike._core import _testing
 
 # The space the tuner searches (csrc/core/parameter_manager.h), on a log scale.
 FUSION_RANGE = (64 * 1024, 256 * 1024 * 1024)
@@ -27,8 +27,8 @@ def smooth_score(fusion, cycle, cache, peak=(0.62, 0.2)):
 
 
 def test_optimiser_finds_the_peak_of_a_smooth_score_deterministically():
-    samples, chosen = _core._autotune_for_testing(smooth_score, max_samples=20, noise=0.8)
-    again, chosen_again = _core._autotune_for_testing(smooth_score, max_samples=20, noise=0.8)
+    samples, chosen = _testing.autotune(smooth_score, max_samples=20, noise=0.8)
+    again, chosen_again = _testing.autotune(smooth_score, max_samples=20, noise=0.8)
     assert (samples, chosen) == (again, chosen_again), "the tuner is not deterministic"
     # 20 samples of the optimisation, then one without the response cache.
     assert len(samples) == 21 and [s[2] for s in samples] == [True] * 20 + [False]
@@ -42,7 +42,7 @@ def test_optimiser_finds_the_peak_of_a_smooth_score_deterministically():
 
 
 def test_optimiser_holds_explicit_settings_constant():
-    samples, chosen = _core._autotune_for_testing(
+    samples, chosen = _testing.autotune(
         lambda f, c, cache: smooth_score(f, c, cache, peak=(0.3, 0.9)), max_samples=12,
         noise=0.1, tune_cache=False, fixed_cycle=2.5)
     assert len(samples) == 12 and all(s[1] == 2.5 and s[2] for s in samples)

@@ -44,3 +44,9 @@ def test_keras_digits_example(tmp_path):
                                       final[f"sequential.{layer}.kernel"])
                 assert np.array_equal(weights[f"layers/{layer}/vars/1"][()],
                                       final[f"sequential.{layer}.bias"])
+
+
+def test_compute_gradients_aggregation_and_local_variables(tmp_path):
+    result = launch(2, "keras_local_worker.py", launcher_args=["--start-timeout", "120"],
+                    timeout=300)
+    assert_all_ranks(result, 2, "keras local OK")

@@ -1,6 +1,6 @@
-"""A Ray job over two Ray nodes (both on this machine, a cluster of its own under a private
-RAY_TMPDIR, in a driver process of its own): local and cross ranks follow the nodes Ray placed
-the workers on, and an allreduce spans both."""
+"""Ray jobs whose drivers are processes of their own, each Ray under a private RAY_TMPDIR: a job
+over two Ray nodes on this machine, whose local and cross ranks follow the nodes Ray placed the
+workers on, with an allreduce spanning both; and examples/ray_digits.py."""
 
 import json
 import os
@@ -40,3 +40,19 @@ def run_driver(ray_dir):
     assert [r["cross_size"] for r in ranks] == [2, 2, 2, 2]
     hosts = [r["hostname"] for r in ranks]
     assert hosts[0] == hosts[1] != hosts[2] == hosts[3], hosts
+
+
+def test_ray_digits_example_learns():
+    ray_dir = tempfile.mkdtemp(prefix="hvdl-ray-")
+    try:
+        env = job_env({"RAY_TMPDIR": ray_dir, "PYTHONPATH": str(PACKAGE_PARENT)})
+        env.pop("RAY_ADDRESS", None)
+        result = subprocess.run([sys.executable, str(REPO / "examples" / "ray_digits.py"),
+                                 "--num-workers", "2", "--epochs", "2"], env=env,
+                                capture_output=True, text=True, timeout=240, cwd=REPO)
+    finally:
+        shutil.rmtree(ray_dir, ignore_errors=True)
+    epochs = [line.split() for line in result.stdout.splitlines() if line.startswith("epoch ")]
+    assert result.returncode == 0 and len(epochs) == 2, result.stdout[-2000:] + \
+        result.stderr[-4000:]
+    assert float(epochs[-1][-1].rstrip("%")) > 80.0, epochs

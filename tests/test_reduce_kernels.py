@@ -16,6 +16,7 @@ def test_reduce_kernels_selftest(tmp_path):
     binary = tmp_path / "reduce_selftest"
     subprocess.run(["g++", "-O2", "-std=c++17", f"-I{REPO / 'csrc' / 'reduce'}",
                     str(REPO / "csrc" / "reduce" / "reduce.cc"),
+                    str(REPO / "csrc" / "reduce" / "scale.cc"),
                     str(REPO / "tests" / "native" / "reduce_selftest.cc"), "-o", str(binary)],
                    check=True, capture_output=True, text=True)
     result = subprocess.run([str(binary), "--quick"], capture_output=True, text=True, timeout=300)

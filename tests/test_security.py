@@ -16,7 +16,7 @@ import pytest
 
 from conftest import REPO, WORKERS, job_env
 
-from horovodlike import _core
+from horovodlike._core import _testing
 from horovodlike.runner import launch as launcher
 from horovodlike.runner.rendezvous import answer_hello
 
@@ -50,16 +50,16 @@ RFC4231 = [  # (key, data, HMAC-SHA-256; test case 5 is truncated to 128 bits)
 
 def test_sha256_and_hmac_match_the_published_vectors():
     for data, digest in SHA256_VECTORS:
-        assert _core._sha256_for_testing(data).hex() == digest
+        assert _testing.sha256(data).hex() == digest
     for key, data, mac in RFC4231:
-        assert _core._hmac_sha256_for_testing(key, data).hex()[:len(mac)] == mac
+        assert _testing.hmac_sha256(key, data).hex()[:len(mac)] == mac
     # Every length around the 64-byte block and its padding boundary, against hashlib.
     import hashlib
     import hmac
     for n in range(0, 200):
         data = bytes(i % 251 for i in range(n))
-        assert _core._sha256_for_testing(data) == hashlib.sha256(data).digest(), n
-        assert _core._hmac_sha256_for_testing(data, data[::-1]) == \
+        assert _testing.sha256(data) == hashlib.sha256(data).digest(), n
+        assert _testing.hmac_sha256(data, data[::-1]) == \
             hmac.new(data, data[::-1], hashlib.sha256).digest(), n
 
 
@@ -117,14 +117,26 @@ SEED_RESPONSES = [
 
 def test_decoders_round_trip_valid_messages():
     for seed in SEED_REQUESTS:
-        assert _core._decode_requests_for_fuzzing(seed) == seed
+        assert _testing.decode_requests(seed) == seed
     for seed in SEED_RESPONSES:
-        assert _core._decode_responses_for_fuzzing(seed) == seed
+        assert _testing.decode_responses(seed) == seed
+
+
+def test_alltoall_split_matrix_of_more_than_1024_ranks_decodes():
+    # The matrix of rows rank i sends to rank j has size^2 entries: over a million here.
+    n = 1025
+    message = encode_responses([dict(type=4, names=[b"a2a"], first_dims=[1] * (n * n),
+                                     shape=[n], sizes=[], bytes=0, error=b"")])
+    assert _testing.decode_responses(message) == message
+    # A length beyond the bytes that follow is still refused before anything is allocated.
+    truncated = message[:-200]
+    with pytest.raises(ValueError, match="truncated"):
+        _testing.decode_responses(truncated)
 
 
 def _check(data: bytes) -> None:
     """The property fuzzed: either ValueError, or the message re-encodes to the same bytes."""
-    for decode in (_core._decode_requests_for_fuzzing, _core._decode_responses_for_fuzzing):
+    for decode in (_testing.decode_requests, _testing.decode_responses):
         try:
             out = decode(data)
         except ValueError:
@@ -169,12 +181,12 @@ def test_decoders_under_atheris(tmp_path):
     script.write_text(textwrap.dedent(f"""
         import sys
         import atheris
-        from horovodlike import _core
+        from horovodlike._core import _testing
 
         @atheris.instrument_func
         def check(data):  # as _check in test_security.py
-            for decode in (_core._decode_requests_for_fuzzing,
-                           _core._decode_responses_for_fuzzing):
+            for decode in (_testing.decode_requests,
+                           _testing.decode_responses):
                 try:
                     out = decode(data)
                 except ValueError:

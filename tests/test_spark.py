@@ -41,12 +41,32 @@ def start_local_spark(cores):
     return session, scratch
 
 
+def stop_spark_jvm():
+    """Ends the JVM PySpark started (stopping the session keeps it for a next one), so that
+    the rest of the suite gets its memory back."""
+    from pyspark import SparkContext
+    gateway = SparkContext._gateway
+    if gateway is None:
+        return
+    gateway.shutdown()
+    process = getattr(gateway, "proc", None)
+    if process is not None:
+        process.stdin.close()  # the launcher script exits when its stdin closes
+        try:
+            process.wait(timeout=20)
+        except Exception:  # subprocess.TimeoutExpired: make sure it goes
+            process.kill()
+            process.wait()
+    SparkContext._gateway, SparkContext._jvm = None, None
+
+
 @pytest.fixture(scope="module")
 def spark():
     saved = dict(os.environ)
     session, scratch = start_local_spark(2)
     yield session
     session.stop()
+    stop_spark_jvm()
     shutil.rmtree(scratch, ignore_errors=True)
     os.environ.clear()
     os.environ.update(saved)

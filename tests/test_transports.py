@@ -18,8 +18,14 @@ from conftest import REPO, assert_all_ranks, assert_survivors_failed_fast, job_e
 from horovodlike import _core
 
 BUILD = _core.build_info()
-needs_gloo = pytest.mark.skipif(not BUILD["gloo"], reason="this build has no Gloo")
-needs_mpi = pytest.mark.skipif(not BUILD["mpi"] or shutil.which("mpirun") is None,
+# Transports the environment installed and so must be built (CI sets it after installing Gloo
+# and Open MPI): their tests then run, and fail, instead of being skipped.
+REQUIRED = [name for name in os.environ.get("HOROVODLIKE_REQUIRE_TRANSPORTS", "").split(",")
+            if name]
+needs_gloo = pytest.mark.skipif(not BUILD["gloo"] and "gloo" not in REQUIRED,
+                                reason="this build has no Gloo")
+needs_mpi = pytest.mark.skipif((not BUILD["mpi"] or shutil.which("mpirun") is None)
+                               and "mpi" not in REQUIRED,
                                reason="this build has no MPI, or mpirun is not installed")
 GLOO = pytest.param("gloo", marks=needs_gloo)
 MPI = pytest.param("mpi", marks=needs_mpi)
@@ -64,7 +70,43 @@ def test_the_default_transport_is_tcp_or_shared_memory():
          str(REPO / "tests" / "workers" / "transport_worker.py"), "report"],
         env=job_env(), capture_output=True, text=True, timeout=120, cwd=REPO)
     assert_all_ranks(result, 2, "mpi_enabled=False gloo_enabled=False")
-    assert re.search(r"transport=(tcp|shm|shm\+tcp) ", result.stdout), result.stdout
+    # Both ranks on this host: shared memory, not a silent fall-back to the loopback.
+    assert re.search(r"transport=shm ", result.stdout), result.stdout
+
+
+@pytest.mark.parametrize("name", REQUIRED or [
+    pytest.param("-", marks=pytest.mark.skip(reason="HOROVODLIKE_REQUIRE_TRANSPORTS not set"))])
+def test_required_transports_are_built(name):
+    assert BUILD.get(name) is True, (
+        f"HOROVODLIKE_REQUIRE_TRANSPORTS names {name}, but this build of horovodlike has no "
+        f"{name} support (build_info: {BUILD})")
+    if name == "mpi":
+        assert shutil.which("mpirun") is not None, "MPI is required but mpirun is not installed"
+
+
+# The providers that must carry a small allreduce, a large one and an allgather, by link: a
+# silent fall-back (shared memory to TCP, MPI's own allreduce to the ring) fails here.
+EXPECTED_PROVIDERS = {
+    "shm": "SHM_ALLREDUCE,SHM_RING_ALLGATHER",
+    "tcp": "TCP_RING_ALLGATHER,TCP_RING_ALLREDUCE",
+    "gloo": "GLOO_RING_ALLGATHER,GLOO_RING_ALLREDUCE",
+    "mpi": "MPI_ALLREDUCE,MPI_RING_ALLGATHER,MPI_RING_ALLREDUCE",
+}
+
+
+@pytest.mark.parametrize("link,flags,env", [
+    ("shm", [], {}),
+    ("tcp", [], {"HOROVOD_SHM_DISABLE": "1"}),
+    pytest.param("gloo", ["--gloo"], {}, marks=needs_gloo),
+    pytest.param("mpi", ["--mpi"], {}, marks=needs_mpi),
+])
+def test_the_data_goes_over_the_expected_link(link, flags, env):
+    result = launch(2, "transport_worker.py", "links", launcher_args=flags, env=env,
+                    transport="tcp")
+    assert_all_ranks(result, 2, "links OK")
+    for line in result.stdout.splitlines():
+        if "links OK" in line:
+            assert f"transport={link} ran={EXPECTED_PROVIDERS[link]};" in line, line
 
 
 @pytest.mark.parametrize("transport", [GLOO, MPI])
@@ -211,3 +253,22 @@ def test_mpirun_command_line():
     local = mpirun_command("mpirun", [HostSlots("localhost", 4)], 4, ["python3", "x.py"], [],
                            as_root=False, oversubscribe=True)
     assert "--allow-run-as-root" not in local and "--oversubscribe" in local
+
+
+@needs_mpi
+@pytest.mark.skipif(shutil.which("mpicxx") is None, reason="needs MPI's C++ compiler wrapper")
+def test_an_abandoned_mpi_collective_is_released_once_it_completes(tmp_path):
+    # tests/native/mpi_abandon_selftest.cc: rank 0 gives up on an MPI_Iallreduce its peer joins
+    # late; the request and its buffer are kept until MPI completes it, then released.
+    binary = tmp_path / "mpi_abandon"
+    sources = ["common/common.cc", "common/env_config.cc", "common/logging.cc",
+               "reduce/reduce.cc", "reduce/scale.cc", "links/mpi/mpi_link.cc", "collectives/mpi/mpi_allreduce.cc"]
+    subprocess.run(["mpicxx", "-O1", "-std=c++17", *[str(REPO / "csrc" / s) for s in sources],
+                    str(REPO / "tests" / "native" / "mpi_abandon_selftest.cc"), "-o",
+                    str(binary)], check=True, capture_output=True, text=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_")}
+    result = subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2",
+                             str(binary)], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "rank 0: abandoned 1, left 0" in result.stdout, result.stdout
+    assert "rank 1: abandoned" in result.stdout and result.stdout.count("0 failures") == 2

@@ -74,7 +74,7 @@ std::string AdasumAllreduce::CheckArguments(const std::string& tensor, DataType 
   return "";
 }
 
-void AdasumAllreduce::Run(Transport& transport, void* buf, const size_t* counts,
+void AdasumAllreduce::Run(Link& transport, void* buf, const size_t* counts,
                           size_t num_tensors, DataType dtype, const std::string& tensor) {
   const int n = transport.size();
   const std::string problem = CheckArguments(tensor, dtype, n, "the process set");

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "../core/common.h"
-#include "../transport/transport.h"
+#include "../common/common.h"
+#include "../links/link.h"
 
 namespace horovodlike {
 
@@ -24,7 +24,7 @@ class AdasumAllreduce {
   // of the tensors laid end to end in it, each combined with its own dot products. Every rank
   // ends with identical bits. Throws InvalidArgument (nothing sent) for the cases above,
   // naming `tensor`.
-  void Run(Transport& transport, void* buf, const size_t* counts, size_t num_tensors,
+  void Run(Link& transport, void* buf, const size_t* counts, size_t num_tensors,
            DataType dtype, const std::string& tensor);
 
  private:

@@ -8,7 +8,7 @@ namespace {
 constexpr size_t kSegmentBytes = 1 << 20;
 }
 
-void ChainBroadcast(Transport& transport, void* buf, size_t bytes, int root) {
+void ChainBroadcast(Link& transport, void* buf, size_t bytes, int root) {
   const int n = transport.size();
   if (n == 1 || bytes == 0) return;
   // Position in the chain, counted from the root.

@@ -4,10 +4,10 @@
 
 #include <cstddef>
 
-#include "../transport/transport.h"
+#include "../links/link.h"
 
 namespace horovodlike {
 
-void ChainBroadcast(Transport& transport, void* buf, size_t bytes, int root);
+void ChainBroadcast(Link& transport, void* buf, size_t bytes, int root);
 
 }  // namespace horovodlike

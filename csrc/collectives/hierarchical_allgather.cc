@@ -44,7 +44,7 @@ void HierarchicalAllgather::Run(const HostHierarchy& hosts, void* out,
     data = scratch_.data();
   }
 
-  Transport* local = hosts.local();  // null: this rank is alone on its host
+  Link* local = hosts.local();  // null: this rank is alone on its host
   if (local != nullptr) RingAllgatherv(*local, data + my_segment, local_bytes_);
   // Only the local roots take part across hosts; on equal hosts the other local ranks have a
   // cross-host view too, but the roots' view is the one in host order.

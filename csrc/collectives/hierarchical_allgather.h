@@ -16,7 +16,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "../transport/host_hierarchy.h"
+#include "../links/host_hierarchy.h"
 
 namespace horovodlike {
 

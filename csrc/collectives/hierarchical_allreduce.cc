@@ -5,20 +5,20 @@
 
 namespace horovodlike {
 
-void HierarchicalAllreduce::Run(const HostHierarchy& hosts, void* buf, size_t count,
-                                DataType dtype, ReduceOp op) {
+void HierarchicalAllreduce::Run(const HostHierarchy& hosts, AllreduceProvider* host_allreduce,
+                                void* buf, size_t count, DataType dtype, ReduceOp op) {
   if (count == 0) return;
   if (hosts.uniform()) {
     AcrossLocalRanks(hosts, buf, count, dtype, op);
   } else {
-    ThroughLocalRoots(hosts, buf, count, dtype, op);
+    ThroughLocalRoots(hosts, host_allreduce, buf, count, dtype, op);
   }
 }
 
 void HierarchicalAllreduce::AcrossLocalRanks(const HostHierarchy& hosts, void* buf, size_t count,
                                              DataType dtype, ReduceOp op) {
-  Transport& local = *hosts.local();
-  Transport& cross = *hosts.cross();
+  Link& local = *hosts.local();
+  Link& cross = *hosts.cross();
   const int n = local.size(), me = local.rank();
   const size_t elem = DataTypeSize(dtype);
   // Blocks as even as possible, the first (count % n) one element longer; all the same on every
@@ -39,14 +39,19 @@ void HierarchicalAllreduce::AcrossLocalRanks(const HostHierarchy& hosts, void* b
   RingAllgatherv(local, buf, block_bytes_);
 }
 
-void HierarchicalAllreduce::ThroughLocalRoots(const HostHierarchy& hosts, void* buf, size_t count,
-                                              DataType dtype, ReduceOp op) {
-  Transport* local = hosts.local();  // null: this rank is alone on its host
-  if (local != nullptr && !local->NativeAllreduce(buf, count, dtype, op, 1.0)) {
-    local_ring_.Run(*local, buf, count, dtype, op);
+void HierarchicalAllreduce::ThroughLocalRoots(const HostHierarchy& hosts,
+                                              AllreduceProvider* host_allreduce, void* buf,
+                                              size_t count, DataType dtype, ReduceOp op) {
+  Link* local = hosts.local();  // null: this rank is alone on its host
+  if (local != nullptr) {
+    if (host_allreduce != nullptr) {
+      host_allreduce->Run(buf, count, dtype, op, 1.0);
+    } else {
+      local_ring_.Run(*local, buf, count, dtype, op);
+    }
   }
   // Only the local roots have a view across hosts.
-  if (Transport* cross = hosts.cross()) cross_ring_.Run(*cross, buf, count, dtype, op);
+  if (Link* cross = hosts.cross()) cross_ring_.Run(*cross, buf, count, dtype, op);
   if (local != nullptr) ChainBroadcast(*local, buf, count * DataTypeSize(dtype), 0);
 }
 

@@ -15,8 +15,9 @@
 #include <cstddef>
 #include <vector>
 
-#include "../core/common.h"
-#include "../transport/host_hierarchy.h"
+#include "../common/common.h"
+#include "../links/host_hierarchy.h"
+#include "provider.h"
 #include "ring_allreduce.h"
 #include "ring_reducescatter.h"
 
@@ -25,13 +26,16 @@ namespace horovodlike {
 class HierarchicalAllreduce {
  public:
   // In place over every rank of the job; Average is reduced as Sum (the caller scales).
-  void Run(const HostHierarchy& hosts, void* buf, size_t count, DataType dtype, ReduceOp op);
+  // `host_allreduce`: the allreduce over hosts.local() (shared memory's own), or null for the
+  // ring over it.
+  void Run(const HostHierarchy& hosts, AllreduceProvider* host_allreduce, void* buf,
+           size_t count, DataType dtype, ReduceOp op);
 
  private:
   void AcrossLocalRanks(const HostHierarchy& hosts, void* buf, size_t count, DataType dtype,
                         ReduceOp op);
-  void ThroughLocalRoots(const HostHierarchy& hosts, void* buf, size_t count, DataType dtype,
-                         ReduceOp op);
+  void ThroughLocalRoots(const HostHierarchy& hosts, AllreduceProvider* host_allreduce,
+                         void* buf, size_t count, DataType dtype, ReduceOp op);
 
   // Reused across calls: the rings keep one segment of scratch each.
   RingReducescatter local_reducescatter_;

@@ -5,7 +5,7 @@
 
 namespace horovodlike {
 
-void PairwiseAlltoall(Transport& transport, const void* input,
+void PairwiseAlltoall(Link& transport, const void* input,
                       const std::vector<size_t>& send_bytes, void* output,
                       const std::vector<size_t>& recv_bytes) {
   const int n = transport.size();

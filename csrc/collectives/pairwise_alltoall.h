@@ -5,13 +5,13 @@
 #include <cstddef>
 #include <vector>
 
-#include "../transport/transport.h"
+#include "../links/link.h"
 
 namespace horovodlike {
 
 // send_bytes[j]: bytes of `input` (packed in rank order) destined to rank j;
 // recv_bytes[j]: bytes arriving from rank j, written to `output` packed in rank order.
-void PairwiseAlltoall(Transport& transport, const void* input,
+void PairwiseAlltoall(Link& transport, const void* input,
                       const std::vector<size_t>& send_bytes, void* output,
                       const std::vector<size_t>& recv_bytes);
 

@@ -4,7 +4,7 @@
 
 namespace horovodlike {
 
-void RingAllgatherv(Transport& transport, void* out, const std::vector<size_t>& block_bytes) {
+void RingAllgatherv(Link& transport, void* out, const std::vector<size_t>& block_bytes) {
   const int n = transport.size();
   if (n == 1) return;
   const int rank = transport.rank();

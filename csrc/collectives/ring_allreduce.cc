@@ -11,7 +11,7 @@ namespace {
 constexpr size_t kSegmentBytes = 1 << 20;
 }  // namespace
 
-void RingAllreduce::Run(Transport& transport, void* buf, size_t count, DataType dtype,
+void RingAllreduce::Run(Link& transport, void* buf, size_t count, DataType dtype,
                         ReduceOp op) {
   const int n = transport.size();
   if (n == 1 || count == 0) return;

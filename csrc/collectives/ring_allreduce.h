@@ -5,8 +5,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "../core/common.h"
-#include "../transport/transport.h"
+#include "../common/common.h"
+#include "../links/link.h"
 
 namespace horovodlike {
 
@@ -14,7 +14,7 @@ class RingAllreduce {
  public:
   // Reduces `count` elements of `buf` across all ranks of `transport`; every rank ends with the
   // result. Average is reduced as Sum; the caller scales.
-  void Run(Transport& transport, void* buf, size_t count, DataType dtype, ReduceOp op);
+  void Run(Link& transport, void* buf, size_t count, DataType dtype, ReduceOp op);
 
  private:
   std::vector<uint8_t> scratch_;  // reused across calls: one incoming segment

@@ -9,7 +9,7 @@ namespace {
 constexpr size_t kSegmentBytes = 1 << 20;
 }
 
-void RingReducescatter::Run(Transport& transport, void* buf,
+void RingReducescatter::Run(Link& transport, void* buf,
                             const std::vector<size_t>& block_counts, DataType dtype,
                             ReduceOp op) {
   const int n = transport.size();

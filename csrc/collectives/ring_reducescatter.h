@@ -5,8 +5,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "../core/common.h"
-#include "../transport/transport.h"
+#include "../common/common.h"
+#include "../links/link.h"
 
 namespace horovodlike {
 
@@ -14,7 +14,7 @@ class RingReducescatter {
  public:
   // `buf` holds the blocks in rank order, block_counts[r] elements each; it is used as work
   // space, and on return block `rank` of it is fully reduced (Average reduced as Sum).
-  void Run(Transport& transport, void* buf, const std::vector<size_t>& block_counts,
+  void Run(Link& transport, void* buf, const std::vector<size_t>& block_counts,
            DataType dtype, ReduceOp op);
 
  private:

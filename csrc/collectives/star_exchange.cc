@@ -1,6 +1,6 @@
 #include "star_exchange.h"
 
-#include "../core/common.h"
+#include "../common/common.h"
 
 namespace horovodlike {
 namespace {
@@ -8,13 +8,13 @@ namespace {
 // thousands of tensors); a length above this means a corrupt stream.
 constexpr uint64_t kMaxControlBytes = 1ULL << 28;
 
-void SendMessage(Transport& t, int peer, const std::vector<uint8_t>& message) {
+void SendMessage(Link& t, int peer, const std::vector<uint8_t>& message) {
   uint64_t n = message.size();
   t.send(peer, &n, sizeof(n));
   if (n > 0) t.send(peer, message.data(), n);
 }
 
-std::vector<uint8_t> RecvMessage(Transport& t, int peer) {
+std::vector<uint8_t> RecvMessage(Link& t, int peer) {
   uint64_t n = 0;
   t.recv(peer, &n, sizeof(n));
   if (n > kMaxControlBytes) {
@@ -27,7 +27,7 @@ std::vector<uint8_t> RecvMessage(Transport& t, int peer) {
 }
 }  // namespace
 
-std::vector<std::vector<uint8_t>> GatherToRoot(Transport& transport,
+std::vector<std::vector<uint8_t>> GatherToRoot(Link& transport,
                                                const std::vector<uint8_t>& message, int root) {
   std::vector<std::vector<uint8_t>> all;
   if (transport.rank() != root) {
@@ -41,7 +41,7 @@ std::vector<std::vector<uint8_t>> GatherToRoot(Transport& transport,
   return all;
 }
 
-void BroadcastFromRoot(Transport& transport, std::vector<uint8_t>& message, int root) {
+void BroadcastFromRoot(Link& transport, std::vector<uint8_t>& message, int root) {
   if (transport.rank() == root) {
     for (int r = 0; r < transport.size(); ++r) {
       if (r != root) SendMessage(transport, r, message);
@@ -51,7 +51,7 @@ void BroadcastFromRoot(Transport& transport, std::vector<uint8_t>& message, int 
   }
 }
 
-void BitwiseAndAllreduce(Transport& transport, std::vector<uint64_t>& bits, int root,
+void BitwiseAndAllreduce(Link& transport, std::vector<uint64_t>& bits, int root,
                          std::vector<uint64_t>& scratch) {
   if (transport.size() == 1) return;
   const size_t bytes = bits.size() * sizeof(uint64_t);

@@ -5,18 +5,18 @@
 #include <cstdint>
 #include <vector>
 
-#include "../transport/transport.h"
+#include "../links/link.h"
 
 namespace horovodlike {
 
 // On the root returns every rank's message in rank order; elsewhere returns nothing.
-std::vector<std::vector<uint8_t>> GatherToRoot(Transport& transport,
+std::vector<std::vector<uint8_t>> GatherToRoot(Link& transport,
                                                const std::vector<uint8_t>& message, int root);
 // The root's `message` replaces every other rank's.
-void BroadcastFromRoot(Transport& transport, std::vector<uint8_t>& message, int root);
+void BroadcastFromRoot(Link& transport, std::vector<uint8_t>& message, int root);
 // Every rank's `bits` becomes the AND of all ranks' (all have the same length). `scratch` is
 // the root's receive buffer, kept by the caller so that a round allocates nothing.
-void BitwiseAndAllreduce(Transport& transport, std::vector<uint64_t>& bits, int root,
+void BitwiseAndAllreduce(Link& transport, std::vector<uint64_t>& bits, int root,
                          std::vector<uint64_t>& scratch);
 
 }  // namespace horovodlike

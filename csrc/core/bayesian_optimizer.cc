@@ -145,19 +145,6 @@ void BayesianOptimizer::Posterior(const std::vector<double>& x, double* mean,
   *variance = std::max(1.0 - explained, 1e-12);
 }
 
-void BayesianOptimizer::Predict(const std::vector<double>& x, double* mean,
-                                double* stddev) const {
-  if (scores_.empty()) {
-    *mean = 0;
-    *stddev = INFINITY;
-    return;
-  }
-  double m, v;
-  Posterior(x, &m, &v);
-  *mean = score_mean_ + m * score_scale_;
-  *stddev = std::sqrt(v) * score_scale_;
-}
-
 double BayesianOptimizer::ExpectedImprovement(const std::vector<double>& x, double best) const {
   double mean, variance;
   Posterior(x, &mean, &variance);

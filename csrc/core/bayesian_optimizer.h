@@ -22,8 +22,6 @@ class BayesianOptimizer {
   // The point of largest expected improvement; the centre of the space before any sample.
   std::vector<double> NextSample() const;
 
-  // The model's mean and standard deviation of the score at `x`, in the scores' own units.
-  void Predict(const std::vector<double>& x, double* mean, double* stddev) const;
   size_t num_samples() const { return scores_.size(); }
   int dims() const { return dims_; }
 

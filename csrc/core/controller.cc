@@ -6,7 +6,9 @@
 #include <iterator>
 #include <sstream>
 
-#include "logging.h"
+#include "handle_table.h"
+#include "response_builder.h"
+#include "../common/logging.h"
 #include "../collectives/star_exchange.h"
 
 namespace horovodlike {
@@ -15,28 +17,6 @@ namespace {
 constexpr uint64_t kFlagNoUncached = 1;  // set: this rank has no uncached work
 constexpr uint64_t kFlagNoShutdown = 2;  // set: this rank is not shutting down
 constexpr uint64_t kFlagNoStallCheck = 4;  // cleared by the coordinator: stall reports this round
-
-// "rank 0: [2, 3]; ranks 1, 2: [3, 3]" for the values each rank reported.
-std::string DescribeByRank(const std::vector<std::pair<int, std::string>>& values) {
-  std::vector<std::pair<std::string, std::vector<int>>> groups;
-  for (const auto& [rank, value] : values) {
-    auto it = std::find_if(groups.begin(), groups.end(),
-                           [&](const auto& g) { return g.first == value; });
-    if (it == groups.end()) {
-      groups.push_back({value, {rank}});
-    } else {
-      it->second.push_back(rank);
-    }
-  }
-  std::ostringstream out;
-  for (size_t g = 0; g < groups.size(); ++g) {
-    const auto& ranks = groups[g].second;
-    out << (g ? "; " : "") << (ranks.size() == 1 ? "rank " : "ranks ");
-    for (size_t i = 0; i < ranks.size(); ++i) out << (i ? ", " : "") << ranks[i];
-    out << ": " << groups[g].first;
-  }
-  return out.str();
-}
 
 // The request a rank would have made for a tensor it did not submit (a joined rank).
 Request RequestFromResponse(const Response& r) {
@@ -53,19 +33,12 @@ Request RequestFromResponse(const Response& r) {
   return q;
 }
 
-std::string FormatDouble(double v) {
-  std::ostringstream out;
-  out << v;
-  return out.str();
-}
-
 }  // namespace
 
-Controller::Controller(Transport& transport, const Config& config, bool carries_parameters)
+Controller::Controller(Link& transport, const Config& config, bool carries_parameters)
     : transport_(transport), config_(config), cache_(config.cache_capacity),
       carries_parameters_(carries_parameters),
-      last_stall_check_(std::chrono::steady_clock::now()),
-      last_stall_warning_(std::chrono::steady_clock::now() - std::chrono::hours(24)) {
+      stall_inspector_(config) {
   parameters_.fusion_threshold_bytes = config.fusion_threshold_bytes;
   parameters_.cycle_time_ms = config.cycle_time_ms;
   parameters_.cache_enabled = config.cache_capacity > 0;
@@ -161,7 +134,10 @@ const Controller::Round& Controller::Negotiate(std::vector<Request>& new_request
   bits.assign(1 + 2 * words + rank_words, 0);
   bits[0] = (uncached_.empty() ? kFlagNoUncached : 0) |
             (shutdown_requested ? 0 : kFlagNoShutdown) |
-            (StallCheckDue() ? 0 : kFlagNoStallCheck);
+            (transport_.rank() == kCoordinator &&
+                     stall_inspector_.CheckDue(std::chrono::steady_clock::now())
+                 ? 0
+                 : kFlagNoStallCheck);
   for (size_t w = 0; w < rank_words; ++w) bits[1 + 2 * words + w] = ~0ULL;
   if (shutdown_requested) {
     bits[1 + 2 * words + transport_.rank() / 64] &= ~(1ULL << (transport_.rank() % 64));
@@ -306,157 +282,37 @@ std::vector<Response> Controller::CoordinatorCollect(
 std::vector<Response> Controller::ReleaseGroups(std::vector<Response> responses) {
   std::vector<Response> released;
   for (Response& response : responses) {
-    if (response.group_id == 0 || response.type == Response::Type::kError) {
+    if (response.group_id == 0) {
       released.push_back(std::move(response));
       continue;
     }
+    // Errors wait for their group too: a member that failed fails the whole group, on every
+    // rank, instead of leaving the others waiting for it.
     const int64_t id = response.group_id;
     auto& members = group_ready_[id];
     members.push_back(std::move(response));
-    if (static_cast<int32_t>(members.size()) == members.front().group_size) {
-      for (Response& member : members) released.push_back(std::move(member));
-      group_ready_.erase(id);
+    if (static_cast<int32_t>(members.size()) < members.front().group_size) continue;
+    const Response* failed = nullptr;
+    for (const Response& member : members) {
+      if (member.type == Response::Type::kError) {
+        failed = &member;
+        break;
+      }
     }
+    if (failed != nullptr) {
+      const std::string failed_name = failed->names.at(0);
+      const std::string reason = failed->error_message;
+      for (Response& member : members) {
+        if (member.type == Response::Type::kError) continue;
+        member.type = Response::Type::kError;
+        member.error_message = "tensor '" + member.names.at(0) + "' is in a grouped call with '" +
+                               failed_name + "', which failed: " + reason;
+      }
+    }
+    for (Response& member : members) released.push_back(std::move(member));
+    group_ready_.erase(id);
   }
   return released;
-}
-
-Response Controller::BuildResponse(const std::string& name, const std::vector<Request>& all,
-                                   const std::vector<bool>& present) const {
-  // Only ranks that submitted the tensor are compared; joined ranks are absent.
-  std::vector<Request> requests;
-  std::vector<int> ranks;
-  for (int r = 0; r < static_cast<int>(all.size()); ++r) {
-    if (present[r]) {
-      requests.push_back(all[r]);
-      ranks.push_back(r);
-    }
-  }
-  const Request& first = requests[0];
-  Response response;
-  response.names = {name};
-  auto fail = [&](const std::string& message) {
-    response.type = Response::Type::kError;
-    response.error_message = message;
-    return response;
-  };
-  auto mismatch = [&](const std::string& what,
-                      const std::function<std::string(const Request&)>& describe) {
-    std::vector<std::pair<int, std::string>> values;
-    for (size_t i = 0; i < requests.size(); ++i) values.push_back({ranks[i], describe(requests[i])});
-    return fail("Mismatched " + what + " for tensor '" + name + "' across ranks: " +
-                DescribeByRank(values) + ".");
-  };
-  auto all_same = [&](const std::function<std::string(const Request&)>& describe) {
-    for (const Request& r : requests) {
-      if (describe(r) != describe(first)) return false;
-    }
-    return true;
-  };
-  auto op = [](const Request& r) { return std::string(OpTypeName(r.op)); };
-  auto dtype = [](const Request& r) { return std::string(DataTypeName(r.dtype)); };
-  auto shape = [](const Request& r) { return ShapeString(r.shape); };
-  auto device = [](const Request& r) {
-    return r.device < 0 ? std::string("cpu") : "cuda:" + std::to_string(r.device);
-  };
-  auto reduce = [](const Request& r) { return std::string(ReduceOpName(r.reduce_op)); };
-  auto scale = [](const Request& r) {
-    return "prescale " + FormatDouble(r.prescale) + ", postscale " + FormatDouble(r.postscale);
-  };
-  auto trailing = [](const Request& r) {
-    return ShapeString(std::vector<int64_t>(r.shape.begin() + (r.shape.empty() ? 0 : 1),
-                                            r.shape.end()));
-  };
-  auto group = [](const Request& r) {
-    return r.group_id == 0 ? std::string("not grouped")
-                           : "a group of " + std::to_string(r.group_size);
-  };
-  if (!all_same(op)) return mismatch("collective operations", op);
-  if (!all_same(dtype)) return mismatch("data types", dtype);
-  if (!all_same(device)) return mismatch("devices", device);
-  if (!all_same(group)) return mismatch("grouping", group);
-  if (requests.size() < all.size() && first.op != OpType::kAllreduce) {
-    std::vector<int> joined;
-    for (int r = 0; r < static_cast<int>(all.size()); ++r) if (!present[r]) joined.push_back(r);
-    std::string list;
-    for (size_t i = 0; i < joined.size(); ++i) list += (i ? ", " : "") + std::to_string(joined[i]);
-    return fail(std::string(OpTypeName(first.op)) + " of tensor '" + name + "' cannot proceed: " +
-                (joined.size() == 1 ? "rank " : "ranks ") + list +
-                " already called join(); only allreduce continues after a join");
-  }
-
-  response.dtype = first.dtype;
-  response.device = first.device;
-  response.shape = first.shape;
-  response.group_id = first.group_id;
-  response.group_size = first.group_size;
-  switch (first.op) {
-    case OpType::kAllreduce:
-    case OpType::kReducescatter:
-      if (!all_same(shape)) return mismatch("shapes", shape);
-      if (!all_same(reduce)) return mismatch("reduce operations", reduce);
-      if (!all_same(scale)) return mismatch("scale factors", scale);
-      response.type = first.op == OpType::kAllreduce ? Response::Type::kAllreduce
-                                                     : Response::Type::kReducescatter;
-      response.reduce_op = first.reduce_op;
-      response.prescale = first.prescale;
-      response.postscale = first.postscale;
-      response.tensor_sizes = {NumElements(first.shape)};
-      response.total_bytes = NumElements(first.shape) *
-                             static_cast<int64_t>(DataTypeSize(first.dtype));
-      break;
-    case OpType::kAllgather:
-    case OpType::kAlltoall: {
-      auto rank_of = [](const Request& r) { return std::to_string(r.shape.size()); };
-      if (!all_same(rank_of)) return mismatch("numbers of dimensions", shape);
-      if (!all_same(trailing)) {
-        return mismatch("shapes (all but the first dimension must agree)", shape);
-      }
-      if (first.op == OpType::kAllgather) {
-        response.type = Response::Type::kAllgather;
-        for (const Request& r : requests) response.first_dims.push_back(r.shape[0]);
-      } else {
-        response.type = Response::Type::kAlltoall;
-        for (const Request& r : requests) {
-          response.first_dims.insert(response.first_dims.end(), r.splits.begin(), r.splits.end());
-        }
-      }
-      break;
-    }
-    case OpType::kBroadcast: {
-      auto root = [](const Request& r) { return std::to_string(r.root_rank); };
-      if (!all_same(root)) return mismatch("root ranks", root);
-      if (!all_same(shape)) return mismatch("shapes", shape);
-      response.type = Response::Type::kBroadcast;
-      response.root_rank = first.root_rank;
-      break;
-    }
-    case OpType::kAddProcessSet:
-    case OpType::kRemoveProcessSet: {
-      auto members = [](const Request& r) { return ShapeString(r.splits); };
-      if (!all_same(members)) return mismatch("process set ranks", members);
-      response.type = static_cast<Response::Type>(first.op);
-      response.first_dims = first.splits;
-      break;
-    }
-    case OpType::kBarrier:
-    case OpType::kJoin:
-      response.type = static_cast<Response::Type>(first.op);
-      break;
-  }
-  return response;
-}
-
-bool Controller::StallCheckDue() const {
-  if (transport_.rank() != kCoordinator || !config_.stall_check_enabled) return false;
-  // Often enough that warnings and the shutdown come close to their times, at most once a
-  // second: a check costs one small gather and broadcast.
-  double interval = std::min(1.0, config_.stall_warning_seconds / 2);
-  if (config_.stall_shutdown_seconds > 0) {
-    interval = std::min(interval, config_.stall_shutdown_seconds / 2);
-  }
-  return std::chrono::steady_clock::now() - last_stall_check_ >=
-         std::chrono::duration<double>(std::max(interval, 0.05));
 }
 
 void Controller::ExchangeStallReports() {
@@ -485,20 +341,19 @@ void Controller::ExchangeStallReports() {
   WireWriter report;
   report.PutI64Vector(slots);
   report.PutI64Vector(waited_ms);
+  report.PutI32(HandleTable::blocked_waiters());
   auto reports = GatherToRoot(transport_, report.bytes(), kCoordinator);
 
   WireWriter verdict;
   if (transport_.rank() == kCoordinator) {
-    last_stall_check_ = now;
-    struct Waiting {
-      std::vector<bool> present;
-      double seconds = 0;
-    };
+    using Waiting = StallInspector::Waiting;
     std::map<std::string, Waiting> waiting;
+    bool all_blocked = true;
     for (int r = 0; r < n; ++r) {
       WireReader in(reports[r].data(), reports[r].size());
       auto their_slots = in.GetI64Vector();
       auto their_ms = in.GetI64Vector();
+      if (in.GetI32() <= 0) all_blocked = false;
       for (size_t i = 0; i < their_slots.size() && i < their_ms.size(); ++i) {
         const int64_t slot = their_slots[i];
         if (slot < 0 || slot >= cache_.num_slots() || !cache_.occupied(static_cast<int>(slot))) {
@@ -518,45 +373,11 @@ void Controller::ExchangeStallReports() {
       for (int r : joined_ranks_) w.present[r] = true;
       w.seconds = std::max(w.seconds, seconds_since(pending.first_seen));
     }
-    std::ostringstream list;
-    int origin = -1;
-    bool shutdown = false;
-    int stalled = 0;
-    for (const auto& [name, w] : waiting) {
-      std::vector<int> missing;
-      for (int r = 0; r < n; ++r) if (!w.present[r]) missing.push_back(r);
-      const bool stop = config_.stall_shutdown_seconds > 0 &&
-                        w.seconds >= config_.stall_shutdown_seconds;
-      if (missing.empty() || (w.seconds < config_.stall_warning_seconds && !stop)) continue;
-      shutdown = shutdown || stop;
-      if (origin < 0 || missing[0] < origin) origin = missing[0];
-      list << (stalled++ ? "; " : "") << "'" << name << "' missing on rank"
-           << (missing.size() > 1 ? "s " : " ");
-      for (size_t i = 0; i < missing.size(); ++i) list << (i ? ", " : "") << missing[i];
-      list << " (waited " << std::fixed << std::setprecision(1) << w.seconds << " s)";
-      list.unsetf(std::ios::fixed);
-    }
-    std::string message;
-    if (shutdown) {
-      std::ostringstream out;
-      out << "stall shutdown: tensors were submitted by some ranks and not by the others for "
-             "more than " << config_.stall_shutdown_seconds
-          << " s (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS): " << list.str();
-      message = out.str();
-    } else if (stalled > 0 &&
-               now - last_stall_warning_ >=
-                   std::chrono::duration<double>(config_.stall_warning_seconds)) {
-      last_stall_warning_ = now;
-      HVDL_LOG(kWarning, "Stalled tensors: some ranks submitted them more than "
-                             << config_.stall_warning_seconds
-                             << " s ago (HOROVOD_STALL_CHECK_TIME_SECONDS) and others have not; "
-                                "the ranks may run different code paths, or one is stuck: "
-                             << list.str());
-    }
+    const StallInspector::Verdict judged = stall_inspector_.Judge(waiting, n, all_blocked, now);
     // Ranks of a process set other than the global one are numbered within the set; only the
     // global set's are job ranks the launcher can name.
-    verdict.PutI32(n == config_.size ? origin : -1);
-    verdict.PutString(message);
+    verdict.PutI32(n == config_.size ? judged.origin : -1);
+    verdict.PutString(judged.shutdown_message);
   }
   BroadcastFromRoot(transport_, verdict.bytes(), kCoordinator);
   WireReader in(verdict.bytes().data(), verdict.bytes().size());

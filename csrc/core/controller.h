@@ -14,23 +14,25 @@
 #include <chrono>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
-#include "env_config.h"
+#include "../common/env_config.h"
 #include "message.h"
 #include "response_cache.h"
+#include "stall_inspector.h"
 #include "tuned_parameters.h"
-#include "../transport/transport.h"
+#include "../links/link.h"
 
 namespace horovodlike {
 
 class Controller {
  public:
   // `carries_parameters`: this is the global set, whose coordinator decides the parameters.
-  Controller(Transport& transport, const Config& config, bool carries_parameters = false);
+  Controller(Link& transport, const Config& config, bool carries_parameters = false);
 
   // What to run this round, identical on every rank. Each part is the response of one
   // tensor; parts fused into one collective are adjacent: collective g is parts[ends[g - 1]]
@@ -64,14 +66,11 @@ class Controller {
 
   // Coordinator only: records requests and returns the responses that became ready.
   std::vector<Response> CoordinatorCollect(const std::vector<std::vector<uint8_t>>& messages);
-  Response BuildResponse(const std::string& name, const std::vector<Request>& requests,
-                         const std::vector<bool>& present) const;
   // Holds back members of a group until the whole group is ready, then releases them together.
   std::vector<Response> ReleaseGroups(std::vector<Response> responses);
   // Stall inspection: the coordinator asks for it in the bit vector every so often; then every
   // rank reports the cached tensors it has been waiting on (the coordinator knows the uncached
-  // ones), and the coordinator warns, or stops the set past the shutdown time.
-  bool StallCheckDue() const;
+  // ones), and the coordinator's inspector warns, or stops the set past the shutdown time.
   void ExchangeStallReports();
   void ToUncached(int slot);
   // Applies the previous round to the response cache, the same way on every rank: cached
@@ -93,7 +92,7 @@ class Controller {
   // Switches the response cache as the parameters say; cached work goes the slow way.
   void ApplyCacheSetting();
 
-  Transport& transport_;
+  Link& transport_;
   const Config& config_;
   ResponseCache cache_;
   const bool carries_parameters_;
@@ -131,8 +130,7 @@ class Controller {
   std::set<int> joined_ranks_;  // coordinator: ranks waiting in join()
   int last_joined_ = -1;
   std::map<int64_t, std::vector<Response>> group_ready_;  // coordinator: group id -> members
-  std::chrono::steady_clock::time_point last_stall_check_;
-  std::chrono::steady_clock::time_point last_stall_warning_;
+  StallInspector stall_inspector_;  // coordinator
 };
 
 }  // namespace horovodlike

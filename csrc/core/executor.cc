@@ -2,9 +2,6 @@
 
 #include <cstring>
 
-#include "../collectives/chain_broadcast.h"
-#include "../collectives/pairwise_alltoall.h"
-#include "../collectives/ring_allgather.h"
 #include "../reduce/reduce.h"
 
 namespace horovodlike {
@@ -22,15 +19,8 @@ int64_t ScatterRows(int64_t rows, int r, int n) { return rows / n + (r < rows % 
 
 }  // namespace
 
-const char* Executor::AllreduceLabel(const Transport& transport) {
-  const std::string name = transport.name();
-  if (name == "mpi") return "MPI_ALLREDUCE";
-  if (name == "gloo") return "GLOO_ALLREDUCE";
-  if (name.find("shm") != std::string::npos) return "SHM_ALLREDUCE";
-  return "RING_ALLREDUCE";
-}
-
 void Executor::Execute(const Response* const* parts, size_t count) {
+  fusion_.CollectiveDone();
   const Response& response = *parts[0];
   std::vector<TensorEntry>& entries = entries_;
   entries.clear();
@@ -110,21 +100,16 @@ void Executor::Reduce(void* buf, size_t count, DataType dtype, ReduceOp op, doub
   if (count == 0) return;
   if (transport_.size() == 1) {
     ScaleInPlace(buf, count, dtype, scale);
-  } else if (const HostHierarchy* hosts = transport_.hierarchy(); hosts && hosts->allreduce()) {
-    timeline_.ActivityStart("HIERARCHICAL_ALLREDUCE");
-    hierarchical_.Run(*hosts, buf, count, dtype, op);
-    ++hierarchical_allreduces_;
-    ScaleInPlace(buf, count, dtype, scale);
-    timeline_.ActivityEnd();
-  } else {
-    // Named for the transport: the backend's own algorithm, or the ring over it.
-    timeline_.ActivityStart(allreduce_label_);
-    if (!transport_.NativeAllreduce(buf, count, dtype, op, scale)) {
-      ring_.Run(transport_, buf, count, dtype, op);
-      ScaleInPlace(buf, count, dtype, scale);
-    }
-    timeline_.ActivityEnd();
+    return;
   }
+  const auto chosen = providers_->Allreduce(count, dtype, op);
+  timeline_.ActivityStart(chosen.label);
+  chosen.provider->Run(buf, count, dtype, op, scale);
+  ProviderTable::CountRun(chosen.label);
+  if (std::strcmp(chosen.provider->name(), "hierarchical_allreduce") == 0) {
+    ++hierarchical_allreduces_;
+  }
+  timeline_.ActivityEnd();
 }
 
 void Executor::ReduceAdasum(void* buf, const size_t* counts, size_t num_tensors, DataType dtype,
@@ -133,22 +118,22 @@ void Executor::ReduceAdasum(void* buf, const size_t* counts, size_t num_tensors,
   for (size_t t = 0; t < num_tensors; ++t) total += counts[t];
   if (total == 0) return;
   if (transport_.size() > 1) {
-    timeline_.ActivityStart("ADASUM_ALLREDUCE");
-    adasum_.Run(transport_, buf, counts, num_tensors, dtype, tensor);
+    const auto chosen = providers_->Adasum();
+    timeline_.ActivityStart(chosen.label);
+    chosen.provider->Run(buf, counts, num_tensors, dtype, tensor);
+    ProviderTable::CountRun(chosen.label);
     timeline_.ActivityEnd();
   }
   ScaleInPlace(buf, total, dtype, scale);
 }
 
 void Executor::Gather(void* out, const std::vector<size_t>& block_bytes) {
-  const HostHierarchy* hosts = transport_.hierarchy();
-  if (hosts != nullptr && hosts->allgather()) {
-    timeline_.ActivityStart("HIERARCHICAL_ALLGATHER");
-    hierarchical_allgather_.Run(*hosts, out, block_bytes);
+  const auto chosen = providers_->Allgather();
+  timeline_.ActivityStart(chosen.label);
+  chosen.provider->Run(out, block_bytes);
+  ProviderTable::CountRun(chosen.label);
+  if (std::strcmp(chosen.provider->name(), "hierarchical_allgather") == 0) {
     ++hierarchical_allgathers_;
-  } else {
-    timeline_.ActivityStart("RING_ALLGATHER");
-    RingAllgatherv(transport_, out, block_bytes);
   }
   timeline_.ActivityEnd();
 }
@@ -343,8 +328,10 @@ void Executor::Reducescatter(const Response& response, std::vector<TensorEntry>&
     }
   }
   timeline_.ActivityEnd();
-  timeline_.ActivityStart("RING_REDUCESCATTER");
-  reducescatter_.Run(transport_, buffer, block_counts, dtype, response.reduce_op);
+  const auto chosen = providers_->Reducescatter();
+  timeline_.ActivityStart(chosen.label);
+  chosen.provider->Run(buffer, block_counts, dtype, response.reduce_op);
+  ProviderTable::CountRun(chosen.label);
   timeline_.ActivityEnd();
   timeline_.ActivityStart("MEMCPY_OUT_FUSION_BUFFER");
   offset = 0;
@@ -381,8 +368,10 @@ void Executor::Alltoall(const Response& response, TensorEntry& entry) {
   state.output_shape = entry.request.shape;
   state.output_shape[0] = total_rows;
   state.first_dims = received;
-  timeline_.ActivityStart("PAIRWISE_ALLTOALL");
-  PairwiseAlltoall(transport_, entry.input, send_bytes, state.output.data(), recv_bytes);
+  const auto chosen = providers_->Alltoall();
+  timeline_.ActivityStart(chosen.label);
+  chosen.provider->Run(entry.input, send_bytes, state.output.data(), recv_bytes);
+  ProviderTable::CountRun(chosen.label);
   timeline_.ActivityEnd();
 }
 
@@ -392,8 +381,10 @@ void Executor::Broadcast(const Response& response, TensorEntry& entry) {
   if (transport_.rank() == response.root_rank && entry.input != entry.output && bytes > 0) {
     std::memcpy(entry.output, entry.input, bytes);
   }
-  timeline_.ActivityStart("CHAIN_BROADCAST");
-  ChainBroadcast(transport_, entry.output, bytes, response.root_rank);
+  const auto chosen = providers_->Broadcast();
+  timeline_.ActivityStart(chosen.label);
+  chosen.provider->Run(entry.output, bytes, response.root_rank);
+  ProviderTable::CountRun(chosen.label);
   timeline_.ActivityEnd();
 }
 

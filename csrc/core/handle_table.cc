@@ -4,6 +4,8 @@
 
 namespace horovodlike {
 
+std::atomic<int> HandleTable::blocked_waiters_{0};
+
 int64_t HandleTable::Create() {
   std::lock_guard<std::mutex> lock(mutex_);
   int64_t id = next_++;

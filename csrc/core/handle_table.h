@@ -1,7 +1,9 @@
-// Handles returned to the caller of an asynchronous collective: wait(), poll(), the status it
-// ended with, and for allgather the output the core allocated.
+// Handles returned to the caller of an asynchronous operation: wait(), poll(), the status it
+// ended with, and the output the core allocated where the caller gave none.
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
@@ -9,17 +11,21 @@
 #include <unordered_map>
 #include <vector>
 
-#include "common.h"
+#include "../common/common.h"
 
 namespace horovodlike {
 
 struct HandleState {
   bool done = false;
   Status status;
-  // Allgather only: the gathered bytes and their shape.
+  // The bytes the core allocated and their shape: allgather, alltoall, reducescatter, and a
+  // point-to-point receive without a buffer.
   std::vector<uint8_t> output;
   std::vector<int64_t> output_shape;
-  std::vector<int64_t> first_dims;  // each rank's first dimension, for the gradient
+  // The integers the operation reports: allgather, each rank's first dimension (for the
+  // gradient); alltoall, the rows received from each rank; join, the last rank to join;
+  // add/remove_process_set, the set's id; a point-to-point receive, the sender's dtype code.
+  std::vector<int64_t> first_dims;
 };
 
 class HandleTable {
@@ -33,6 +39,17 @@ class HandleTable {
   // Waits at most `seconds`; null when the handle is not done by then (so that a caller can
   // look at signals between waits).
   std::shared_ptr<HandleState> WaitFor(int64_t handle, double seconds);
+  // Threads of this process blocked waiting on a handle, counted from the first slice of a
+  // wait to its end (process-wide, so a wait that outlives shutdown() stays safe): the stall
+  // inspector tells ranks that wait on each other (a deadlock) from ranks busy elsewhere.
+  class BlockedWaiter {
+   public:
+    BlockedWaiter() { ++blocked_waiters_; }
+    ~BlockedWaiter() { --blocked_waiters_; }
+    BlockedWaiter(const BlockedWaiter&) = delete;
+    BlockedWaiter& operator=(const BlockedWaiter&) = delete;
+  };
+  static int blocked_waiters() { return blocked_waiters_.load(); }
   void Release(int64_t handle);
 
  private:
@@ -40,6 +57,7 @@ class HandleTable {
   std::condition_variable done_cv_;
   std::unordered_map<int64_t, std::shared_ptr<HandleState>> handles_;
   int64_t next_ = 1;
+  static std::atomic<int> blocked_waiters_;
 };
 
 }  // namespace horovodlike

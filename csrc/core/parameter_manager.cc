@@ -6,8 +6,8 @@
 #include <cstring>
 #include <iomanip>
 
-#include "common.h"
-#include "logging.h"
+#include "../common/common.h"
+#include "../common/logging.h"
 
 namespace horovodlike {
 namespace {

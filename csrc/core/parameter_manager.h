@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "bayesian_optimizer.h"
-#include "env_config.h"
+#include "../common/env_config.h"
 #include "message.h"
 #include "tuned_parameters.h"
 

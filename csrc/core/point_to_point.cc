@@ -84,7 +84,7 @@ struct PointToPoint::Peer {
   std::map<int, std::string> rejections;
 };
 
-PointToPoint::PointToPoint(int rank, int size, std::unique_ptr<Transport> links,
+PointToPoint::PointToPoint(int rank, int size, std::unique_ptr<Link> links,
                            HandleTable& handles, std::string unavailable)
     : links_(std::move(links)), handles_(handles), unavailable_(std::move(unavailable)),
       rank_(rank), size_(size), peers_(size) {

@@ -22,9 +22,9 @@
 #include <thread>
 #include <vector>
 
-#include "common.h"
+#include "../common/common.h"
 #include "handle_table.h"
-#include "../transport/transport.h"
+#include "../links/link.h"
 
 namespace horovodlike {
 
@@ -41,7 +41,7 @@ class PointToPoint {
 
   // `links`: a connected mesh used by nothing else; null when this job cannot have one, and
   // then every call throws InvalidArgument with `unavailable`.
-  PointToPoint(int rank, int size, std::unique_ptr<Transport> links, HandleTable& handles,
+  PointToPoint(int rank, int size, std::unique_ptr<Link> links, HandleTable& handles,
                std::string unavailable);
   ~PointToPoint();
 
@@ -84,7 +84,7 @@ class PointToPoint {
   // with at once (a lost peer, a failure notice, a stopped runtime), or ok.
   Status CheckLocked(const Message& message, const char* what);
 
-  std::unique_ptr<Transport> links_;
+  std::unique_ptr<Link> links_;
   HandleTable& handles_;
   const std::string unavailable_;
   const int rank_;

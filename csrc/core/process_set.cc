@@ -2,11 +2,11 @@
 
 #include <algorithm>
 
-#include "../transport/subset.h"
+#include "../links/subset_link.h"
 
 namespace horovodlike {
 
-ProcessSetTable::ProcessSetTable(Transport& transport, const Config& config, TensorQueue& queue,
+ProcessSetTable::ProcessSetTable(Link& transport, const Config& config, TensorQueue& queue,
                                  HandleTable& handles, Timeline& timeline,
                                  Executor::ProcessSetChange on_change)
     : transport_(transport), config_(config), queue_(queue), handles_(handles),
@@ -16,8 +16,8 @@ ProcessSetTable::ProcessSetTable(Transport& transport, const Config& config, Ten
   for (int r = 0; r < transport.size(); ++r) global->ranks.push_back(r);
   global->controller = std::make_unique<Controller>(transport_, config_,
                                                     /*carries_parameters=*/true);
-  global->executor = std::make_unique<Executor>(transport_, queue_, handles_, timeline_, 0,
-                                                on_change_);
+  global->executor = std::make_unique<Executor>(transport_, ProviderTable::ForJob(transport_),
+                                                queue_, handles_, timeline_, 0, on_change_);
   sets_[0] = std::move(global);
 }
 
@@ -46,10 +46,10 @@ int ProcessSetTable::Add(const std::vector<int>& ranks) {
   set->id = next_id_++;
   set->ranks = sorted;
   if (std::binary_search(sorted.begin(), sorted.end(), transport_.rank())) {
-    set->view = std::make_unique<SubsetTransport>(transport_, sorted);
+    set->view = std::make_unique<SubsetLink>(transport_, sorted);
     set->controller = std::make_unique<Controller>(*set->view, config_);
-    set->executor = std::make_unique<Executor>(*set->view, queue_, handles_, timeline_,
-                                               set->id);
+    set->executor = std::make_unique<Executor>(*set->view, ProviderTable::ForSubset(*set->view),
+                                               queue_, handles_, timeline_, set->id);
   }
   const int id = set->id;
   sets_[id] = std::move(set);
@@ -116,6 +116,7 @@ Executor::Stats ProcessSetTable::TotalStats() {
     total.errors += s.errors;
     total.hierarchical_allreduces += s.hierarchical_allreduces;
     total.hierarchical_allgathers += s.hierarchical_allgathers;
+    total.fusion_buffer_bytes += s.fusion_buffer_bytes;
   }
   return total;
 }

@@ -11,14 +11,14 @@
 
 #include "controller.h"
 #include "executor.h"
-#include "../transport/transport.h"
+#include "../links/link.h"
 
 namespace horovodlike {
 
 struct ProcessSet {
   int id = 0;
   std::vector<int> ranks;               // global ranks, ascending
-  std::unique_ptr<Transport> view;      // null for the global set (the job's transport)
+  std::unique_ptr<Link> view;      // null for the global set (the job's transport)
   std::unique_ptr<Controller> controller;
   std::unique_ptr<Executor> executor;   // both null when this rank is not a member
 };
@@ -26,7 +26,7 @@ struct ProcessSet {
 class ProcessSetTable {
  public:
   // Registers the global set over `transport`.
-  ProcessSetTable(Transport& transport, const Config& config, TensorQueue& queue,
+  ProcessSetTable(Link& transport, const Config& config, TensorQueue& queue,
                   HandleTable& handles, Timeline& timeline, Executor::ProcessSetChange on_change);
 
   // Adds a set (background thread only); throws InvalidArgument for bad or duplicate ranks.
@@ -43,7 +43,7 @@ class ProcessSetTable {
   Executor::Stats TotalStats();
 
  private:
-  Transport& transport_;
+  Link& transport_;
   const Config& config_;
   TensorQueue& queue_;
   HandleTable& handles_;

@@ -4,18 +4,24 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <map>
 
-#include "logging.h"
+#include "enqueue_checks.h"
+#include "../common/logging.h"
 #include "../collectives/adasum_allreduce.h"
-#include "../transport/factory.h"
-#include "../transport/rendezvous_client.h"
-#include "../transport/tcp.h"
+#include "../links/connect.h"
+#include "../links/rendezvous_client.h"
+#include "../links/tcp/tcp_link.h"
 
 namespace horovodlike {
 namespace {
+// Guards the three below; never held while connecting or stopping, so that calls from other
+// threads (rank(), is_initialized(), ...) answer at once meanwhile.
 std::mutex g_mutex;
-std::unique_ptr<Runtime> g_runtime;
+std::condition_variable g_init_done;
+bool g_initializing = false;  // an init() is connecting; a second one waits for it
+std::shared_ptr<Runtime> g_runtime;
 int g_generation = 0;  // init() count, so a re-init rendezvouses under fresh keys
 
 const char* FailureKind(TransportError::Cause cause) {
@@ -30,13 +36,29 @@ const char* FailureKind(TransportError::Cause cause) {
 }  // namespace
 
 void Runtime::Init() {
-  std::lock_guard<std::mutex> lock(g_mutex);
-  if (g_runtime) return;  // init() twice is harmless, as in Horovod
-  Config config = Config::FromEnvironment();
+  int generation = 0;
+  Config config;
+  {
+    std::unique_lock<std::mutex> lock(g_mutex);
+    g_init_done.wait(lock, [] { return !g_initializing; });
+    if (g_runtime) return;  // init() twice is harmless, as in Horovod
+    config = Config::FromEnvironment();
+    // Elastic workers join rounds formed by the driver: the round names the rendezvous keys,
+    // so a worker started late meets the others under the same keys.
+    generation = config.elastic_round >= 0 ? config.elastic_round : g_generation++;
+    g_initializing = true;
+  }
+  // Whatever happens below, the next init() may go ahead.
+  struct InitDone {
+    ~InitDone() {
+      {
+        std::lock_guard<std::mutex> lock(g_mutex);
+        g_initializing = false;
+      }
+      g_init_done.notify_all();
+    }
+  } done;
   SetLogLevel(config.log_level, config.rank);
-  // Elastic workers join rounds formed by the driver: the round names the rendezvous keys, so
-  // a worker started late meets the others under the same keys.
-  const int generation = config.elastic_round >= 0 ? config.elastic_round : g_generation++;
   // Rank 0 decides the tuned parameters; a log file it cannot write fails init before any
   // connection is made.
   std::unique_ptr<ParameterManager> tuner;
@@ -56,9 +78,9 @@ void Runtime::Init() {
       throw InvalidArgument(std::string("HOROVOD_TIMELINE: ") + e.what());
     }
   }
-  std::unique_ptr<Transport> transport;
+  std::unique_ptr<Link> transport;
   try {
-    transport = CreateTransport(config, generation);
+    transport = ConnectLink(config, generation);
   } catch (const TransportError& e) {
     // A peer that died or vanished during set-up: tell the launcher which one it was.
     ReportFailureToLauncher(config, generation, {e.peer(), FailureKind(e.cause()), e.what()});
@@ -67,7 +89,7 @@ void Runtime::Init() {
   // Point-to-point gets a TCP mesh of its own (point_to_point.h). Its connections may stay idle
   // for as long as a pipeline waits, so silence is never a failure there; a peer that dies
   // still closes them.
-  std::unique_ptr<Transport> p2p_links;
+  std::unique_ptr<Link> p2p_links;
   std::string p2p_unavailable;
   if (config.size > 1 && (config.rendezvous_addr.empty() || config.rendezvous_port <= 0)) {
     p2p_unavailable = "point-to-point needs the launcher's rendezvous server, and this job has "
@@ -76,24 +98,28 @@ void Runtime::Init() {
     Config links_config = config;
     links_config.peer_timeout_seconds = 1e9;
     try {
-      p2p_links = TcpTransport::Connect(links_config, generation, "p2p");
+      p2p_links = TcpLink::Connect(links_config, generation, "p2p");
     } catch (const TransportError& e) {
       ReportFailureToLauncher(config, generation, {e.peer(), FailureKind(e.cause()), e.what()});
       throw;
     }
   }
-  g_runtime.reset(new Runtime(std::move(config), std::move(transport), generation,
-                              std::move(tuner), std::move(timeline), std::move(p2p_links),
-                              std::move(p2p_unavailable)));
+  std::shared_ptr<Runtime> runtime(new Runtime(std::move(config), std::move(transport),
+                                               generation, std::move(tuner), std::move(timeline),
+                                               std::move(p2p_links), std::move(p2p_unavailable)));
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_runtime = std::move(runtime);
 }
 
 void Runtime::Shutdown() {
-  std::unique_ptr<Runtime> runtime;
+  std::shared_ptr<Runtime> runtime;
   {
     std::lock_guard<std::mutex> lock(g_mutex);
     runtime = std::move(g_runtime);
   }
-  // The destructor stops and joins the loop outside the lock.
+  // Outside the lock: stopping waits for the loop. A caller still holding the runtime keeps
+  // the object (its calls fail with the shutdown status) until it lets go.
+  if (runtime) runtime->Close();
 }
 
 bool Runtime::IsInitialized() {
@@ -101,17 +127,17 @@ bool Runtime::IsInitialized() {
   return g_runtime != nullptr;
 }
 
-Runtime& Runtime::Get() {
+std::shared_ptr<Runtime> Runtime::Get() {
   std::lock_guard<std::mutex> lock(g_mutex);
   if (!g_runtime) {
     throw InvalidArgument("horovodlike has not been initialized; call hvd.init() first");
   }
-  return *g_runtime;
+  return g_runtime;
 }
 
-Runtime::Runtime(Config config, std::unique_ptr<Transport> transport, int generation,
+Runtime::Runtime(Config config, std::unique_ptr<Link> transport, int generation,
                  std::unique_ptr<ParameterManager> tuner, std::unique_ptr<Timeline> timeline,
-                 std::unique_ptr<Transport> p2p_links, std::string p2p_unavailable)
+                 std::unique_ptr<Link> p2p_links, std::string p2p_unavailable)
     : config_(std::move(config)), generation_(generation), transport_(std::move(transport)),
       timeline_(std::move(timeline)),
       process_sets_(*transport_, config_, queue_, handles_, *timeline_,
@@ -126,98 +152,27 @@ Runtime::Runtime(Config config, std::unique_ptr<Transport> transport, int genera
   pthread_setname_np(loop_.native_handle(), "hvdl-loop");
 }
 
-Runtime::~Runtime() {
+Runtime::~Runtime() { Close(); }
+
+void Runtime::Close() {
+  std::lock_guard<std::mutex> lock(close_mutex_);
   shutdown_requested_ = true;
   queue_.Notify();
   if (loop_.joinable()) loop_.join();
   timeline_->Stop();
+  // Point-to-point waits are not in the queue: they fail here, not when the object goes.
+  p2p_->Abort(Status::Error(StatusCode::kShutdown, "horovodlike was shut down"));
   FailEverything(StatusCode::kShutdown, "horovodlike was shut down");
 }
 
 int64_t Runtime::Enqueue(EnqueueArgs args) {
-  if (args.name.empty()) throw InvalidArgument("a collective needs a non-empty name");
-  if (args.name.find_first_of(" \n") != std::string::npos) {
-    throw InvalidArgument("tensor name '" + args.name + "' must not contain spaces or newlines");
-  }
-  for (int64_t d : args.shape) {
-    if (d < 0) throw InvalidArgument("tensor '" + args.name + "' has a negative dimension");
-  }
-  if (args.device >= 0) {
-    throw InvalidArgument("tensor '" + args.name + "' is on GPU " + std::to_string(args.device) +
-                          ", but this build of horovodlike has no GPU support");
-  }
-  if (args.dtype == DataType::kBool &&
-      (args.reduce_op == ReduceOp::kAverage || args.prescale != 1.0 || args.postscale != 1.0)) {
-    if (args.op == OpType::kAllreduce) {
-      throw InvalidArgument("tensor '" + args.name +
-                            "' is bool: Average and scale factors are not defined for bool; use "
-                            "Sum (logical or), Min, Max or Product");
-    }
-  }
+  CheckTensorArgs(args);
   std::vector<int> members;
   if (!process_sets_.Ranks(args.process_set, &members)) {
     throw InvalidArgument("'" + args.name + "': process set " + std::to_string(args.process_set) +
                           " does not exist (it was never added, or was removed)");
   }
-  if (!std::binary_search(members.begin(), members.end(), config_.rank)) {
-    throw InvalidArgument("'" + args.name + "': rank " + std::to_string(config_.rank) +
-                          " is not in process set " + std::to_string(args.process_set) +
-                          " (ranks " + ShapeString(std::vector<int64_t>(members.begin(),
-                                                                        members.end())) + ")");
-  }
-  const int set_size = static_cast<int>(members.size());
-  if (args.reduce_op == ReduceOp::kAdasum) {
-    if (args.op == OpType::kReducescatter) {
-      throw InvalidArgument("reducescatter of '" + args.name +
-                            "': op=Adasum is only defined for allreduce; use Sum or Average");
-    }
-    // Every rank checks the same set size here, so all of them raise and nothing is sent.
-    const std::string problem = AdasumAllreduce::CheckArguments(
-        args.name, args.dtype, set_size,
-        args.process_set == 0 ? std::string("this job")
-                              : "process set " + std::to_string(args.process_set));
-    if (!problem.empty()) throw InvalidArgument(problem);
-  }
-  if (args.op == OpType::kBroadcast && (args.root_rank < 0 || args.root_rank >= set_size)) {
-    throw InvalidArgument("broadcast of '" + args.name + "': root_rank " +
-                          std::to_string(args.root_rank) + " is not a rank of " +
-                          (args.process_set == 0 ? std::string("this job")
-                                                 : "process set " +
-                                                       std::to_string(args.process_set)) +
-                          " (size " + std::to_string(set_size) + ")");
-  }
-  if (args.op == OpType::kAlltoall) {
-    if (args.shape.empty()) {
-      throw InvalidArgument("alltoall of '" + args.name + "': a scalar cannot be split");
-    }
-    if (static_cast<int>(args.splits.size()) != set_size) {
-      throw InvalidArgument("alltoall of '" + args.name + "': " +
-                            std::to_string(args.splits.size()) + " splits for " +
-                            std::to_string(set_size) + " ranks");
-    }
-    int64_t sum = 0;
-    for (int64_t s : args.splits) {
-      if (s < 0) throw InvalidArgument("alltoall of '" + args.name + "': negative split");
-      sum += s;
-    }
-    if (sum != args.shape[0]) {
-      throw InvalidArgument("alltoall of '" + args.name + "': splits " +
-                            ShapeString(args.splits) + " add up to " + std::to_string(sum) +
-                            ", not to the first dimension " + std::to_string(args.shape[0]));
-    }
-  }
-  if (args.op == OpType::kReducescatter && args.shape.empty()) {
-    throw InvalidArgument("reducescatter of '" + args.name +
-                          "': a scalar cannot be scattered; give it at least one dimension");
-  }
-  if ((args.op == OpType::kJoin || args.op == OpType::kAddProcessSet ||
-       args.op == OpType::kRemoveProcessSet) && args.process_set != 0) {
-    throw InvalidArgument(std::string(OpTypeName(args.op)) + " runs on the global process set");
-  }
-  if (args.op == OpType::kAllgather && args.shape.empty()) {
-    throw InvalidArgument("allgather of '" + args.name +
-                          "': a scalar cannot be gathered; give it at least one dimension");
-  }
+  CheckSetArgs(args, members, config_.rank);
 
   int64_t handle = handles_.Create();
   TensorEntry entry;
@@ -327,103 +282,19 @@ Runtime::TunedState Runtime::tuned() {
 }
 
 void Runtime::Loop() {
-  using Clock = std::chrono::steady_clock;
-  TunedParameters in_force = tuned().parameters;
-  // Kept across rounds with their storage, so that a round of tensors seen before allocates
-  // nothing here (nor in the controller and executor).
-  std::vector<std::pair<int, Request>> popped;
-  std::map<int, std::vector<Request>> by_set;
-  std::vector<int> set_ids;
+  RoundState state;
+  state.in_force = tuned().parameters;
   try {
     while (true) {
       // The cycle time may change between rounds (autotuning).
       queue_.WaitForWork(
-          std::chrono::microseconds(static_cast<int64_t>(in_force.cycle_time_ms * 1000)));
-      queue_.PopNewRequests(&popped);
-      if (timeline_->active() && !popped.empty()) {
-        // Only rounds that took in work: an idle loop turns every cycle time.
-        timeline_->MarkCycleStart();
-        for (const auto& [set_id, request] : popped) {
-          timeline_->NegotiateStart(request.name, request.op);
-        }
-      }
-      for (auto& [set_id, request] : popped) by_set[set_id].push_back(std::move(request));
-      bool shutdown = false;
+          std::chrono::microseconds(static_cast<int64_t>(state.in_force.cycle_time_ms * 1000)));
+      TakeNewRequests(state);
       std::vector<int> shutdown_ranks;
-      // Every rank visits its sets in the same (id) order, so each set's members negotiate
-      // and execute in step; sets added this round are visited from the next one.
-      process_sets_.MemberIds(&set_ids);
-      for (int id : set_ids) {
-        ProcessSet* set = process_sets_.Member(id);
-        if (set == nullptr) continue;  // removed earlier in this round
-        // The global set (visited first) puts the tuned parameters in force on every rank;
-        // the other sets follow them in the same iteration.
-        if (id == 0 && tuner_) {
-          tuner_->RoundStarted(Clock::now());
-          set->controller->Propose(tuner_->current());
-        } else if (id != 0) {
-          set->controller->SetParameters(in_force);
-        }
-        const Controller::Round& round = set->controller->Negotiate(
-            by_set[id], id == 0 && shutdown_requested_.load());
-        if (timeline_->active()) {
-          for (const Response* part : round.parts) timeline_->NegotiateEnd(part->names.at(0));
-        }
-        if (id == 0 && set->controller->parameters() != in_force) {
-          in_force = set->controller->parameters();
-          std::lock_guard<std::mutex> lock(tuned_mutex_);
-          tuned_ = {in_force, set->controller->parameters_round()};
-        }
-        size_t begin = 0;
-        for (size_t end : round.ends) {
-          const Response* const* parts = round.parts.data() + begin;
-          set->executor->Execute(parts, end - begin);
-          if (tuner_ && parts[0]->type == Response::Type::kAllreduce) {
-            tuner_->ObserveAllreduce(id, parts, end - begin, Clock::now());
-          }
-          begin = end;
-        }
-        if (id == 0 && round.shutdown) {
-          shutdown = true;
-          shutdown_ranks = round.shutdown_ranks;
-        }
-      }
-      for (auto it = by_set.begin(); it != by_set.end();) {
-        if (it->second.empty()) {
-          ++it;
-          continue;
-        }
-        // Requests for a set removed while they were queued.
-        for (const Request& request : it->second) {
-          TensorEntry entry;
-          if (queue_.Take(QueueKey(it->first, request.name), &entry)) {
-            handles_.Complete(entry.handle, Status::Error(StatusCode::kInvalidArgument,
-                                                          "process set " +
-                                                              std::to_string(it->first) +
-                                                              " was removed"));
-          }
-        }
-        it = by_set.erase(it);
-      }
+      const bool shutdown = RunSets(state, &shutdown_ranks);
+      FailRequestsOfRemovedSets(state);
       if (shutdown) {
-        std::vector<int> others;
-        for (int r : shutdown_ranks) if (r != config_.rank) others.push_back(r);
-        if (others.empty() || shutdown_requested_) {
-          FailEverything(StatusCode::kShutdown,
-                         "horovodlike was shut down before this operation completed");
-        } else {
-          std::string list;
-          for (size_t i = 0; i < others.size(); ++i) {
-            list += (i ? ", " : "") + std::to_string(others[i]);
-          }
-          const std::string who = (others.size() == 1 ? "rank " : "ranks ") + list;
-          // This rank did not ask to stop: the others did, so its failure is theirs.
-          Stop(StatusCode::kShutdown,
-               "horovodlike was shut down on " + who + " before this operation completed (" +
-                   who + " called shutdown() or " + (others.size() == 1 ? "is" : "are") +
-                   " exiting)",
-               others[0], "shutdown", false);
-        }
+        StopOnShutdown(shutdown_ranks);
         return;
       }
     }
@@ -434,6 +305,104 @@ void Runtime::Loop() {
     HVDL_LOG(kError, "stopping: " << e.what());
     Stop(StatusCode::kInternal, e.what(), config_.rank, "error", true);
   }
+}
+
+void Runtime::TakeNewRequests(RoundState& state) {
+  queue_.PopNewRequests(&state.popped);
+  if (timeline_->active() && !state.popped.empty()) {
+    // Only rounds that took in work: an idle loop turns every cycle time.
+    timeline_->MarkCycleStart();
+    for (const auto& [set_id, request] : state.popped) {
+      timeline_->NegotiateStart(request.name, request.op);
+    }
+  }
+  for (auto& [set_id, request] : state.popped) {
+    state.by_set[set_id].push_back(std::move(request));
+  }
+}
+
+bool Runtime::RunSets(RoundState& state, std::vector<int>* shutdown_ranks) {
+  using Clock = std::chrono::steady_clock;
+  bool shutdown = false;
+  // Every rank visits its sets in the same (id) order, so each set's members negotiate and
+  // execute in step; sets added this round are visited from the next one.
+  process_sets_.MemberIds(&state.set_ids);
+  for (int id : state.set_ids) {
+    ProcessSet* set = process_sets_.Member(id);
+    if (set == nullptr) continue;  // removed earlier in this round
+    // The global set (visited first) puts the tuned parameters in force on every rank; the
+    // other sets follow them in the same iteration.
+    if (id == 0 && tuner_) {
+      tuner_->RoundStarted(Clock::now());
+      set->controller->Propose(tuner_->current());
+    } else if (id != 0) {
+      set->controller->SetParameters(state.in_force);
+    }
+    const Controller::Round& round = set->controller->Negotiate(
+        state.by_set[id], id == 0 && shutdown_requested_.load());
+    if (timeline_->active()) {
+      for (const Response* part : round.parts) timeline_->NegotiateEnd(part->names.at(0));
+    }
+    if (id == 0 && set->controller->parameters() != state.in_force) {
+      state.in_force = set->controller->parameters();
+      std::lock_guard<std::mutex> lock(tuned_mutex_);
+      tuned_ = {state.in_force, set->controller->parameters_round()};
+    }
+    size_t begin = 0;
+    for (size_t end : round.ends) {
+      const Response* const* parts = round.parts.data() + begin;
+      set->executor->Execute(parts, end - begin);
+      if (tuner_ && parts[0]->type == Response::Type::kAllreduce) {
+        tuner_->ObserveAllreduce(id, parts, end - begin, Clock::now());
+      }
+      begin = end;
+    }
+    if (id == 0 && round.shutdown) {
+      shutdown = true;
+      *shutdown_ranks = round.shutdown_ranks;
+    }
+  }
+  return shutdown;
+}
+
+void Runtime::FailRequestsOfRemovedSets(RoundState& state) {
+  for (auto it = state.by_set.begin(); it != state.by_set.end();) {
+    if (it->second.empty()) {
+      ++it;
+      continue;
+    }
+    // Requests for a set removed while they were queued.
+    for (const Request& request : it->second) {
+      TensorEntry entry;
+      if (queue_.Take(QueueKey(it->first, request.name), &entry)) {
+        handles_.Complete(entry.handle,
+                          Status::Error(StatusCode::kInvalidArgument,
+                                        "process set " + std::to_string(it->first) +
+                                            " was removed"));
+      }
+    }
+    it = state.by_set.erase(it);
+  }
+}
+
+void Runtime::StopOnShutdown(const std::vector<int>& shutdown_ranks) {
+  std::vector<int> others;
+  for (int r : shutdown_ranks) {
+    if (r != config_.rank) others.push_back(r);
+  }
+  if (others.empty() || shutdown_requested_) {
+    FailEverything(StatusCode::kShutdown,
+                   "horovodlike was shut down before this operation completed");
+    return;
+  }
+  std::string list;
+  for (size_t i = 0; i < others.size(); ++i) list += (i ? ", " : "") + std::to_string(others[i]);
+  const std::string who = (others.size() == 1 ? "rank " : "ranks ") + list;
+  // This rank did not ask to stop: the others did, so its failure is theirs.
+  Stop(StatusCode::kShutdown,
+       "horovodlike was shut down on " + who + " before this operation completed (" + who +
+           " called shutdown() or " + (others.size() == 1 ? "is" : "are") + " exiting)",
+       others[0], "shutdown", false);
 }
 
 void Runtime::Stop(StatusCode code, const std::string& cause, int origin, const char* kind,

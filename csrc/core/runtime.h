@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -11,34 +12,17 @@
 
 #include "controller.h"
 #include "process_set.h"
-#include "env_config.h"
+#include "runtime_args.h"
+#include "../common/env_config.h"
 #include "executor.h"
 #include "handle_table.h"
 #include "parameter_manager.h"
 #include "point_to_point.h"
 #include "tensor_queue.h"
 #include "timeline.h"
-#include "../transport/transport.h"
+#include "../links/link.h"
 
 namespace horovodlike {
-
-struct EnqueueArgs {
-  OpType op = OpType::kAllreduce;
-  std::string name;
-  const void* input = nullptr;
-  void* output = nullptr;
-  DataType dtype = DataType::kFloat32;
-  std::vector<int64_t> shape;
-  ReduceOp reduce_op = ReduceOp::kSum;
-  double prescale = 1.0;
-  double postscale = 1.0;
-  int root_rank = 0;
-  int device = -1;
-  int process_set = 0;
-  std::vector<int64_t> splits;  // alltoall: rows per destination; add_process_set: ranks
-  int64_t group_id = 0;
-  int group_size = 0;
-};
 
 class Runtime {
  public:
@@ -48,7 +32,8 @@ class Runtime {
   static void Shutdown();
   static bool IsInitialized();
   // Throws InvalidArgument("horovodlike has not been initialized...") when not initialized.
-  static Runtime& Get();
+  // The caller shares ownership, so a shutdown() meanwhile cannot free the runtime under it.
+  static std::shared_ptr<Runtime> Get();
 
   const Config& config() const { return config_; }
   // Checks the arguments (InvalidArgument) and queues the work; returns a handle at once.
@@ -76,14 +61,31 @@ class Runtime {
   void StartTimeline(const std::string& path, bool mark_cycles);
   void StopTimeline() { timeline_->Stop(); }
 
+  // Stops the loop, fails pending work and closes the timeline; idempotent.
+  void Close();
   ~Runtime();
 
  private:
-  Runtime(Config config, std::unique_ptr<Transport> transport, int generation,
+  Runtime(Config config, std::unique_ptr<Link> transport, int generation,
           std::unique_ptr<ParameterManager> tuner, std::unique_ptr<Timeline> timeline,
-          std::unique_ptr<Transport> p2p_links, std::string p2p_unavailable);
+          std::unique_ptr<Link> p2p_links, std::string p2p_unavailable);
   void CheckPointToPoint(const PointToPoint::Message& message, const char* what);
+  // What the loop keeps from round to round, with its storage, so that a round of tensors
+  // seen before allocates nothing here (nor in the controller and executor).
+  struct RoundState {
+    TunedParameters in_force;
+    std::vector<std::pair<int, Request>> popped;
+    std::map<int, std::vector<Request>> by_set;
+    std::vector<int> set_ids;
+  };
   void Loop();
+  // One round: the queue's new requests by set; every set negotiates and executes (returns
+  // whether the global set agreed to shut down, and which ranks asked); requests left for
+  // sets removed meanwhile fail.
+  void TakeNewRequests(RoundState& state);
+  bool RunSets(RoundState& state, std::vector<int>* shutdown_ranks);
+  void FailRequestsOfRemovedSets(RoundState& state);
+  void StopOnShutdown(const std::vector<int>& shutdown_ranks);
   // Tells the launcher why the loop stopped (see ReportFailureToLauncher), then fails all work
   // (`internal`: a failure, which also closes the connections; else a peer's shutdown).
   void Stop(StatusCode code, const std::string& cause, int origin, const char* kind,
@@ -93,7 +95,7 @@ class Runtime {
 
   Config config_;
   int generation_;  // which init() of this process; keys its rendezvous entries
-  std::unique_ptr<Transport> transport_;
+  std::unique_ptr<Link> transport_;
   TensorQueue queue_;
   HandleTable handles_;
   std::unique_ptr<Timeline> timeline_;  // before the executors, which record into it
@@ -106,6 +108,7 @@ class Runtime {
   std::mutex stop_mutex_;
   Status stop_status_;  // why the loop stopped; later work fails with it
   std::unique_ptr<PointToPoint> p2p_;
+  std::mutex close_mutex_;
   std::thread loop_;
 };
 

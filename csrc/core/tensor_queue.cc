@@ -84,9 +84,4 @@ std::vector<TensorEntry> TensorQueue::TakeProcessSet(int process_set_id) {
   return out;
 }
 
-size_t TensorQueue::InFlight() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return entries_.size();
-}
-
 }  // namespace horovodlike

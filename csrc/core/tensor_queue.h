@@ -44,7 +44,6 @@ class TensorQueue {
   std::vector<TensorEntry> TakeAll();
   // Removes and returns every entry of one process set.
   std::vector<TensorEntry> TakeProcessSet(int process_set_id);
-  size_t InFlight();
 
  private:
   std::mutex mutex_;

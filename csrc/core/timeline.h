@@ -22,7 +22,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "common.h"
+#include "../common/common.h"
 #include "message.h"
 
 namespace horovodlike {

@@ -4,11 +4,17 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include "../core/hmac.h"
+#include <chrono>
+#include <condition_variable>
+#include <exception>
+#include <mutex>
+#include <thread>
+
 #include "../core/message.h"
-#include "../core/parameter_manager.h"
 #include "../core/runtime.h"
-#include "../transport/factory.h"
+#include "../collectives/provider_table.h"
+#include "../links/connect.h"
+#include "testing.h"
 
 namespace py = pybind11;
 using namespace horovodlike;
@@ -27,7 +33,7 @@ int64_t EnqueueCall(int op, const std::string& name, uintptr_t input, uintptr_t 
     throw InvalidArgument("tensor '" + name + "' has an unsupported dtype code " +
                           std::to_string(dtype));
   }
-  if (reduce_op < 0 || reduce_op > static_cast<int>(ReduceOp::kAdasum)) {
+  if (reduce_op < 0 || reduce_op >= kNumReduceOps) {
     throw InvalidArgument("unknown reduce op " + std::to_string(reduce_op));
   }
   if (op < 0 || op >= kNumOpTypes) {
@@ -49,16 +55,113 @@ int64_t EnqueueCall(int op, const std::string& name, uintptr_t input, uintptr_t 
   args.splits = std::move(splits);
   args.group_id = group_id;
   args.group_size = group_size;
-  return Runtime::Get().Enqueue(std::move(args));
+  return Runtime::Get()->Enqueue(std::move(args));
+}
+
+// Blocking calls wake this often to let Python run its signal handlers: a handler runs only
+// when the main thread is back in the interpreter, so without this Ctrl-C, SIGALRM
+// (pytest-timeout) and SIGTERM handlers would wait for a collective that may never complete.
+constexpr std::chrono::milliseconds kSignalCheckInterval(100);
+
+// Runs Python's pending signal handlers (the GIL is held); when one raises, rethrows its
+// exception with a note saying what was interrupted and what became of it.
+void CheckSignals(const char* interrupted) {
+  if (PyErr_CheckSignals() == 0) return;
+  // KeyboardInterrupt is raised without an instance; make one to carry the note.
+  PyObject *type = nullptr, *value = nullptr, *traceback = nullptr;
+  PyErr_Fetch(&type, &value, &traceback);
+  PyErr_NormalizeException(&type, &value, &traceback);
+  if (traceback != nullptr) PyException_SetTraceback(value, traceback);
+  PyErr_Restore(type, value, traceback);
+  py::error_already_set error;
+  if (py::hasattr(error.value(), "add_note")) {
+    error.value().attr("add_note")(std::string("(raised while horovodlike ") + interrupted + ")");
+  }
+  throw error;
 }
 
 py::tuple WaitCall(int64_t handle) {
   std::shared_ptr<HandleState> state;
-  {
-    py::gil_scoped_release release;
-    state = Runtime::Get().handles().Wait(handle);
+  HandleTable::BlockedWaiter blocked;
+  while (true) {
+    {
+      py::gil_scoped_release release;
+      state = Runtime::Get()->handles().WaitFor(handle, kSignalCheckInterval.count() / 1000.0);
+    }
+    if (state) break;
+    CheckSignals("waited for a collective to complete; it is still pending on this rank, and "
+                 "its buffers stay alive until it completes or shutdown() is called");
   }
   return py::make_tuple(static_cast<int>(state->status.code), state->status.message);
+}
+
+// init() runs on a thread of its own while the caller's thread wakes for signals: the
+// rendezvous may wait for the other ranks up to HOROVOD_START_TIMEOUT. An attempt abandoned by
+// an exception from a signal handler finishes in the background; a shutdown() asked for
+// meanwhile is carried out by that thread when the attempt ends, so the process never waits
+// for it (an exiting process calls shutdown() from atexit).
+struct InitAttempt {
+  std::mutex mutex;
+  std::condition_variable done_cv;
+  bool done = false;
+  bool shutdown_requested = false;
+  std::exception_ptr error;
+};
+std::mutex g_init_mutex;
+std::shared_ptr<InitAttempt> g_init_in_flight;
+
+void InitCall() {
+  std::shared_ptr<InitAttempt> attempt;
+  {
+    std::lock_guard<std::mutex> lock(g_init_mutex);
+    if (!g_init_in_flight) {
+      g_init_in_flight = std::make_shared<InitAttempt>();
+      std::thread([attempt = g_init_in_flight] {
+        std::exception_ptr error;
+        try {
+          Runtime::Init();
+        } catch (...) {
+          error = std::current_exception();
+        }
+        bool shutdown = false;
+        {
+          std::lock_guard<std::mutex> lock(g_init_mutex);
+          if (g_init_in_flight == attempt) g_init_in_flight.reset();
+          std::lock_guard<std::mutex> done_lock(attempt->mutex);
+          attempt->done = true;
+          attempt->error = error;
+          shutdown = attempt->shutdown_requested;
+        }
+        attempt->done_cv.notify_all();
+        if (shutdown) Runtime::Shutdown();
+      }).detach();
+    }
+    attempt = g_init_in_flight;
+  }
+  while (true) {
+    bool done = false;
+    {
+      py::gil_scoped_release release;
+      std::unique_lock<std::mutex> lock(attempt->mutex);
+      done = attempt->done_cv.wait_for(lock, kSignalCheckInterval, [&] { return attempt->done; });
+    }
+    if (done) break;
+    CheckSignals("waited in init() for the other ranks to connect");
+  }
+  if (attempt->error) std::rethrow_exception(attempt->error);
+}
+
+void ShutdownCall() {
+  {
+    std::lock_guard<std::mutex> lock(g_init_mutex);
+    if (g_init_in_flight) {  // an interrupted init(): its thread shuts down when it ends
+      std::lock_guard<std::mutex> done_lock(g_init_in_flight->mutex);
+      g_init_in_flight->shutdown_requested = true;
+      return;
+    }
+  }
+  py::gil_scoped_release release;
+  Runtime::Shutdown();
 }
 
 // An output the core allocated (allgather, alltoall, reducescatter) as a NumPy uint8 array that
@@ -66,7 +169,7 @@ py::tuple WaitCall(int64_t handle) {
 // dimension (allgather), the received splits (alltoall), the last rank to join (join), the new
 // process set's id (add_process_set).
 py::tuple Output(int64_t handle) {
-  auto state = Runtime::Get().handles().Get(handle);
+  auto state = Runtime::Get()->handles().Get(handle);
   auto* keep = new std::shared_ptr<HandleState>(state);
   py::capsule owner(keep, [](void* p) { delete static_cast<std::shared_ptr<HandleState>*>(p); });
   py::array_t<uint8_t> bytes({static_cast<py::ssize_t>(state->output.size())},
@@ -88,27 +191,20 @@ PointToPoint::Message P2PMessage(int set_id, int peer, int tag, int dtype,
   return message;
 }
 
-const Config& CurrentConfig() { return Runtime::Get().config(); }
-
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
   m.doc() = "horovodlike native core";
-  m.def("init", [] {
-    py::gil_scoped_release release;
-    Runtime::Init();
-  });
-  m.def("shutdown", [] {
-    py::gil_scoped_release release;
-    Runtime::Shutdown();
-  });
+  m.def("init", &InitCall,
+        "Connects to the other ranks; wakes every 100 ms for Python's signal handlers.");
+  m.def("shutdown", &ShutdownCall);
   m.def("is_initialized", &Runtime::IsInitialized);
-  m.def("rank", [] { return CurrentConfig().rank; });
-  m.def("size", [] { return CurrentConfig().size; });
-  m.def("local_rank", [] { return CurrentConfig().local_rank; });
-  m.def("local_size", [] { return CurrentConfig().local_size; });
-  m.def("cross_rank", [] { return CurrentConfig().cross_rank; });
-  m.def("cross_size", [] { return CurrentConfig().cross_size; });
+  m.def("rank", [] { return Runtime::Get()->config().rank; });
+  m.def("size", [] { return Runtime::Get()->config().size; });
+  m.def("local_rank", [] { return Runtime::Get()->config().local_rank; });
+  m.def("local_size", [] { return Runtime::Get()->config().local_size; });
+  m.def("cross_rank", [] { return Runtime::Get()->config().cross_rank; });
+  m.def("cross_size", [] { return Runtime::Get()->config().cross_size; });
   m.def("enqueue", &EnqueueCall, py::arg("op"), py::arg("name"), py::arg("input"),
         py::arg("output"), py::arg("dtype"), py::arg("shape"), py::arg("reduce_op") = 1,
         py::arg("prescale") = 1.0, py::arg("postscale") = 1.0, py::arg("root_rank") = 0,
@@ -116,69 +212,77 @@ PYBIND11_MODULE(_core, m) {
         py::arg("splits") = std::vector<int64_t>(), py::arg("group_id") = 0,
         py::arg("group_size") = 0);
   m.def("wait", &WaitCall, py::arg("handle"),
-        "Blocks (without the GIL) until the handle is done; returns (status code, message).");
+        "Blocks (without the GIL, waking every 100 ms for Python's signal handlers) until the "
+        "handle is done; returns (status code, message).");
   m.def("send", [](int set_id, int peer, int tag, uintptr_t data, int dtype,
                    std::vector<int64_t> shape) {
-    return Runtime::Get().Send(P2PMessage(set_id, peer, tag, dtype, std::move(shape)),
+    return Runtime::Get()->Send(P2PMessage(set_id, peer, tag, dtype, std::move(shape)),
                                reinterpret_cast<const void*>(data));
   }, py::arg("process_set"), py::arg("peer"), py::arg("tag"), py::arg("data"), py::arg("dtype"),
      py::arg("shape"));
   m.def("recv", [](int set_id, int peer, int tag, uintptr_t data, int dtype,
                    std::vector<int64_t> shape) {
-    return Runtime::Get().Recv(P2PMessage(set_id, peer, tag, dtype, std::move(shape)),
+    return Runtime::Get()->Recv(P2PMessage(set_id, peer, tag, dtype, std::move(shape)),
                                reinterpret_cast<void*>(data));
   }, py::arg("process_set"), py::arg("peer"), py::arg("tag"), py::arg("data"), py::arg("dtype"),
      py::arg("shape"), "data 0: the core allocates the output with the sender's dtype and shape.");
   m.def("notify_failure", [](int set_id, const std::string& reason) {
-    Runtime::Get().NotifyPointToPointFailure(set_id, reason);
+    Runtime::Get()->NotifyPointToPointFailure(set_id, reason);
   });
   m.def("wait_for", [](int64_t handle, double seconds) -> py::object {
     std::shared_ptr<HandleState> state;
     {
       py::gil_scoped_release release;
-      state = Runtime::Get().handles().WaitFor(handle, seconds);
+      state = Runtime::Get()->handles().WaitFor(handle, seconds);
     }
     if (!state) return py::none();
     return py::make_tuple(static_cast<int>(state->status.code), state->status.message);
   }, py::arg("handle"), py::arg("seconds"),
      "Like wait, but returns None when the handle is not done within `seconds`.");
-  m.def("poll", [](int64_t handle) { return Runtime::Get().handles().Poll(handle); });
-  m.def("release", [](int64_t handle) { Runtime::Get().handles().Release(handle); });
+  m.def("poll", [](int64_t handle) { return Runtime::Get()->handles().Poll(handle); });
+  m.def("release", [](int64_t handle) { Runtime::Get()->handles().Release(handle); });
   m.def("output", &Output);
   m.def("allgather_output", &Output);
   m.def("start_timeline", [](const std::string& path, bool mark_cycles) {
     py::gil_scoped_release release;  // may wait for a previous recording's writer to finish
-    Runtime::Get().StartTimeline(path, mark_cycles);
+    Runtime::Get()->StartTimeline(path, mark_cycles);
   }, py::arg("file_path"), py::arg("mark_cycles") = false);
   m.def("stop_timeline", [] {
     py::gil_scoped_release release;
-    Runtime::Get().StopTimeline();
+    Runtime::Get()->StopTimeline();
   });
-  m.def("process_set_ranks", [](int id) { return Runtime::Get().ProcessSetRanks(id); });
-  m.def("process_set_ids", [] { return Runtime::Get().ProcessSetIds(); });
+  m.def("process_set_ranks", [](int id) { return Runtime::Get()->ProcessSetRanks(id); });
+  m.def("process_set_ids", [] { return Runtime::Get()->ProcessSetIds(); });
   m.def("stats", [] {
-    auto s = Runtime::Get().stats();
+    auto runtime = Runtime::Get();
+    auto s = runtime->stats();
     py::dict d;
     d["allreduce_collectives"] = s.allreduce_collectives;
     d["allreduce_tensors"] = s.allreduce_tensors;
     d["errors"] = s.errors;
     // The tuned parameters in force on this rank (the same on every rank after each round).
-    auto tuned = Runtime::Get().tuned();
+    auto tuned = runtime->tuned();
     d["fusion_threshold_bytes"] = tuned.parameters.fusion_threshold_bytes;
     d["cycle_time_ms"] = tuned.parameters.cycle_time_ms;
     d["cache_enabled"] = tuned.parameters.cache_enabled;
     d["parameters_round"] = tuned.round;
-    d["autotune"] = CurrentConfig().autotune;
-    d["autotune_done"] = CurrentConfig().autotune && !tuned.parameters.tuning;
+    d["autotune"] = runtime->config().autotune;
+    d["autotune_done"] = runtime->config().autotune && !tuned.parameters.tuning;
     d["hierarchical_allreduces"] = s.hierarchical_allreduces;
     d["hierarchical_allgathers"] = s.hierarchical_allgathers;
+    // Runs per provider label since the process started ("SHM_ALLREDUCE", "TCP_RING_ALLREDUCE"):
+    // which algorithm ran, over which link.
+    py::dict runs;
+    for (const auto& [label, count] : ProviderTable::Runs()) runs[py::str(label)] = count;
+    d["provider_runs"] = runs;
+    d["fusion_buffer_bytes"] = s.fusion_buffer_bytes;
     return d;
   });
   m.def("build_info", [] {
     py::dict info;
     info["version"] = HOROVODLIKE_VERSION;
     info["tcp"] = true;
-    info["shm"] = false;
+    info["shm"] = true;  // shared memory between the ranks of a host: always built
 #ifdef HOROVODLIKE_MPI_FOUND
     info["mpi"] = true;
 #else
@@ -195,93 +299,46 @@ PYBIND11_MODULE(_core, m) {
     info["hierarchical_allgather"] = true;
     // The transport of the running job ("tcp", "shm", "shm+tcp", "mpi", "gloo"), None before
     // init().
-    const char* in_use = Runtime::IsInitialized() ? LastTransportName() : nullptr;
+    const char* in_use = Runtime::IsInitialized() ? LastLinkName() : nullptr;
     info["cpu_operations"] = in_use != nullptr ? py::object(py::str(in_use)) : py::none();
+    // The collective providers: what the build has, and what the running job's table chose.
+    auto pairs = [](const std::vector<std::pair<std::string, std::string>>& entries) {
+      py::list list;
+      for (const auto& [op, providers] : entries) list.append(py::make_tuple(op, providers));
+      return list;
+    };
+    info["providers"] = pairs(ProviderTable::Available());
+    info["providers_in_use"] = Runtime::IsInitialized()
+                                   ? py::object(pairs(ProviderTable::ForRunningJob()))
+                                   : py::none();
     return info;
   });
+  // The numbering of the core, the one source of these constants for the Python layers
+  // (horovodlike/common/constants.py): dtypes, reduce ops and collectives by name.
+  py::dict dtypes, reduce_ops, ops;
+  py::list floating;
+  for (int code = 0; code < kNumDataTypes; ++code) {
+    const auto dtype = static_cast<DataType>(code);
+    dtypes[DataTypeName(dtype)] = code;
+    if (IsFloatingPoint(dtype)) floating.append(DataTypeName(dtype));
+  }
+  for (int code = 0; code < kNumReduceOps; ++code) {
+    reduce_ops[ReduceOpName(static_cast<ReduceOp>(code))] = code;
+  }
+  for (int code = 0; code < kNumOpTypes; ++code) {
+    ops[OpTypeName(static_cast<OpType>(code))] = code;
+  }
+  m.attr("DTYPES") = dtypes;
+  m.attr("FLOATING_DTYPES") = py::tuple(floating);
+  m.attr("REDUCE_OPS") = reduce_ops;
+  m.attr("OPS") = ops;
   m.attr("STATUS_OK") = static_cast<int>(StatusCode::kOk);
   m.attr("STATUS_INVALID_ARGUMENT") = static_cast<int>(StatusCode::kInvalidArgument);
   m.attr("STATUS_MISMATCH") = static_cast<int>(StatusCode::kMismatch);
   m.attr("STATUS_INTERNAL") = static_cast<int>(StatusCode::kInternal);
   m.attr("STATUS_SHUTDOWN") = static_cast<int>(StatusCode::kShutdown);
 
-  // Test-only entry points (tests/test_security.py): the control-message decoders on arbitrary
-  // bytes, returning the re-encoded message or raising ValueError when it is malformed; and
-  // the SHA-256 / HMAC-SHA256 that authenticate the job's connections.
-  m.def("_decode_requests_for_fuzzing", [](py::bytes data) {
-    std::string raw = data;
-    WireWriter out;
-    try {
-      EncodeRequests(DecodeRequests(reinterpret_cast<const uint8_t*>(raw.data()), raw.size()),
-                     out);
-    } catch (const TransportError& e) {
-      throw py::value_error(e.what());
-    }
-    return py::bytes(reinterpret_cast<const char*>(out.bytes().data()), out.bytes().size());
-  });
-  m.def("_decode_responses_for_fuzzing", [](py::bytes data) {
-    std::string raw = data;
-    WireWriter out;
-    try {
-      EncodeResponses(DecodeResponses(reinterpret_cast<const uint8_t*>(raw.data()), raw.size()),
-                      out);
-    } catch (const TransportError& e) {
-      throw py::value_error(e.what());
-    }
-    return py::bytes(reinterpret_cast<const char*>(out.bytes().data()), out.bytes().size());
-  });
-  m.def("_sha256_for_testing", [](py::bytes data) {
-    std::string raw = data;
-    Sha256 hash;
-    hash.Update(raw);
-    Sha256Digest digest = hash.Finish();
-    return py::bytes(reinterpret_cast<const char*>(digest.data()), digest.size());
-  });
-  // Test-only (tests/test_autotune.py): runs the autotuner's decisions without a job, scoring
-  // each point with `score(fusion_threshold_bytes, cycle_time_ms, cache_enabled)`; returns the
-  // samples as (fusion threshold, cycle time, cache, score) and the parameters it settled on.
-  m.def("_autotune_for_testing", [](py::function score, int max_samples, double noise,
-                                    int warmup_samples, bool tune_cache, std::string log_file,
-                                    py::object fixed_fusion, py::object fixed_cycle) {
-    Config config;
-    config.autotune = true;
-    config.autotune_max_samples = max_samples;
-    config.autotune_noise = noise;
-    config.autotune_warmup_samples = warmup_samples;
-    config.autotune_log = log_file;
-    config.cache_capacity_given = !tune_cache;
-    if (!fixed_fusion.is_none()) {
-      config.fusion_threshold_bytes = fixed_fusion.cast<int64_t>();
-      config.fusion_threshold_given = true;
-    }
-    if (!fixed_cycle.is_none()) {
-      config.cycle_time_ms = fixed_cycle.cast<double>();
-      config.cycle_time_given = true;
-    }
-    TunedParameters initial;
-    initial.fusion_threshold_bytes = config.fusion_threshold_bytes;
-    initial.cycle_time_ms = config.cycle_time_ms;
-    ParameterManager manager(config, initial);
-    for (int i = 0; manager.tuning() && i < 100000; ++i) {
-      const TunedParameters& p = manager.current();
-      manager.RecordScore(
-          score(p.fusion_threshold_bytes, p.cycle_time_ms, p.cache_enabled).cast<double>());
-    }
-    py::list samples;
-    for (const auto& s : manager.samples()) {
-      samples.append(py::make_tuple(s.parameters.fusion_threshold_bytes,
-                                    s.parameters.cycle_time_ms, s.parameters.cache_enabled,
-                                    s.score));
-    }
-    const TunedParameters& chosen = manager.current();
-    return py::make_tuple(samples, py::make_tuple(chosen.fusion_threshold_bytes,
-                                                  chosen.cycle_time_ms, chosen.cache_enabled,
-                                                  chosen.tuning));
-  }, py::arg("score"), py::arg("max_samples") = 20, py::arg("noise") = 0.8,
-     py::arg("warmup_samples") = 0, py::arg("tune_cache") = true, py::arg("log_file") = "",
-     py::arg("fixed_fusion") = py::none(), py::arg("fixed_cycle") = py::none());
-  m.def("_hmac_sha256_for_testing", [](py::bytes key, py::bytes message) {
-    Sha256Digest mac = HmacSha256(std::string(key), std::string(message));
-    return py::bytes(reinterpret_cast<const char*>(mac.data()), mac.size());
-  });
+
+  // Test-only entry points live in their own submodule (testing.cc).
+  DefineTestingModule(m);
 }

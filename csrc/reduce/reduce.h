@@ -4,7 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "../core/common.h"
+#include "../common/common.h"
 
 namespace horovodlike {
 

@@ -58,6 +58,16 @@ expect_mismatch(lambda: hvd.broadcast(torch.ones(3), root_rank=rank % 2, name="b
 expect_mismatch(lambda: hvd.allgather(torch.ones(2, 3 + (rank == 1)), name="bad.gather"),
                 "bad.gather", "[2, 3]", "[2, 4]")
 works("gather")
+# One member of a grouped call differs in shape: every member fails on every rank, naming the
+# culprit, and nothing hangs.
+group = [torch.ones(4), torch.ones(3 + rank), torch.ones(5)]
+try:
+    hvd.grouped_allreduce(group, name="bad.group")
+    raise AssertionError(f"grouped mismatch: no error on rank {rank}")
+except hvd.TensorMismatchError as e:
+    check("bad.group.1" in str(e) and "[3]" in str(e) and "[4]" in str(e),
+          f"grouped mismatch message: {e}")
+works("group")
 # A mismatch on a name the cache knows: same name, new shape on one rank only.
 for step in range(3):
     hvd.allreduce(torch.ones(5), name="cached.name")
@@ -92,6 +102,10 @@ expect_raise(ValueError, lambda: hvd.allreduce_(strided, name="strided"), "strid
 expect_raise(ValueError, lambda: hvd.broadcast_(strided, 0, name="strided.b"), "not contiguous")
 expect_raise(ValueError, lambda: hvd.allreduce(torch.ones(2, dtype=torch.bool), name="bavg",
                                                op=hvd.Average), "bavg", "bool")
+# Average of bool is refused by reducescatter as by allreduce (it is no logical or).
+expect_raise(ValueError, lambda: hvd.reducescatter(torch.ones(2 * size, dtype=torch.bool),
+                                                   name="rs.bavg", op=hvd.Average),
+             "rs.bavg", "bool")
 expect_raise(ValueError, lambda: hvd.allgather(torch.tensor(1.0), name="scalar"), "scalar")
 expect_raise(TypeError, lambda: hvd.allreduce([1, 2, 3], name="list"), "torch.Tensor")
 # An out-of-place allreduce of a non-contiguous tensor is fine (it is copied).

@@ -176,12 +176,13 @@ fit(model, hvd.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9)), X[
     callbacks=[hvd.callbacks.LearningRateScheduleCallback(0.1, multiplier=0.5, start_epoch=1),
                RecordLearningRate()])
 for epoch, batch, lr, _ in seen:
-    want = 0.1 * 0.5 ** epoch if epoch >= 1 else 0.1
+    # As in Horovod, a constant multiplier counts from start_epoch.
+    want = 0.1 * 0.5 ** (epoch - 1) if epoch >= 1 else 0.1
     check(np.isclose(lr, want), f"schedule epoch {epoch} batch {batch}: lr {lr}, want {want}")
 # Momentum correction: when the lr halves, the momentum buffers (which hold lr * gradients)
 # halve with it before the next step.
-end_of_first = next(m for e, b, _, m in seen if e == 0 and b == "end")
-start_of_second = next(m for e, b, _, m in seen if e == 1 and b == 0)
+end_of_first = next(m for e, b, _, m in seen if e == 1 and b == "end")
+start_of_second = next(m for e, b, _, m in seen if e == 2 and b == 0)
 check(np.allclose(start_of_second, 0.5 * end_of_first) and np.abs(end_of_first).max() > 0,
       "momentum buffers were not scaled with the learning rate")
 

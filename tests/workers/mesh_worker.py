@@ -44,6 +44,11 @@ if mode == "layouts":
     check(mesh.rank_at((1, 0)) == 2 and mesh.coordinate_of(3) == (1, 1), "rank_at tuple")
     check(mesh.ranks_along("pp") == [dp, dp + 2], "ranks_along")
     check(mesh.process_set("dp").rank() == dp, "set rank equals the coordinate")
+    # DeviceMesh's names for the same things.
+    check(mesh.get_group("dp") == mesh.process_set("dp") and
+          mesh.get_group(0) == mesh.process_set("pp"), "get_group")
+    check(mesh.get_local_rank(1) == dp and mesh.get_coordinate() == [pp, dp] and
+          mesh.mesh_dim_names == ("pp", "dp"), "get_local_rank / get_coordinate")
     # Innermost pp: pipeline neighbours get consecutive ranks, dp strides across.
     inner_pp = hvd.ProcessMesh((2, 2), ("pp", "dp"), innermost="pp")
     check(inner_pp.coordinate() == (rank % 2, rank // 2), f"{inner_pp.coordinate()}")
@@ -85,5 +90,6 @@ elif mode == "errors":
     mesh = hvd.ProcessMesh((2, 2), ("pp", "dp"))
     expect_error(lambda: mesh.process_set("tp"), "no dimension 'tp'", "('pp', 'dp')")
     expect_error(lambda: mesh.rank_at(pp=2), "outside the mesh")
+    expect_error(lambda: mesh.get_group(2), "mesh_dim 2 is out of range")
     check(line_sum(mesh, "dp") == 4 * (rank // 2) + 1, "the mesh works after the errors")
     print(f"rank {rank}: mesh errors OK", flush=True)

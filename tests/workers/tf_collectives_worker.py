@@ -1,6 +1,5 @@
 """Every TensorFlow collective, op and dtype against NumPy on every rank, eagerly and inside
-tf.function; every collective's gradient against its definition (the gradient of the sum of all
-ranks' losses); process sets, objects, variables, barrier and join.
+tf.function; every collective's gradient against Horovod's rule for it; process sets, objects, variables, barrier and join.
 Run with HOROVOD_DYNAMIC_PROCESS_SETS=1."""
 
 from tf_common import DTYPES, OPS, check, expect, expected_reduce, rank_input
@@ -176,10 +175,17 @@ for op, want in (("Sum", dense), ("Average", dense / size)):
         check(isinstance(out, tf.IndexedSlices), f"{mode} IndexedSlices allreduce lost its type")
         check(np.allclose(tf.convert_to_tensor(out).numpy(), want),
               f"{mode} IndexedSlices allreduce {op} wrong")
+# Average of integer values divides as TensorFlow's "/" does (uint8 -> float32), as in Horovod.
+mine_u8 = tf.IndexedSlices(tf.fill([1, 2], tf.constant(rank + 1, tf.uint8)), tf.constant([0]))
+for mode, out in both(lambda s: hvd.allreduce(s, op=hvd.Average), mine_u8):
+    check(out.values.dtype == tf.float32 and np.allclose(
+        out.values.numpy(), np.repeat(np.arange(1, size + 1, dtype=np.float32), 2)
+        .reshape(size, 2) / size), f"{mode} IndexedSlices uint8 Average wrong: {out.values}")
 
 
-# ---- gradients, against their definitions. Rank r's loss is sum(weight(r) * output), so the
-# gradient of the sum of all ranks' losses is built from every rank's weights.
+# ---- gradients, against Horovod's rules. Rank r's loss is sum(weight(r) * output), so each
+# rule is written with every rank's weights: allgather and broadcast average the incoming
+# gradients, reducescatter allgathers them (times the set's size for Sum).
 def weight_np(r, shape):
     n = int(np.prod(shape))
     return (np.arange(n) % 7 + r + 1).reshape(shape).astype(np.float64)
@@ -223,13 +229,13 @@ check_gradient("grouped allreduce", lambda t: hvd.grouped_allreduce([t, 2.0 * t]
 rows = [r + 1 for r in range(size)]
 total, first = sum(rows), sum(rows[:rank])
 xg = rank_input("float64", rows[rank] * 2, rank, SEED).reshape(rows[rank], 2)
-check_gradient("allgather", hvd.allgather, xg,
-               sum(weight_np(r, (total, 2)) for r in range(size))[first:first + rows[rank]])
+mean_wg = sum(weight_np(r, (total, 2)) for r in range(size)) / size
+check_gradient("allgather", hvd.allgather, xg, mean_wg[first:first + rows[rank]])
 check_gradient("grouped allgather", lambda t: hvd.grouped_allgather([t, t]), xg,
-               2 * sum(weight_np(r, (total, 2)) for r in range(size))[first:first + rows[rank]])
+               2 * mean_wg[first:first + rows[rank]])
 
 check_gradient("broadcast", lambda t: hvd.broadcast(t, size - 1), x,
-               sum_w if rank == size - 1 else np.zeros((4, 2)))
+               sum_w / size if rank == size - 1 else np.zeros((4, 2)))
 
 splits = [send_rows(rank, j) for j in range(size)]
 xa = rank_input("float64", sum(splits) * 2, rank, SEED).reshape(-1, 2)
@@ -243,8 +249,9 @@ check_gradient("alltoall", lambda t: hvd.alltoall(t, splits=splits)[0], xa, want
 
 xr = rank_input("float64", ROWS * 2, rank, SEED).reshape(ROWS, 2)
 scattered = np.concatenate([weight_np(r, (counts[r], 2)) for r in range(size)])
-check_gradient("reducescatter Sum", lambda t: hvd.reducescatter(t, op=hvd.Sum), xr, scattered)
-check_gradient("reducescatter Average", lambda t: hvd.reducescatter(t), xr, scattered / size)
+check_gradient("reducescatter Sum", lambda t: hvd.reducescatter(t, op=hvd.Sum), xr,
+               scattered * size)
+check_gradient("reducescatter Average", lambda t: hvd.reducescatter(t), xr, scattered)
 
 # ---- variables, objects, barrier
 v = tf.Variable(tf.fill([3], float(rank)))
@@ -288,7 +295,7 @@ elif rank in members:
     out = hvd.reducescatter(tf.ones([n, 2]), op=hvd.Sum, process_set=subset)
     check(out.shape == (1, 2) and np.all(out.numpy() == n), "reducescatter in a process set")
     check_gradient("allgather in a process set", lambda t: hvd.allgather(t, process_set=subset),
-                   np.ones((1, 2)), sum(weight_np(r, (n, 2)) for r in members)[me:me + 1])
+                   np.ones((1, 2)), sum(weight_np(r, (n, 2)) for r in members)[me:me + 1] / n)
     check(hvd.size_op(subset.process_set_id).numpy() == n, "size_op of a process set wrong")
     hvd.barrier(process_set=subset)
 else:

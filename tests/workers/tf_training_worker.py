@@ -129,8 +129,8 @@ check(grads["b"][1] is None and np.isclose(grads["a"].numpy(), (size - 1) / 2)
       and np.isclose(grads["b"][0].numpy(), 1.0), f"nested gradients wrong: {grads}")
 
 
-# ---- mismatches: TensorMismatchError eagerly, tf.errors.UnknownError naming it in graphs, on
-# every rank
+# ---- mismatches: TensorMismatchError, which is also tf.errors.FailedPreconditionError (as
+# Horovod raises), eagerly, in tf.function and in TensorFlow 1 sessions, on every rank
 def works(tag):
     out = hvd.allreduce(tf.fill([3], float(rank)), op=hvd.Sum, name=f"works.{tag}")
     check(out.numpy().tolist() == [float(sum(range(size)))] * 3, f"allreduce after {tag} wrong")
@@ -144,6 +144,8 @@ works("shape")
 dtype = tf.float32 if rank == 0 else tf.float64
 expect(hvd.TensorMismatchError, lambda: hvd.allreduce(tf.ones(3, dtype), name="bad.dtype"),
        "bad.dtype", "float32", "float64")
+expect(tf.errors.FailedPreconditionError,
+       lambda: hvd.allreduce(tf.ones(3, dtype), name="bad.dtype.tf"), "bad.dtype.tf")
 if rank == 0:
     expect(hvd.TensorMismatchError, lambda: hvd.allgather(tf.ones(3), name="bad.op"), "bad.op",
            "allgather", "allreduce")
@@ -165,10 +167,33 @@ def mismatched_in_graph(x):
     return hvd.allreduce(x, name="graph.bad.shape")
 
 
-expect(tf.errors.UnknownError, lambda: mismatched_in_graph(tf.ones(shape)),
-       "TensorMismatchError", "graph.bad.shape", "[4, 2]", "[2, 4]")
+expect(tf.errors.FailedPreconditionError, lambda: mismatched_in_graph(tf.ones(shape)),
+       "graph.bad.shape", "[4, 2]", "[2, 4]")
 check(np.all(mismatched_in_graph(tf.ones([5])).numpy() == 1.0), "graph unusable after mismatch")
 works("graph.mismatch")
+
+# A TensorFlow 1 graph run by a session: unnamed collectives, a gradient, then a mismatch.
+with tf.Graph().as_default():
+    v1_x = tf.ones([2 + rank, 3]) * float(rank + 1)
+    v1_gathered = hvd.allgather(v1_x)
+    v1_grad = tf.gradients(v1_gathered, v1_x, tf.ones([sum(range(2, size + 2)), 3]))[0]
+    # Broadcast's gradient on the ranks other than the root is zero whatever the values, but
+    # they must still take part in its allreduce, or the root waits for them forever.
+    v1_y = tf.fill([3], float(rank))
+    v1_bgrads = [tf.gradients(hvd.broadcast(v1_y, root), v1_y, tf.fill([3], float(rank)))[0]
+                 for root in range(size)]
+    v1_bad = hvd.allgather(tf.ones([2, 3 + (rank == last)]))
+    with tf.compat.v1.Session() as session:
+        gathered_np, grad_np = session.run([v1_gathered, v1_grad])
+        check(np.array_equal(gathered_np, np.concatenate(
+            [np.full([2 + r, 3], float(r + 1)) for r in range(size)])), "TF1 allgather wrong")
+        check(np.array_equal(grad_np, np.ones([2 + rank, 3])), "TF1 allgather gradient wrong")
+        for root, v1_bgrad in enumerate(v1_bgrads):
+            want = (size - 1) / 2 if rank == root else 0.0
+            check(np.allclose(session.run(v1_bgrad), want), "TF1 broadcast gradient wrong")
+        expect(tf.errors.FailedPreconditionError, lambda: session.run(v1_bad), "[2, 3]",
+               "[2, 4]")
+works("session.mismatch")
 
 # ---- bad input raises before anything is sent, eagerly and when a tf.function is traced
 for mode, wrap in (("eager", lambda f: f), ("graph", lambda f: tf.function(f, autograph=False))):
@@ -189,13 +214,22 @@ for mode, wrap in (("eager", lambda f: f), ("graph", lambda f: tf.function(f, au
     expect(ValueError, wrap(lambda: hvd.reducescatter(tf.constant(1.0), name="rs0")), "scalar")
     expect(ValueError, wrap(lambda: hvd.alltoall(tf.ones(2 * size + 1), name="uneven")),
            "uneven", "divide evenly")
-    expect(ValueError, wrap(lambda: hvd.allreduce(tf.IndexedSlices(tf.ones([1, 2]), [0], [3, 2]),
-                                                  op=hvd.Max)), "IndexedSlices", "sparse_as_dense")
+    expect(NotImplementedError, wrap(lambda: hvd.allreduce(
+        tf.IndexedSlices(tf.ones([1, 2]), [0], [3, 2]), op=hvd.Max)), "IndexedSlices",
+        "sparse_as_dense")
+    expect(NotImplementedError, wrap(lambda: hvd.allreduce(
+        tf.IndexedSlices(tf.ones([1, 2]), [0], [3, 2]), op=hvd.Sum, prescale_factor=2.0)),
+        "IndexedSlices", "prescale_factor")
+    # Horovod's classes too: its collectives are TensorFlow ops raising tf.errors.
+    expect(tf.errors.InvalidArgumentError,
+           wrap(lambda: hvd.alltoall(tf.ones(2 * size + 1), name="uneven_tf")), "divide evenly")
+    expect(tf.errors.InvalidArgumentError,
+           wrap(lambda: hvd.allreduce(tf.ones(2), op=17, name="op17_tf")), "17")
     expect(ValueError, wrap(lambda: hvd.allreduce(tf.ones(2), op=hvd.Sum, average=True)),
            "mutually exclusive")
 expect(ValueError, lambda: hvd.alltoall(tf.ones(3), splits=[1] * (size + 1), name="splits"),
        "splits", "non-negative counts")
-expect(ValueError, lambda: tf.function(lambda: hvd.broadcast_object(1))(), "eagerly")
+expect(ValueError, lambda: tf.function(lambda: hvd.broadcast_object(1))(), "inside tf.function")
 expect(ValueError, lambda: tf.function(lambda: hvd.allreduce(tf.ones(2)), jit_compile=True)(),
        "XLA", "jit_compile=False")
 expect(ValueError, lambda: hvd.DistributedGradientTape(tf.GradientTape(), op=hvd.Adasum,

@@ -2,6 +2,8 @@
 
 `report`: prints the transport in use (build_info, mpi_enabled, gloo_enabled) and the rank's
 topology, and checks one allreduce.
+`links`: runs a small and a large allreduce and an allgather, checks them, and prints which
+providers ran them over which link (the labels whose run counts went up, e.g. SHM_ALLREDUCE).
 `stall REPORT_DIR`: the last rank stops (SIGSTOP) for a few seconds; the others, with a short
 peer timeout, give up on it, raise HorovodInternalError and tell it so: when it resumes, it
 raises HorovodInternalError too instead of waiting for ever. Then every rank calls shutdown()
@@ -41,6 +43,18 @@ if mode == "report":
           f"gloo_enabled={hvd.gloo_enabled()} size={size} local_rank={hvd.local_rank()} "
           f"local_size={hvd.local_size()} cross_rank={hvd.cross_rank()} "
           f"cross_size={hvd.cross_size()}; transport OK", flush=True)
+    sys.exit(0)
+
+if mode == "links":
+    before = hvd.mpi_ops._core.stats()["provider_runs"]
+    check_allreduce("small")  # 4 KB
+    big = hvd.allreduce(torch.full((1 << 20,), float(rank + 1)), op=hvd.Sum, name="big")
+    assert torch.all(big == size * (size + 1) / 2), big[:3]
+    gathered = hvd.allgather(torch.full((2,), float(rank)), name="gathered")
+    assert gathered.tolist() == [float(r) for r in range(size) for _ in range(2)], gathered
+    after = hvd.mpi_ops._core.stats()["provider_runs"]
+    ran = sorted(label for label, n in after.items() if n > before.get(label, 0))
+    print(f"rank {rank}: transport={transport} ran={','.join(ran)}; links OK", flush=True)
     sys.exit(0)
 
 assert mode == "stall", mode

@@ -1,0 +1,135 @@
+"""1D against 2D tensor parallelism: bytes each rank sends, and step time, as the ranks grow.
+
+    python benchmarks/tensor_parallel.py [--ranks 4,9]
+
+The layer pair of the seed document: activation (bs, h) through weights (h, e) and (e, h).
+1D is Megatron's ColumnParallelLinear + RowParallelLinear over P ranks; 2D is two Linear2D on a
+q x q mesh (P = q^2), with the seed's scheme (allgather activations, reduce-scatter partial
+outputs, weights stay) and with SUMMA (allgather activations and weights). Every collective the
+layers issue is recorded and its bytes sent per rank counted with the ring algorithms the core
+runs (allreduce 2(p-1)/p n, allgather (p-1)/p of the output, reducescatter (p-1)/p of the
+input); then the median step time is measured. Beside them: the seed's per-device formulas
+for the pair's forward pass, 2(P-1)bsh/P for 1D and 2bs[e(x-1)+h(y-1)]/xy for 2D (fp32).
+"""
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BS, H, E = 72, 576, 2304
+
+
+def _count_collectives(counter):
+    """Wraps the tensor-parallel mappings' collectives to add up the bytes this rank sends."""
+    from horovodlike.torch.parallel import mappings
+
+    def wrap(name, sent):
+        original = getattr(mappings, name)
+
+        def counted(tensor, process_set):
+            p = mappings.group_size(process_set)
+            out = original(tensor, process_set)
+            counter[0] += sent(tensor, out, p) if p > 1 else 0
+            return out
+        setattr(mappings, name, counted)
+    size = lambda t: t.numel() * t.element_size()  # noqa: E731
+    wrap("_allreduce_sum", lambda t, out, p: 2 * (p - 1) / p * size(t))
+    wrap("_gather_first", lambda t, out, p: (p - 1) / p * size(out))
+    wrap("_reduce_scatter_first", lambda t, out, p: (p - 1) / p * size(t))
+
+
+def worker(mode, steps, out):
+    import torch
+    import torch.nn.functional as F
+    import horovodlike.torch as hvd
+    from horovodlike.torch.parallel import (ColumnParallelLinear, Linear2D, RowParallelLinear,
+                                            split_2d)
+    torch.set_num_threads(1)
+    hvd.init()
+    counter = [0.0]
+    _count_collectives(counter)
+    torch.manual_seed(0)
+    x = torch.randn(BS, H)
+    if mode == "1d":
+        first, second = ColumnParallelLinear(H, E), RowParallelLinear(E, H)
+        inputs = x
+    else:
+        q = math.isqrt(hvd.size())
+        mesh = hvd.ProcessMesh((q, q), ("x", "y"))
+        # SUMMA keeps the block layout; allgather_reducescatter swaps it, so the pair swaps.
+        algorithm = "summa" if mode == "summa" else "allgather_reducescatter"
+        second_dims = ("x", "y") if mode == "summa" else ("y", "x")
+        first = Linear2D(H, E, mesh, dims=("x", "y"), algorithm=algorithm)
+        second = Linear2D(E, H, mesh, dims=second_dims, algorithm=algorithm)
+        inputs = split_2d(x, mesh, dims=second_dims).detach()
+    params = list(first.parameters()) + list(second.parameters())
+    forward_bytes = backward_bytes = 0.0
+    times = []
+    for step in range(steps + 2):
+        hvd.barrier()
+        start = time.perf_counter()
+        counter[0] = 0.0
+        y = second(F.gelu(first(inputs.requires_grad_())))
+        forward_bytes = counter[0]
+        y.pow(2).mean().backward()
+        backward_bytes = counter[0] - forward_bytes
+        for p in params:
+            p.grad = None
+        elapsed = max(hvd.allgather_object(time.perf_counter() - start))
+        if step >= 2:
+            times.append(elapsed)
+    hvd.barrier()
+    if hvd.rank() == 0:
+        with open(out, "w") as f:
+            json.dump([forward_bytes, backward_bytes, statistics.median(times)], f)
+    hvd.shutdown()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", default="4,9")
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--worker")
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    if args.worker:
+        return worker(args.worker, args.steps, args.out)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, env.get("PYTHONPATH")]))
+    print(f"activation ({BS}, {H}), weights ({H}, {E}) and ({E}, {H}), fp32; KiB sent per rank "
+          "for one forward and one backward pass of the pair\n")
+    print(f"{'P':>3} {'layout':<11} {'forward':>9} {'backward':>9} {'seed fwd':>9} "
+          f"{'step ms':>8}")
+    for ranks in [int(r) for r in args.ranks.split(",")]:
+        q = math.isqrt(ranks)
+        for mode in ("1d", "2d", "summa"):
+            if mode != "1d" and q * q != ranks:
+                continue
+            with tempfile.TemporaryDirectory() as tmp:
+                out = os.path.join(tmp, "result.json")
+                subprocess.run([sys.executable, "-m", "horovodlike.runner.launch", "-np",
+                                str(ranks), sys.executable, os.path.abspath(__file__),
+                                "--worker", mode, "--out", out, "--steps", str(args.steps)],
+                               env=env, check=True, cwd=REPO, stdout=subprocess.DEVNULL)
+                with open(out) as f:
+                    forward, backward, step = json.load(f)
+            if mode == "1d":
+                seed = 2 * (ranks - 1) * BS * H / ranks * 4
+            elif mode == "summa":
+                seed = float("nan")   # the seed has no formula for it
+            else:
+                seed = 2 * BS * (E * (q - 1) + H * (q - 1)) / (q * q) * 4
+            label = {"1d": "1D", "2d": f"2D {q}x{q}", "summa": f"SUMMA {q}x{q}"}[mode]
+            print(f"{ranks:>3} {label:<11} {forward / 1024:>9.1f} {backward / 1024:>9.1f} "
+                  f"{seed / 1024:>9.1f} {step * 1e3:>8.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

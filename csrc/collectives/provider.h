@@ -1,0 +1,74 @@
+// What the core calls to run a collective: a provider, either one of our algorithms over a link
+// (ring, hierarchical, shared memory) or a library's own collective (MPI_Allreduce). The
+// ProviderTable (provider_table.h) says which one runs each operation.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "../common/common.h"
+
+namespace horovodlike {
+
+class AllreduceProvider {
+ public:
+  virtual ~AllreduceProvider() = default;
+  // Short name for --check-build and stats ("ring_allreduce", "shm_allreduce", ...).
+  virtual const char* name() const = 0;
+  // Whether it takes these arguments; the table's next provider for the operation runs if not.
+  // The same answer on every rank for the same arguments.
+  virtual bool Supports(size_t count, DataType dtype, ReduceOp op) const { return true; }
+  // In place over every rank of its link, Average reduced as Sum, the result multiplied by
+  // `scale` (1: unscaled); every rank passes the same arguments.
+  virtual void Run(void* buf, size_t count, DataType dtype, ReduceOp op, double scale) = 0;
+};
+
+class AllgatherProvider {
+ public:
+  virtual ~AllgatherProvider() = default;
+  virtual const char* name() const = 0;
+  // In-place allgatherv of blocks in rank order (`block_bytes[r]` from rank r; this rank's
+  // block is already in place in `out`).
+  virtual void Run(void* out, const std::vector<size_t>& block_bytes) = 0;
+};
+
+class ReducescatterProvider {
+ public:
+  virtual ~ReducescatterProvider() = default;
+  virtual const char* name() const = 0;
+  // `buf` holds the blocks in rank order, block_counts[r] elements each, and is work space; on
+  // return block `rank` is reduced over every rank (Average as Sum).
+  virtual void Run(void* buf, const std::vector<size_t>& block_counts, DataType dtype,
+                   ReduceOp op) = 0;
+};
+
+class AlltoallProvider {
+ public:
+  virtual ~AlltoallProvider() = default;
+  virtual const char* name() const = 0;
+  // send_bytes[j] of `input` (packed in rank order) go to rank j; recv_bytes[j] from rank j
+  // land in `output`, packed in rank order.
+  virtual void Run(const void* input, const std::vector<size_t>& send_bytes, void* output,
+                   const std::vector<size_t>& recv_bytes) = 0;
+};
+
+class BroadcastProvider {
+ public:
+  virtual ~BroadcastProvider() = default;
+  virtual const char* name() const = 0;
+  // `bytes` of `buf` from rank `root` to every rank, in place.
+  virtual void Run(void* buf, size_t bytes, int root) = 0;
+};
+
+class AdasumProvider {
+ public:
+  virtual ~AdasumProvider() = default;
+  virtual const char* name() const = 0;
+  // Combines `buf` in place: `counts` are the element counts of the tensors laid end to end in
+  // it, each combined on its own; `tensor` names them in errors (adasum_allreduce.h).
+  virtual void Run(void* buf, const size_t* counts, size_t num_tensors, DataType dtype,
+                   const std::string& tensor) = 0;
+};
+
+}  // namespace horovodlike

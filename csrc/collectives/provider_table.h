@@ -1,0 +1,84 @@
+// The one place that decides which provider runs each collective of a process set, from what
+// the links offer: built once per set at init (or when the set is added), then only looked up.
+// Its Describe() is what --check-build and the stats print; each provider's timeline label
+// names the algorithm and the link it runs over.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../links/link.h"
+#include "provider.h"
+
+namespace horovodlike {
+
+class ShmAllreduce;
+class HostHierarchy;
+
+class ProviderTable {
+ public:
+  // For the job's global process set over `link` (the link ConnectLink returned): shared
+  // memory's allreduce when it spans the job, MPI's for small messages over MPI, by host when
+  // the job asked for it, and the ring over `link` for the rest.
+  static std::unique_ptr<ProviderTable> ForJob(Link& link);
+  // For a process set: the algorithms over its view of the job's link.
+  static std::unique_ptr<ProviderTable> ForSubset(Link& view);
+  ~ProviderTable();
+
+  // A provider with its timeline label: its name in capitals, prefixed with the link for our
+  // algorithms over a link ("TCP_RING_ALLREDUCE", "SHM_ALLREDUCE", "MPI_ALLREDUCE"). Labels
+  // live as long as the process, as the timeline may write them after the set is gone.
+  template <class Provider>
+  struct Entry {
+    Provider* provider;
+    const char* label;
+  };
+  // The first allreduce provider, in the table's order, that takes these arguments.
+  Entry<AllreduceProvider> Allreduce(size_t count, DataType dtype, ReduceOp op) const;
+  Entry<AllgatherProvider> Allgather() const { return allgather_; }
+  Entry<ReducescatterProvider> Reducescatter() const { return reducescatter_; }
+  Entry<AlltoallProvider> Alltoall() const { return alltoall_; }
+  Entry<BroadcastProvider> Broadcast() const { return broadcast_; }
+  Entry<AdasumProvider> Adasum() const { return adasum_; }
+
+  // (operation, providers in the order they are tried) for this set: "allreduce" ->
+  // "shm_allreduce, ring_allreduce", ... with the link they run over.
+  std::vector<std::pair<std::string, std::string>> Describe() const;
+
+  // What this build can run, per operation, in the order tried, each with when it applies.
+  static std::vector<std::pair<std::string, std::string>> Available();
+  // Describe() of the last table ForJob built (the running job's), empty before the first.
+  static std::vector<std::pair<std::string, std::string>> ForRunningJob();
+
+  // Runs per label since the process started, for tests: which provider and link ran.
+  static std::vector<std::pair<std::string, int64_t>> Runs();
+  // Counts a run of the provider with this label (one from an Entry).
+  static void CountRun(const char* label);
+
+ private:
+  explicit ProviderTable(Link& link);
+  // Appends `provider` to the allreduce's list (owned), labelled for `link` (null: no prefix).
+  void AddAllreduce(std::unique_ptr<AllreduceProvider> provider, const Link* link);
+  void SetAllgather(std::unique_ptr<AllgatherProvider> provider, const Link* link);
+  // The operations with one algorithm of ours over the set's link.
+  void SetOthers();
+
+  Link& link_;
+  std::vector<std::unique_ptr<AllreduceProvider>> owned_allreduce_;
+  std::unique_ptr<ShmAllreduce> shm_;  // shared memory's own, used by host or over the job
+  std::vector<Entry<AllreduceProvider>> allreduce_;
+  std::unique_ptr<AllgatherProvider> owned_allgather_;
+  Entry<AllgatherProvider> allgather_{nullptr, nullptr};
+  std::unique_ptr<ReducescatterProvider> owned_reducescatter_;
+  Entry<ReducescatterProvider> reducescatter_{nullptr, nullptr};
+  std::unique_ptr<AlltoallProvider> owned_alltoall_;
+  Entry<AlltoallProvider> alltoall_{nullptr, nullptr};
+  std::unique_ptr<BroadcastProvider> owned_broadcast_;
+  Entry<BroadcastProvider> broadcast_{nullptr, nullptr};
+  std::unique_ptr<AdasumProvider> owned_adasum_;
+  Entry<AdasumProvider> adasum_{nullptr, nullptr};
+};
+
+}  // namespace horovodlike

@@ -1,0 +1,156 @@
+#include "env_config.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <string>
+
+#include "common.h"
+
+namespace horovodlike {
+namespace {
+
+const char* Get(const char* name) {
+  const char* value = std::getenv(name);
+  return (value != nullptr && value[0] != '\0') ? value : nullptr;
+}
+
+int64_t GetInt(const char* name, int64_t fallback) {
+  const char* value = Get(name);
+  if (value == nullptr) return fallback;
+  char* end = nullptr;
+  long long parsed = std::strtoll(value, &end, 10);
+  if (*end != '\0') {
+    throw InvalidArgument(std::string(name) + "='" + value + "' is not an integer");
+  }
+  return parsed;
+}
+
+double GetDouble(const char* name, double fallback) {
+  const char* value = Get(name);
+  if (value == nullptr) return fallback;
+  char* end = nullptr;
+  double parsed = std::strtod(value, &end);
+  if (*end != '\0') {
+    throw InvalidArgument(std::string(name) + "='" + value + "' is not a number");
+  }
+  return parsed;
+}
+
+bool GetBool(const char* name, bool fallback) {
+  const char* value = Get(name);
+  if (value == nullptr) return fallback;
+  std::string v(value);
+  return !(v == "0" || v == "false" || v == "False" || v == "FALSE");
+}
+
+int ParseLogLevel(const char* value) {
+  if (value == nullptr) return 3;
+  std::string v(value);
+  for (auto& c : v) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  const char* names[] = {"TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL"};
+  for (int i = 0; i < 6; ++i) {
+    if (v == names[i]) return i;
+  }
+  throw InvalidArgument(std::string("HOROVOD_LOG_LEVEL='") + value +
+                        "' is not one of TRACE, DEBUG, INFO, WARNING, ERROR, FATAL");
+}
+
+// Read whether or not tuning is on, so that a mistyped value is reported before it matters.
+void ReadAutotune(Config& c) {
+  c.fusion_threshold_given = Get("HOROVOD_FUSION_THRESHOLD") != nullptr;
+  c.cycle_time_given = Get("HOROVOD_CYCLE_TIME") != nullptr;
+  c.cache_capacity_given = Get("HOROVOD_CACHE_CAPACITY") != nullptr;
+  c.autotune = GetBool("HOROVOD_AUTOTUNE", false);
+  if (const char* log = Get("HOROVOD_AUTOTUNE_LOG")) c.autotune_log = log;
+  auto count = [](const char* name, int64_t fallback, int64_t least) {
+    const int64_t v = GetInt(name, fallback);
+    if (v < least || v > 1000000) {
+      throw InvalidArgument(std::string(name) + "=" + std::to_string(v) + " must be between " +
+                            std::to_string(least) + " and 1000000");
+    }
+    return static_cast<int>(v);
+  };
+  c.autotune_warmup_samples = count("HOROVOD_AUTOTUNE_WARMUP_SAMPLES", 3, 0);
+  c.autotune_steps_per_sample = count("HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", 10, 1);
+  c.autotune_max_samples = count("HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", 20, 1);
+  c.autotune_noise = GetDouble("HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", 0.8);
+  if (!(c.autotune_noise >= 0) || c.autotune_noise == HUGE_VAL) {
+    throw InvalidArgument("HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE must be a finite number >= 0");
+  }
+}
+
+}  // namespace
+
+Config Config::FromEnvironment() {
+  Config c;
+  c.rank = static_cast<int>(GetInt("HOROVOD_RANK", 0));
+  c.size = static_cast<int>(GetInt("HOROVOD_SIZE", 1));
+  c.local_rank = static_cast<int>(GetInt("HOROVOD_LOCAL_RANK", c.rank));
+  c.local_size = static_cast<int>(GetInt("HOROVOD_LOCAL_SIZE", c.size));
+  c.cross_rank = static_cast<int>(GetInt("HOROVOD_CROSS_RANK", 0));
+  c.cross_size = static_cast<int>(GetInt("HOROVOD_CROSS_SIZE", 1));
+  c.launched_by_mpirun = Get("OMPI_COMM_WORLD_RANK") != nullptr &&
+                         Get("OMPI_COMM_WORLD_SIZE") != nullptr;
+  if (c.launched_by_mpirun && Get("HOROVOD_RANK") == nullptr) {
+    c.rank = static_cast<int>(GetInt("OMPI_COMM_WORLD_RANK", 0));
+    c.size = static_cast<int>(GetInt("OMPI_COMM_WORLD_SIZE", 1));
+    c.local_rank = static_cast<int>(GetInt("OMPI_COMM_WORLD_LOCAL_RANK", c.rank));
+    c.local_size = static_cast<int>(GetInt("OMPI_COMM_WORLD_LOCAL_SIZE", c.size));
+    // Open MPI names no host index. Exact on one host; on several, an estimate that assumes
+    // equal hosts filled in rank order (--map-by slot). The MPI transport replaces both with
+    // what MPI reports.
+    const int hosts = static_cast<int>(GetInt("OMPI_MCA_orte_num_nodes", 1));
+    c.cross_size = hosts > 1 ? hosts : 1;
+    c.cross_rank = hosts > 1 ? c.rank / c.local_size : 0;
+  }
+  if (c.size < 1 || c.rank < 0 || c.rank >= c.size) {
+    throw InvalidArgument("HOROVOD_RANK=" + std::to_string(c.rank) + " and HOROVOD_SIZE=" +
+                          std::to_string(c.size) + " do not describe a rank of the job");
+  }
+  if (const char* addr = Get("HOROVOD_RENDEZVOUS_ADDR")) c.rendezvous_addr = addr;
+  c.rendezvous_port = static_cast<int>(GetInt("HOROVOD_RENDEZVOUS_PORT", 0));
+  if (const char* key = Get("HOROVOD_SECRET_KEY")) c.secret_key = key;
+  if (const char* iface = Get("HOROVOD_GLOO_IFACE")) c.network_interface = iface;
+  c.start_timeout_seconds = GetDouble("HOROVOD_START_TIMEOUT", c.start_timeout_seconds);
+  c.elastic_round = static_cast<int>(GetInt("HOROVOD_ELASTIC_ROUND", -1));
+
+  c.fusion_threshold_bytes = GetInt("HOROVOD_FUSION_THRESHOLD", c.fusion_threshold_bytes);
+  if (c.fusion_threshold_bytes < 0) throw InvalidArgument("HOROVOD_FUSION_THRESHOLD must be >= 0");
+  c.cycle_time_ms = GetDouble("HOROVOD_CYCLE_TIME", c.cycle_time_ms);
+  if (c.cycle_time_ms < 0) throw InvalidArgument("HOROVOD_CYCLE_TIME must be >= 0");
+  c.cache_capacity = static_cast<int>(GetInt("HOROVOD_CACHE_CAPACITY", c.cache_capacity));
+  if (c.cache_capacity < 0) throw InvalidArgument("HOROVOD_CACHE_CAPACITY must be >= 0");
+  c.stall_check_enabled = !GetBool("HOROVOD_STALL_CHECK_DISABLE", false);
+  c.stall_warning_seconds =
+      GetDouble("HOROVOD_STALL_CHECK_TIME_SECONDS", c.stall_warning_seconds);
+  if (!(c.stall_warning_seconds > 0)) {
+    throw InvalidArgument("HOROVOD_STALL_CHECK_TIME_SECONDS must be a positive number of seconds");
+  }
+  c.stall_shutdown_seconds =
+      GetDouble("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", c.stall_shutdown_seconds);
+  if (!(c.stall_shutdown_seconds >= 0)) {
+    throw InvalidArgument("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS must be >= 0 (0: never)");
+  }
+  c.peer_timeout_seconds = GetDouble("HOROVOD_PEER_TIMEOUT_SECONDS", c.peer_timeout_seconds);
+  if (!(c.peer_timeout_seconds > 0)) {
+    throw InvalidArgument("HOROVOD_PEER_TIMEOUT_SECONDS must be a positive number of seconds");
+  }
+  c.gloo_timeout_seconds = GetDouble("HOROVOD_GLOO_TIMEOUT_SECONDS", c.peer_timeout_seconds);
+  if (!(c.gloo_timeout_seconds > 0)) {
+    throw InvalidArgument("HOROVOD_GLOO_TIMEOUT_SECONDS must be a positive number of seconds");
+  }
+  c.log_level = ParseLogLevel(Get("HOROVOD_LOG_LEVEL"));
+  ReadAutotune(c);
+  c.hierarchical_allreduce = GetBool("HOROVOD_HIERARCHICAL_ALLREDUCE", false);
+  c.hierarchical_allgather = GetBool("HOROVOD_HIERARCHICAL_ALLGATHER", false);
+  if (const char* timeline = Get("HOROVOD_TIMELINE")) c.timeline_path = timeline;
+  c.timeline_mark_cycles = GetBool("HOROVOD_TIMELINE_MARK_CYCLES", false);
+  if (c.timeline_mark_cycles && c.timeline_path.empty()) {
+    // Harmless, but most likely a forgotten HOROVOD_TIMELINE: say so rather than do nothing.
+    throw InvalidArgument("HOROVOD_TIMELINE_MARK_CYCLES is set but HOROVOD_TIMELINE is not; "
+                          "set HOROVOD_TIMELINE to the trace file to write");
+  }
+  return c;
+}
+
+}  // namespace horovodlike

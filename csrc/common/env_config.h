@@ -1,0 +1,61 @@
+// Runtime settings, read once per init() from Horovod's environment variable names.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace horovodlike {
+
+struct Config {
+  int rank = 0;
+  int size = 1;
+  int local_rank = 0;
+  int local_size = 1;
+  int cross_rank = 0;
+  int cross_size = 1;
+  // Started by mpirun (Open MPI's OMPI_COMM_WORLD_* variables are set): the MPI transport is
+  // the default, and without HOROVOD_RANK the rank and size come from Open MPI.
+  bool launched_by_mpirun = false;
+
+  std::string rendezvous_addr;  // empty: no launcher (single process)
+  int rendezvous_port = 0;
+  std::string secret_key;
+  std::string network_interface;  // HOROVOD_GLOO_IFACE
+  double start_timeout_seconds = 30.0;
+  int elastic_round = -1;  // HOROVOD_ELASTIC_ROUND: rendezvous generation set by the driver
+
+  int64_t fusion_threshold_bytes = 128LL * 1024 * 1024;
+  double cycle_time_ms = 1.0;
+  int cache_capacity = 1024;
+  bool stall_check_enabled = true;
+  double stall_warning_seconds = 60.0;
+  double stall_shutdown_seconds = 0.0;  // 0: a stall never stops the job
+  double peer_timeout_seconds = 300.0;  // a peer silent for this long counts as failed
+  // HOROVOD_GLOO_TIMEOUT_SECONDS: the Gloo transport's own timeout (default: the peer timeout)
+  double gloo_timeout_seconds = 300.0;
+  int log_level = 3;  // 0 trace, 1 debug, 2 info, 3 warning, 4 error, 5 fatal
+  // HOROVOD_HIERARCHICAL_ALLREDUCE: allreduce inside each host, then across hosts (TCP transport).
+  bool hierarchical_allreduce = false;
+  // HOROVOD_HIERARCHICAL_ALLGATHER: allgather inside each host, then across hosts (TCP transport).
+  bool hierarchical_allgather = false;
+  // HOROVOD_TIMELINE: the Chrome trace rank 0 writes from init() on (timeline.h); empty: none.
+  std::string timeline_path;
+  bool timeline_mark_cycles = false;  // HOROVOD_TIMELINE_MARK_CYCLES
+
+  // Autotuning (HOROVOD_AUTOTUNE*, see parameter_manager.h). Parameters the user set explicitly
+  // are held constant while the others are tuned.
+  bool autotune = false;
+  std::string autotune_log;  // CSV of the samples, written by rank 0; empty: none
+  int autotune_warmup_samples = 3;
+  int autotune_steps_per_sample = 10;
+  int autotune_max_samples = 20;
+  double autotune_noise = 0.8;
+  bool fusion_threshold_given = false;
+  bool cycle_time_given = false;
+  bool cache_capacity_given = false;
+
+  // Reads HOROVOD_* variables; throws InvalidArgument naming the variable on a bad value.
+  static Config FromEnvironment();
+};
+
+}  // namespace horovodlike

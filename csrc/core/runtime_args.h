@@ -1,0 +1,30 @@
+// What a caller hands the runtime for one collective (Runtime::Enqueue).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "../common/common.h"
+
+namespace horovodlike {
+
+struct EnqueueArgs {
+  OpType op = OpType::kAllreduce;
+  std::string name;
+  const void* input = nullptr;
+  void* output = nullptr;
+  DataType dtype = DataType::kFloat32;
+  std::vector<int64_t> shape;
+  ReduceOp reduce_op = ReduceOp::kSum;
+  double prescale = 1.0;
+  double postscale = 1.0;
+  int root_rank = 0;
+  int device = -1;
+  int process_set = 0;
+  std::vector<int64_t> splits;  // alltoall: rows per destination; add_process_set: ranks
+  int64_t group_id = 0;
+  int group_size = 0;
+};
+
+}  // namespace horovodlike

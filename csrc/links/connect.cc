@@ -1,0 +1,101 @@
+#include "connect.h"
+
+#include <atomic>
+#include <cctype>
+#include <cstdlib>
+#include <string>
+
+#include "../common/env_config.h"
+#include "../common/logging.h"
+#include "per_peer_link.h"
+#include "tcp/tcp_link.h"
+#ifdef HOROVODLIKE_MPI_FOUND
+#include "mpi/mpi_link.h"
+#endif
+#ifdef HOROVODLIKE_GLOO_FOUND
+#include "gloo/gloo_link.h"
+#endif
+
+namespace horovodlike {
+namespace {
+
+std::atomic<const char*> g_last_name{nullptr};
+
+constexpr bool kMpiBuilt =
+#ifdef HOROVODLIKE_MPI_FOUND
+    true;
+#else
+    false;
+#endif
+
+// HOROVOD_CPU_OPERATIONS (else HOROVOD_CONTROLLER, which horovodrun sets too), lower case;
+// by default MPI in a job started by mpirun, else TCP.
+std::string RequestedBackend(const Config& config) {
+  const char* value = std::getenv("HOROVOD_CPU_OPERATIONS");
+  if (value == nullptr || value[0] == '\0') value = std::getenv("HOROVOD_CONTROLLER");
+  std::string name = value != nullptr ? value : "";
+  for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (!name.empty()) return name;
+  // Without MPI built in, a job started by horovodlikerun --mpi still has the launcher's
+  // rendezvous server and can use TCP.
+  if (config.launched_by_mpirun && (kMpiBuilt || config.rendezvous_addr.empty())) return "mpi";
+  return "tcp";
+}
+
+std::unique_ptr<Link> ConnectMpi(Config& config) {
+#ifdef HOROVODLIKE_MPI_FOUND
+  return MpiLink::Connect(config);
+#else
+  throw InvalidArgument(std::string(config.launched_by_mpirun
+                                        ? "this job was started by mpirun"
+                                        : "HOROVOD_CPU_OPERATIONS=mpi asks for MPI") +
+                        ", but this build of horovodlike has no MPI support (MPI was not found "
+                        "when it was built: install Open MPI's development files, e.g. "
+                        "libopenmpi-dev, and reinstall); start the job with horovodlikerun "
+                        "without --mpi to use the built-in TCP transport");
+#endif
+}
+
+std::unique_ptr<Link> ConnectGloo(const Config& config, int generation) {
+#ifdef HOROVODLIKE_GLOO_FOUND
+  return GlooLink::Connect(config, generation);
+#else
+  throw InvalidArgument("HOROVOD_CPU_OPERATIONS=gloo asks for Gloo, but this build of "
+                        "horovodlike has no Gloo support (Gloo was not found when it was "
+                        "built: install libgloo-dev and reinstall); leave out --gloo to use "
+                        "the built-in TCP transport");
+#endif
+}
+
+}  // namespace
+
+std::unique_ptr<Link> ConnectLink(Config& config, int generation) {
+  const std::string backend = RequestedBackend(config);
+  std::unique_ptr<Link> transport;
+  if (backend == "mpi") {
+    transport = ConnectMpi(config);
+  } else if (backend == "gloo") {
+    transport = ConnectGloo(config, generation);
+  } else if (backend == "tcp") {
+    // TCP between hosts, shared memory between the ranks of one host (HOROVOD_SHM_DISABLE=1:
+    // TCP only).
+    transport = PerPeerLink::Connect(config, generation);
+  } else {
+    throw InvalidArgument("HOROVOD_CPU_OPERATIONS='" + backend +
+                          "' is not one of tcp, mpi, gloo");
+  }
+  if (config.hierarchical_allreduce && backend != "tcp" && config.rank == 0) {
+    HVDL_LOG(kWarning, "HOROVOD_HIERARCHICAL_ALLREDUCE applies to the built-in transport only; "
+                       "over " << backend << " it is ignored");
+  }
+  if (config.hierarchical_allgather && backend != "tcp" && config.rank == 0) {
+    HVDL_LOG(kWarning, "HOROVOD_HIERARCHICAL_ALLGATHER applies to the built-in transport only; "
+                       "over " << backend << " it is ignored");
+  }
+  g_last_name = transport->name();
+  return transport;
+}
+
+const char* LastLinkName() { return g_last_name.load(); }
+
+}  // namespace horovodlike

@@ -1,0 +1,31 @@
+// A link moves bytes between two ranks and knows nothing of collectives: the algorithms over
+// links, and the libraries' own collectives, are the providers of ../collectives/.
+// Blocking, point-to-point, full duplex.
+// Between two ranks the bytes form one ordered stream: a send need not be matched by a receive of
+// the same size (a collective may send a whole chunk while its peer receives it in segments), so
+// a backend with message semantics (MPI, Gloo) must buffer or split to honour this.
+#pragma once
+
+#include <cstddef>
+
+#include "../common/common.h"
+
+namespace horovodlike {
+
+class Link {
+ public:
+  virtual ~Link() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // Each call moves exactly n bytes or throws TransportError.
+  virtual void send(int peer, const void* buf, size_t n) = 0;
+  virtual void recv(int peer, void* buf, size_t n) = 0;
+  // Sends to `to` while receiving from `from`; never deadlocks when both sides call it at once.
+  virtual void sendrecv(int to, const void* sbuf, size_t sn, int from, void* rbuf, size_t rn) = 0;
+  // Closes every connection; pending and later calls throw TransportError.
+  virtual void abort() = 0;
+  // Short name for logs and --check-build ("tcp", "shm", "shm+tcp", "mpi", "gloo").
+  virtual const char* name() const { return "unknown"; }
+};
+
+}  // namespace horovodlike

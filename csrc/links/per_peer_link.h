@@ -1,0 +1,81 @@
+// The link chosen per peer: shared memory for ranks on this host, TCP for the others.
+//
+// The TCP mesh is always connected first: it carries the traffic to other hosts, and the set-up
+// of the shared segment (host identities, the segment's name). Ranks count as local when they
+// report the same host identity (boot id, the /dev/shm instance and the host name) and can map
+// the same segment; HOROVOD_SHM_DISABLE=1 makes every peer use TCP.
+//
+// With HOROVOD_HIERARCHICAL_ALLREDUCE=1 on a job over several hosts, the transport also offers
+// the ranks grouped by host (host_hierarchy.h); a rank alone on its host then has no shared
+// memory but still takes part in that grouping.
+#pragma once
+
+#include <condition_variable>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "host_hierarchy.h"
+#include "shm/shm_link.h"
+#include "link.h"
+
+namespace horovodlike {
+
+struct Config;
+
+class PerPeerLink : public Link {
+ public:
+  // Connects TCP, then shared memory among the ranks of each host, then agrees on the host
+  // grouping. Returns the plain TCP transport when no rank shares this host (or shared memory is
+  // disabled or unavailable) and there is no hierarchy to offer.
+  static std::unique_ptr<Link> Connect(const Config& config, int generation);
+  ~PerPeerLink() override;
+
+  int rank() const override { return tcp_->rank(); }
+  int size() const override { return tcp_->size(); }
+  void send(int peer, const void* buf, size_t n) override;
+  void recv(int peer, void* buf, size_t n) override;
+  void sendrecv(int to, const void* sbuf, size_t sn, int from, void* rbuf, size_t rn) override;
+  void abort() override;
+  const char* name() const override;
+  // For the collective providers: the shared-memory link among the ranks of this host (null
+  // when this rank is alone on it), and the ranks grouped by host when the job asked for
+  // hierarchical collectives (null otherwise; the same on every rank).
+  ShmLink* shm() const { return shm_.get(); }
+  const HostHierarchy* hierarchy() const { return hierarchy_.get(); }
+
+ private:
+  PerPeerLink(std::unique_ptr<Link> tcp, std::unique_ptr<ShmLink> shm,
+                   std::unique_ptr<HostHierarchy> hierarchy);
+  // The transport that carries traffic to job rank `peer`, and the peer's rank in it.
+  Link& Route(int peer, int* routed);
+  // Sends on a helper thread while this thread receives: full duplex across two transports.
+  void MixedSendRecv(Link& st, int to, const void* sbuf, size_t sn, Link& rt, int from,
+                     void* rbuf, size_t rn);
+  void SenderLoop();
+
+  std::unique_ptr<Link> tcp_;
+  std::unique_ptr<ShmLink> shm_;  // null when this rank is alone on its host
+  std::vector<int> local_;  // job rank -> rank within shm_, or -1 for TCP
+  std::unique_ptr<HostHierarchy> hierarchy_;  // views of tcp_ and shm_: declared after them
+
+  // The helper thread of MixedSendRecv (started on first use).
+  struct SendJob {
+    Link* transport = nullptr;
+    int peer = 0;
+    const void* buf = nullptr;
+    size_t n = 0;
+    bool pending = false;
+    bool done = false;
+    std::exception_ptr error;
+  };
+  std::mutex sender_mutex_;
+  std::condition_variable sender_cv_;
+  SendJob job_;
+  bool sender_stop_ = false;
+  std::thread sender_;
+};
+
+}  // namespace horovodlike

@@ -1,0 +1,78 @@
+// The layout of the shared-memory segment of one host's ranks (see shm_link.h). Every region starts
+// on a page; everything two processes write is on its own cache line.
+//
+//   SegmentHeader                       written once by the creator, before any member maps it
+//   RankControl[ranks]                  doorbell, sleeping flag, allreduce progress, liveness
+//   ChannelControl[ranks][ranks]        head/tail of the byte ring from rank i to rank j
+//   ring data[ranks][ranks]             channel_bytes each (the diagonal is unused)
+//   staging[ranks][2]                   chunk_bytes each: the native allreduce's double buffer
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+namespace horovodlike {
+namespace shm {
+
+constexpr uint64_t kMagic = 0x31484d534c445648ULL;  // "HVDLSMH1"
+constexpr size_t kPage = 4096;
+constexpr size_t kLine = 64;
+// Larger groups use TCP: the channels grow with the square of the ranks.
+constexpr size_t kMaxRanks = 256;
+
+static_assert(std::atomic<uint64_t>::is_always_lock_free, "needs lock-free 64-bit atomics");
+static_assert(std::atomic<uint32_t>::is_always_lock_free, "needs lock-free 32-bit atomics");
+static_assert(sizeof(std::atomic<uint32_t>) == 4, "futex words are 32 bits");
+
+struct SegmentHeader {
+  std::atomic<uint64_t> magic;  // stored last (release): the rest is valid once it is set
+  uint64_t nonce;               // random, sent to the members over TCP: proves the right segment
+  uint32_t ranks;
+  uint32_t reserved;
+  uint64_t channel_bytes;       // power of two
+  uint64_t chunk_bytes;         // one staging slot
+  uint64_t small_bytes;         // allreduces up to this size use the one-round algorithm
+  uint64_t total_bytes;
+};
+
+struct alignas(kLine) RankControl {
+  // Others write: bumped (and futex-woken) when this rank sleeps and something it may wait for
+  // changed.
+  alignas(kLine) std::atomic<uint32_t> doorbell;
+  // The owner writes: 1 while it is about to sleep or sleeping on its doorbell.
+  alignas(kLine) std::atomic<uint32_t> sleeping;
+  // The owner writes: the shared-memory allreduce's steps (collectives/shm/), and liveness.
+  alignas(kLine) std::atomic<uint64_t> staged;    // last step whose input is in staging
+  std::atomic<uint64_t> reduced;                  // last step whose slice is reduced in staging
+  std::atomic<uint64_t> released;                 // last step whose peers' staging it has read
+  std::atomic<uint32_t> aborted;                  // set when this rank's transport stopped
+  int32_t pid;                                    // for liveness checks through /proc
+  uint64_t start_time;                            // /proc/<pid>/stat field 22, against pid reuse
+};
+
+struct ChannelControl {
+  alignas(kLine) std::atomic<uint64_t> head;  // bytes written so far (the sender writes)
+  alignas(kLine) std::atomic<uint64_t> tail;  // bytes read so far (the receiver writes)
+};
+
+inline size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+// Offsets of each region for a given geometry; identical in every process.
+struct Layout {
+  size_t ranks = 0, channel_bytes = 0, chunk_bytes = 0;
+  size_t controls = 0, channels = 0, rings = 0, staging = 0, total = 0;
+
+  Layout() = default;
+  Layout(size_t ranks_, size_t channel_bytes_, size_t chunk_bytes_)
+      : ranks(ranks_), channel_bytes(channel_bytes_), chunk_bytes(chunk_bytes_) {
+    controls = RoundUp(sizeof(SegmentHeader), kPage);
+    channels = controls + RoundUp(ranks * sizeof(RankControl), kPage);
+    rings = channels + RoundUp(ranks * ranks * sizeof(ChannelControl), kPage);
+    staging = rings + ranks * ranks * channel_bytes;
+    total = staging + ranks * 2 * chunk_bytes;
+  }
+};
+
+}  // namespace shm
+}  // namespace horovodlike

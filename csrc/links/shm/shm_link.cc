@@ -1,0 +1,549 @@
+#include "shm_link.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+
+#include "../../common/hmac.h"
+#include "../../common/logging.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define HVDL_CPU_RELAX() _mm_pause()
+#elif defined(__aarch64__)
+#define HVDL_CPU_RELAX() asm volatile("yield" ::: "memory")
+#else
+#define HVDL_CPU_RELAX() std::atomic_signal_fence(std::memory_order_seq_cst)
+#endif
+
+namespace horovodlike {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Defaults, tuned on a 2-core machine (see the README's Performance section). A member of the
+// group takes the creator's values from the segment header, so these agree on every rank.
+constexpr size_t kDefaultChannelBytes = 1 << 20;
+constexpr size_t kDefaultChunkBytes = 1 << 20;
+constexpr size_t kDefaultSmallBytes = 64 << 10;
+// Longest busy-wait before sleeping (see WaitUntil), and when a spinner checks whether other
+// threads wait for a core.
+constexpr size_t kDefaultSpinMicroseconds = 2000;
+constexpr auto kFirstLoadCheck = std::chrono::microseconds(2);
+constexpr auto kLoadCheckInterval = std::chrono::microseconds(50);
+// A sleeper wakes this often to check that its peers are alive.
+constexpr int kSleepSliceMs = 10;
+
+size_t EnvBytes(const char* name, size_t fallback, size_t lo, size_t hi) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || v[0] == '\0') return fallback;
+  char* end = nullptr;
+  unsigned long long parsed = std::strtoull(v, &end, 10);
+  if (*end != '\0' || parsed < lo || parsed > hi) {
+    throw InvalidArgument(std::string(name) + "='" + v + "' must be a number of bytes from " +
+                          std::to_string(lo) + " to " + std::to_string(hi));
+  }
+  return static_cast<size_t>(parsed);
+}
+
+size_t FloorPowerOfTwo(size_t n) {
+  size_t p = 1;
+  while (p * 2 <= n) p *= 2;
+  return p;
+}
+
+// The segment's name: derived from the job's secret (so that no other job's name collides and
+// the name reveals nothing about the secret), the generation and the creating rank.
+std::string SegmentName(const std::string& secret, int generation, int leader) {
+  const std::string context = "shm-segment/" + std::to_string(generation) + "/" +
+                              std::to_string(leader);
+  const Sha256Digest mac = HmacSha256(secret, context);
+  return "/hvdl-" + ToHex(mac.data(), 12) + "-g" + std::to_string(generation) + "-r" +
+         std::to_string(leader);
+}
+
+// State and start time of a process from /proc/<pid>/stat; false when there is no such process.
+bool ReadProcessStat(int pid, char* state, uint64_t* start_time) {
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+  // open/read rather than stdio or streams: a waiting rank checks its peers this way every
+  // few milliseconds, and that must not allocate.
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  char text[1024];
+  const ssize_t n = ::read(fd, text, sizeof(text) - 1);
+  ::close(fd);
+  if (n <= 0) return false;
+  text[n] = '\0';
+  // The command name (field 2) may hold spaces and parentheses: fields resume after the last ')'.
+  const char* p = std::strrchr(text, ')');
+  if (p == nullptr) return false;
+  // Field 3 is the state; field 22 the start time in clock ticks since boot.
+  for (int i = 3; i <= 22; ++i) {
+    while (*p == ' ' || *p == ')') ++p;
+    if (*p == '\0') return false;
+    if (i == 3) *state = *p;
+    if (i == 22) {
+      *start_time = std::strtoull(p, nullptr, 10);
+      return true;
+    }
+    while (*p != ' ' && *p != '\0') ++p;
+  }
+  return false;
+}
+
+bool ProcessAlive(int pid, uint64_t start_time) {
+  char state = '?';
+  uint64_t now_start = 0;
+  if (!ReadProcessStat(pid, &state, &now_start)) return false;
+  return now_start == start_time && state != 'Z' && state != 'X' && state != 'x';
+}
+
+long FutexWait(std::atomic<uint32_t>* word, uint32_t expected, int timeout_ms) {
+  timespec ts{timeout_ms / 1000, static_cast<long>(timeout_ms % 1000) * 1000000L};
+  return ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts,
+                   nullptr, 0);
+}
+
+void FutexWakeAll(std::atomic<uint32_t>* word) {
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr,
+            0);
+}
+
+int UsableCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  long n = ::sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? static_cast<int>(n) : 1;
+}
+
+// Sent by the creator to every other member over the bootstrap transport.
+struct Offer {
+  uint32_t ok;
+  uint32_t ranks;
+  uint64_t nonce;
+  uint64_t total_bytes;
+  char name[128];
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------- set-up
+
+std::unique_ptr<ShmLink> ShmLink::Connect(Link& bootstrap,
+                                                    const std::vector<int>& group,
+                                                    const Options& options) {
+  const int me = bootstrap.rank();
+  const int leader = group.at(0);
+  const auto index = static_cast<int>(std::find(group.begin(), group.end(), me) - group.begin());
+  const size_t ranks = group.size();
+  if (ranks < 2 || ranks > shm::kMaxRanks || index >= static_cast<int>(ranks)) return nullptr;
+
+  // Tuning knobs (see the README's Performance section), checked on every rank before any
+  // message so that a bad value fails init() everywhere alike. Only the creator's geometry
+  // counts: the members read it from the segment.
+  size_t channel = EnvBytes("HOROVOD_SHM_CHANNEL_BYTES", kDefaultChannelBytes, 4096,
+                            size_t{1} << 30);
+  size_t chunk = EnvBytes("HOROVOD_SHM_CHUNK_BYTES", kDefaultChunkBytes, 4096, size_t{1} << 30);
+  size_t small = EnvBytes("HOROVOD_SHM_SMALL_BYTES", kDefaultSmallBytes, 0, size_t{1} << 30);
+  const int64_t spin_us = static_cast<int64_t>(
+      EnvBytes("HOROVOD_SHM_SPIN_US", kDefaultSpinMicroseconds, 0, 1000000));
+  // The channels shrink with the number of pairs and the staging with the number of ranks, so
+  // that big hosts stay within a modest /dev/shm (Docker's default is 64 MiB).
+  channel = FloorPowerOfTwo(std::max<size_t>(
+      8 << 10, std::min(channel, (size_t{32} << 20) / (ranks * (ranks - 1)))));
+  chunk = shm::RoundUp(std::min(chunk, std::max<size_t>(64 << 10, (size_t{16} << 20) /
+                                                                      (2 * ranks))),
+                       shm::kPage);
+  small = std::min(small, chunk);
+
+  ShmSegment segment;
+  Offer offer{};
+  uint8_t my_ok = 0;
+  if (me == leader) {
+    try {
+      shm::Layout layout(ranks, channel, chunk);
+      uint64_t nonce = 0;
+      RandomBytes(&nonce, sizeof(nonce));
+      const std::string name = SegmentName(options.secret, options.generation, leader);
+      segment = ShmSegment::Create(name, layout.total);
+      auto* header = reinterpret_cast<shm::SegmentHeader*>(segment.data());
+      header->nonce = nonce;
+      header->ranks = static_cast<uint32_t>(ranks);
+      header->channel_bytes = channel;
+      header->chunk_bytes = chunk;
+      header->small_bytes = small;
+      header->total_bytes = layout.total;
+      auto* mine = reinterpret_cast<shm::RankControl*>(segment.data() + layout.controls);
+      char state;
+      uint64_t start_time = 0;
+      ReadProcessStat(::getpid(), &state, &start_time);
+      mine->pid = ::getpid();
+      mine->start_time = start_time;
+      header->magic.store(shm::kMagic, std::memory_order_release);
+      offer.ok = 1;
+      offer.ranks = static_cast<uint32_t>(ranks);
+      offer.nonce = nonce;
+      offer.total_bytes = layout.total;
+      std::snprintf(offer.name, sizeof(offer.name), "%s", name.c_str());
+      my_ok = 1;
+    } catch (const std::exception& e) {
+      HVDL_LOG(kWarning, "shared memory for the ranks of this host is unavailable (" << e.what()
+                         << "); they use TCP instead");
+      segment = ShmSegment();
+      offer = Offer{};
+    }
+    for (size_t i = 1; i < ranks; ++i) bootstrap.send(group[i], &offer, sizeof(offer));
+    uint8_t all_ok = my_ok;
+    for (size_t i = 1; i < ranks; ++i) {
+      uint8_t ok = 0;
+      bootstrap.recv(group[i], &ok, sizeof(ok));
+      all_ok &= ok;
+    }
+    // Every member has mapped it (or given up): the name is no longer needed.
+    segment.Unlink();
+    if (all_ok) {
+      // Members wrote their pid before acknowledging; check that this rank sees the same
+      // processes (same pid namespace), or liveness checks would be wrong.
+      auto* controls = reinterpret_cast<shm::RankControl*>(segment.data() +
+                                                           shm::Layout(ranks, 0, 0).controls);
+      for (size_t i = 1; i < ranks; ++i) {
+        if (!ProcessAlive(controls[i].pid, controls[i].start_time)) {
+          HVDL_LOG(kWarning, "rank " << group[i] << " runs in another pid namespace; the ranks "
+                             "of this host use TCP instead of shared memory");
+          all_ok = 0;
+        }
+      }
+    }
+    for (size_t i = 1; i < ranks; ++i) bootstrap.send(group[i], &all_ok, sizeof(all_ok));
+    if (!all_ok) return nullptr;
+  } else {
+    bootstrap.recv(leader, &offer, sizeof(offer));
+    if (offer.ok) {
+      offer.name[sizeof(offer.name) - 1] = '\0';
+      try {
+        segment = ShmSegment::Open(offer.name, offer.total_bytes);
+        auto* header = reinterpret_cast<shm::SegmentHeader*>(segment.data());
+        shm::Layout layout(ranks, header->channel_bytes, header->chunk_bytes);
+        if (header->magic.load(std::memory_order_acquire) != shm::kMagic ||
+            header->nonce != offer.nonce || header->ranks != ranks ||
+            layout.total != offer.total_bytes) {
+          throw TransportError("the segment is not the one rank " + std::to_string(leader) +
+                               " created");
+        }
+        auto* controls = reinterpret_cast<shm::RankControl*>(segment.data() + layout.controls);
+        if (!ProcessAlive(controls[0].pid, controls[0].start_time)) {
+          throw TransportError("rank " + std::to_string(leader) + " runs in another pid namespace");
+        }
+        char state;
+        uint64_t start_time = 0;
+        ReadProcessStat(::getpid(), &state, &start_time);
+        controls[index].pid = ::getpid();
+        controls[index].start_time = start_time;
+        my_ok = 1;
+      } catch (const std::exception& e) {
+        HVDL_LOG(kWarning, "cannot map the shared memory of this host's ranks (" << e.what()
+                           << "); they use TCP instead");
+        segment = ShmSegment();
+      }
+    }
+    bootstrap.send(leader, &my_ok, sizeof(my_ok));
+    uint8_t all_ok = 0;
+    bootstrap.recv(leader, &all_ok, sizeof(all_ok));
+    if (!all_ok) return nullptr;
+  }
+  return std::unique_ptr<ShmLink>(
+      new ShmLink(std::move(segment), group, index, options, spin_us));
+}
+
+ShmLink::ShmLink(ShmSegment segment, std::vector<int> members, int index,
+                           const Options& options, int64_t spin_us)
+    : segment_(std::move(segment)), members_(std::move(members)), index_(index),
+      peer_timeout_(static_cast<int64_t>(options.peer_timeout_seconds * 1000)) {
+  const auto* header = reinterpret_cast<const shm::SegmentHeader*>(segment_.data());
+  channel_bytes_ = header->channel_bytes;
+  chunk_bytes_ = header->chunk_bytes;
+  small_bytes_ = header->small_bytes;
+  slice_bytes_ = std::max<size_t>(4096, channel_bytes_ / 8);
+  layout_ = shm::Layout(members_.size(), channel_bytes_, chunk_bytes_);
+  // Spinning only pays while every rank of the host has a core to itself; with more ranks than
+  // cores a spinner would steal the time of the rank it waits for.
+  const bool oversubscribed = static_cast<int>(members_.size()) > UsableCpus();
+  max_spin_ns_ = oversubscribed && std::getenv("HOROVOD_SHM_SPIN_US") == nullptr ? 0
+                                                                                : 1000 * spin_us;
+  // Runnable threads on the machine, for WaitUntil.
+  loadavg_fd_ = ::open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
+  cpus_ = UsableCpus();
+}
+
+ShmLink::~ShmLink() {
+  if (loadavg_fd_ >= 0) ::close(loadavg_fd_);
+}
+
+shm::RankControl& ShmLink::control(int r) const {
+  return reinterpret_cast<shm::RankControl*>(segment_.data() + layout_.controls)[r];
+}
+
+shm::ChannelControl& ShmLink::channel(int from, int to) const {
+  return reinterpret_cast<shm::ChannelControl*>(segment_.data() + layout_.channels)
+      [static_cast<size_t>(from) * members_.size() + to];
+}
+
+uint8_t* ShmLink::ring(int from, int to) const {
+  return segment_.data() + layout_.rings +
+         (static_cast<size_t>(from) * members_.size() + to) * channel_bytes_;
+}
+
+uint8_t* ShmLink::staging(int r, uint64_t step) const {
+  return segment_.data() + layout_.staging + (static_cast<size_t>(r) * 2 + (step & 1)) * chunk_bytes_;
+}
+
+// ---------------------------------------------------------------------------------- waiting
+
+void ShmLink::Notify(int peer) {
+  shm::RankControl& c = control(peer);
+  // Pairs with the fence in WaitUntil: either the peer sees what was just published, or this
+  // sees its sleeping flag and wakes it.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (c.sleeping.load(std::memory_order_relaxed) != 0) {
+    c.doorbell.fetch_add(1, std::memory_order_relaxed);
+    FutexWakeAll(&c.doorbell);
+  }
+}
+
+void ShmLink::NotifyAll() {
+  for (int p = 0; p < size(); ++p) {
+    if (p != index_) Notify(p);
+  }
+}
+
+void ShmLink::FailPeer(int peer, const std::string& what, TransportError::Cause cause) {
+  if (aborted_) throw TransportError("the transport was shut down");
+  throw TransportError("lost connection to rank " + std::to_string(members_[peer]) + ": " + what,
+                       members_[peer], cause);
+}
+
+void ShmLink::CheckPeers(bool check_processes) {
+  if (aborted_.load(std::memory_order_relaxed)) {
+    throw TransportError("the transport was shut down");
+  }
+  for (int p = 0; p < size(); ++p) {
+    if (p == index_) continue;
+    const shm::RankControl& c = control(p);
+    if (c.aborted.load(std::memory_order_acquire) != 0) {
+      FailPeer(p, "it stopped after an error", TransportError::Cause::kPeerLost);
+    }
+    if (check_processes && !ProcessAlive(c.pid, c.start_time)) {
+      FailPeer(p, "the process exited or was killed (shared memory peer)",
+               TransportError::Cause::kPeerLost);
+    }
+  }
+}
+
+template <class Ready, class Culprit>
+void ShmLink::WaitUntil(const Ready& ready, const Culprit& culprit) {
+  if (ready()) return;
+  const auto start = Clock::now();
+  // 1. Spin while that costs nobody: a peer that is running answers within microseconds, and
+  // waking from a futex costs tens (an inter-processor interrupt, in a VM an exit too). But
+  // when more threads are runnable than there are cores (the training loops' forward and
+  // backward, the peers' own threads, other jobs), a spinner only delays whoever waits for its
+  // core, possibly the very peer it waits for: then sleep at once.
+  if (max_spin_ns_ > 0) {
+    const auto spin_end = start + std::chrono::nanoseconds(max_spin_ns_);
+    auto next_check = start + kFirstLoadCheck;
+    while (true) {
+      for (int i = 0; i < 64; ++i) {
+        HVDL_CPU_RELAX();
+        if (ready()) return;
+      }
+      CheckPeers(false);
+      const auto now = Clock::now();
+      if (now >= spin_end) break;
+      if (now >= next_check) {
+        if (CpusOversubscribed()) break;
+        next_check = now + kLoadCheckInterval;
+      }
+    }
+  }
+  // 2. Sleep on the doorbell, in slices, checking the peers between them.
+  shm::RankControl& mine = control(index_);
+  auto last_progress_check = start;
+  while (true) {
+    const uint32_t key = mine.doorbell.load(std::memory_order_acquire);
+    mine.sleeping.store(1, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (ready()) break;
+    CheckPeers(false);
+    long rc = FutexWait(&mine.doorbell, key, kSleepSliceMs);
+    if (rc == 0 || errno == EAGAIN || errno == EINTR) {
+      if (ready()) break;
+    }
+    const auto now = Clock::now();
+    if (now - last_progress_check >= std::chrono::milliseconds(kSleepSliceMs)) {
+      last_progress_check = now;
+      mine.sleeping.store(0, std::memory_order_relaxed);
+      CheckPeers(true);
+      if (now - start > peer_timeout_) {
+        char seconds[32];
+        std::snprintf(seconds, sizeof(seconds), "%g", peer_timeout_.count() / 1000.0);
+        FailPeer(culprit(),
+                 std::string("nothing received or sent for ") + seconds +
+                     " s (HOROVOD_PEER_TIMEOUT_SECONDS); the peer is stopped, hung or "
+                     "unreachable",
+                 TransportError::Cause::kPeerTimeout);
+      }
+    }
+  }
+  mine.sleeping.store(0, std::memory_order_relaxed);
+}
+
+bool ShmLink::CpusOversubscribed() const {
+  if (loadavg_fd_ < 0) return false;
+  char text[128];
+  const ssize_t n = ::pread(loadavg_fd_, text, sizeof(text) - 1, 0);
+  if (n <= 0) return false;
+  text[n] = '\0';
+  // "0.52 0.58 0.59 3/467 12345": the fourth field is runnable threads / all threads, now.
+  const char* p = text;
+  for (int spaces = 0; *p != '\0' && spaces < 3; ++p) spaces += *p == ' ';
+  return std::strtol(p, nullptr, 10) > cpus_;
+}
+
+void ShmLink::WaitForPeers(Progress progress, uint64_t step) {
+  auto behind = [&] {
+    for (int p = 0; p < size(); ++p) {
+      if (p != index_ && (control(p).*progress).load(std::memory_order_acquire) < step) return p;
+    }
+    return -1;
+  };
+  WaitUntil([&] { return behind() < 0; }, [&] { return std::max(0, behind()); });
+}
+
+void ShmLink::CheckUsable() const {
+  if (aborted_.load(std::memory_order_relaxed)) throw TransportError("the transport was shut down");
+}
+
+void ShmLink::Publish(Progress progress, uint64_t step) {
+  (control(index_).*progress).store(step, std::memory_order_release);
+  NotifyAll();
+}
+
+void ShmLink::abort() {
+  aborted_ = true;
+  control(index_).aborted.store(1, std::memory_order_release);
+  NotifyAll();
+  // The loop thread of this process may be asleep on its own doorbell.
+  control(index_).doorbell.fetch_add(1, std::memory_order_relaxed);
+  FutexWakeAll(&control(index_).doorbell);
+}
+
+// ---------------------------------------------------------------------------------- send/recv
+
+size_t ShmLink::TrySend(int to, const uint8_t* buf, size_t n) {
+  shm::ChannelControl& c = channel(index_, to);
+  const uint64_t head = c.head.load(std::memory_order_relaxed);
+  const uint64_t tail = c.tail.load(std::memory_order_acquire);
+  const size_t room = channel_bytes_ - static_cast<size_t>(head - tail);
+  // Publish in slices so that the receiver starts copying out while this copies in.
+  const size_t w = std::min({n, room, slice_bytes_});
+  if (w == 0) return 0;
+  const size_t pos = static_cast<size_t>(head) & (channel_bytes_ - 1);
+  const size_t first = std::min(w, channel_bytes_ - pos);
+  uint8_t* data = ring(index_, to);
+  std::memcpy(data + pos, buf, first);
+  if (w > first) std::memcpy(data, buf + first, w - first);
+  c.head.store(head + w, std::memory_order_release);
+  Notify(to);
+  return w;
+}
+
+size_t ShmLink::TryRecv(int from, uint8_t* buf, size_t n) {
+  shm::ChannelControl& c = channel(from, index_);
+  const uint64_t tail = c.tail.load(std::memory_order_relaxed);
+  const uint64_t head = c.head.load(std::memory_order_acquire);
+  const size_t r = std::min({n, static_cast<size_t>(head - tail), slice_bytes_});
+  if (r == 0) return 0;
+  const size_t pos = static_cast<size_t>(tail) & (channel_bytes_ - 1);
+  const size_t first = std::min(r, channel_bytes_ - pos);
+  const uint8_t* data = ring(from, index_);
+  std::memcpy(buf, data + pos, first);
+  if (r > first) std::memcpy(buf + first, data, r - first);
+  c.tail.store(tail + r, std::memory_order_release);
+  Notify(from);
+  return r;
+}
+
+void ShmLink::send(int peer, const void* buf, size_t n) {
+  sendrecv(peer, buf, n, peer, nullptr, 0);
+}
+
+void ShmLink::recv(int peer, void* buf, size_t n) {
+  sendrecv(peer, nullptr, 0, peer, buf, n);
+}
+
+void ShmLink::sendrecv(int to, const void* sbuf, size_t sn, int from, void* rbuf,
+                            size_t rn) {
+  if ((sn > 0 && (to < 0 || to >= size() || to == index_)) ||
+      (rn > 0 && (from < 0 || from >= size() || from == index_))) {
+    throw TransportError("shm: no channel between local ranks " + std::to_string(index_) +
+                         " and " + std::to_string(sn > 0 ? to : from));
+  }
+  if (aborted_.load(std::memory_order_relaxed)) throw TransportError("the transport was shut down");
+  const auto* sp = static_cast<const uint8_t*>(sbuf);
+  auto* rp = static_cast<uint8_t*>(rbuf);
+  while (sn > 0 || rn > 0) {
+    bool progressed = false;
+    if (sn > 0) {
+      size_t w = TrySend(to, sp, sn);
+      sp += w;
+      sn -= w;
+      progressed |= w > 0;
+    }
+    if (rn > 0) {
+      size_t r = TryRecv(from, rp, rn);
+      rp += r;
+      rn -= r;
+      progressed |= r > 0;
+    }
+    if (progressed || (sn == 0 && rn == 0)) continue;
+    WaitUntil([&] {
+      if (sn > 0) {
+        const shm::ChannelControl& c = channel(index_, to);
+        if (c.head.load(std::memory_order_relaxed) - c.tail.load(std::memory_order_acquire) <
+            channel_bytes_) {
+          return true;
+        }
+      }
+      if (rn > 0) {
+        const shm::ChannelControl& c = channel(from, index_);
+        if (c.head.load(std::memory_order_acquire) != c.tail.load(std::memory_order_relaxed)) {
+          return true;
+        }
+      }
+      return false;
+    }, [&] {
+      // Blame the side that is not moving: no incoming data first, else no room to send.
+      if (rn > 0) {
+        const shm::ChannelControl& c = channel(from, index_);
+        if (c.head.load(std::memory_order_acquire) == c.tail.load(std::memory_order_relaxed)) {
+          return from;
+        }
+      }
+      return sn > 0 ? to : from;
+    });
+  }
+}
+
+}  // namespace horovodlike

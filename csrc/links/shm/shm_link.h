@@ -1,0 +1,114 @@
+// Ranks on the same host exchange through one shared-memory segment instead of the loopback:
+//   - send/recv: a single-producer single-consumer byte ring per ordered pair of ranks, so both
+//     directions of a pair move at once (sendrecv never deadlocks) and a large message streams
+//     through the ring in slices the receiver copies out while the sender writes the next;
+//   - staging: two slots per rank, and per-rank progress counters, that an algorithm reading
+//     the peers' data in place uses (the shared-memory allreduce, collectives/shm/);
+//   - waiting: spin (bounded, and only while no thread on the machine waits for a core),
+//     then sleep on a futex in the segment (the "doorbell") that the other side rings only when
+//     this rank is asleep; no spinning at all with more ranks on the host than cores.
+// A peer that dies cannot close anything here, so every sleep is cut into short slices and
+// between them the peers' processes are checked through /proc (pid + start time, against pid
+// reuse), as is the "aborted" flag a peer sets when its runtime stops: a dead peer, or one that
+// stopped after an error, is a TransportError within tens of milliseconds; a peer that is alive
+// but makes no progress (SIGSTOP, a hang) fails after the peer timeout, as over TCP.
+//
+// Ranks are numbered within the host's group (0..size-1); members() maps them to job ranks.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "shm_layout.h"
+#include "shm_segment.h"
+#include "../link.h"
+
+namespace horovodlike {
+
+class ShmLink : public Link {
+ public:
+  struct Options {
+    std::string secret;          // the job's secret; a hash of it names the segment
+    int generation = 0;          // init() count: a re-init gets a fresh segment
+    double peer_timeout_seconds = 300;
+  };
+
+  // Maps one segment shared by `group` (job ranks on this host, ascending, this rank included),
+  // talking over `bootstrap` (the job's TCP mesh, indexed by job rank) to agree on it. Every rank
+  // of `group` must call this at the same time. Ranks that cannot map the segment (another
+  // /dev/shm, another pid namespace, no space) are left out on every side; returns nullptr when
+  // this rank is left with no peer. Throws TransportError only when `bootstrap` fails.
+  static std::unique_ptr<ShmLink> Connect(Link& bootstrap, const std::vector<int>& group,
+                                               const Options& options);
+  ~ShmLink() override;
+
+  int rank() const override { return index_; }
+  int size() const override { return static_cast<int>(members_.size()); }
+  // Job ranks of this group, in group order.
+  const std::vector<int>& members() const { return members_; }
+
+  void send(int peer, const void* buf, size_t n) override;
+  void recv(int peer, void* buf, size_t n) override;
+  void sendrecv(int to, const void* sbuf, size_t sn, int from, void* rbuf, size_t rn) override;
+  void abort() override;
+  const char* name() const override { return "shm"; }
+
+  // The staging area. Rank r's slot for `step` (two per rank, by step parity), staging_bytes()
+  // long; messages up to small_bytes() are best staged whole (HOROVOD_SHM_SMALL_BYTES).
+  uint8_t* staging(int r, uint64_t step) const;
+  size_t staging_bytes() const { return chunk_bytes_; }
+  size_t small_bytes() const { return small_bytes_; }
+  // A counter per rank that an algorithm advances as it goes (staged, reduced, released).
+  using Progress = std::atomic<uint64_t> shm::RankControl::*;
+  // Sets this rank's `progress` counter to `step` and wakes sleeping peers.
+  void Publish(Progress progress, uint64_t step);
+  // Waits until every other rank's `progress` counter reached `step`; throws TransportError as
+  // send/recv do (aborted, a peer stopped or died, the peer timeout).
+  void WaitForPeers(Progress progress, uint64_t step);
+  // Throws TransportError once abort() was called.
+  void CheckUsable() const;
+
+ private:
+  ShmLink(ShmSegment segment, std::vector<int> members, int index, const Options& options,
+               int64_t spin_us);
+
+  shm::RankControl& control(int r) const;
+  shm::ChannelControl& channel(int from, int to) const;
+  uint8_t* ring(int from, int to) const;
+
+  // Copies what fits of buf into the ring to `to`; returns the bytes moved.
+  size_t TrySend(int to, const uint8_t* buf, size_t n);
+  size_t TryRecv(int from, uint8_t* buf, size_t n);
+  // Wakes `peer` if it sleeps (call after publishing what it may wait for).
+  void Notify(int peer);
+  void NotifyAll();
+  // Returns once ready() holds; throws TransportError when this transport is aborted, a peer
+  // stopped or died, or nothing happened for the peer timeout (then naming culprit(), the peer
+  // it waits for).
+  template <class Ready, class Culprit>
+  void WaitUntil(const Ready& ready, const Culprit& culprit);
+  void CheckPeers(bool check_processes);
+  // Whether more threads are runnable on this machine than this process may use cores
+  // (/proc/loadavg, read at the moment).
+  bool CpusOversubscribed() const;
+  [[noreturn]] void FailPeer(int peer, const std::string& what, TransportError::Cause cause);
+
+  ShmSegment segment_;
+  std::vector<int> members_;
+  int index_;
+  size_t channel_bytes_;
+  size_t slice_bytes_;  // a sender publishes at least this often, so the receiver can start
+  size_t chunk_bytes_;
+  size_t small_bytes_;
+  shm::Layout layout_;
+  int64_t max_spin_ns_;  // HOROVOD_SHM_SPIN_US; 0 with more ranks on this host than cores
+  int loadavg_fd_ = -1;
+  int cpus_ = 1;
+  std::chrono::milliseconds peer_timeout_;
+  std::atomic<bool> aborted_{false};
+};
+
+}  // namespace horovodlike

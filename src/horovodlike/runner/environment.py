@@ -1,0 +1,127 @@
+"""The environment each rank starts with: its HOROVOD_* variables and what it inherits."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from horovodlike.runner.hosts import RankAssignment
+
+# Variables that describe the launcher's own login session; on another host they would be wrong.
+_NOT_FORWARDED_OVER_SSH = re.compile(
+    r"^(HOME|USER|LOGNAME|SHELL|PWD|OLDPWD|SHLVL|HOSTNAME|_|TERM|TERMCAP|DISPLAY|MAIL|"
+    r"LS_COLORS|PS1|PS2|PS4|PROMPT_COMMAND|TMPDIR|SSH_.*|XDG_.*|TMUX.*|BASH_FUNC_.*|"
+    r"KRB5CCNAME|DBUS_SESSION_BUS_ADDRESS)$")
+_SHELL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class JobSettings:
+    """What every rank of the job shares. None means "not given": the variable is not set."""
+
+    rendezvous_addr: str
+    rendezvous_port: int
+    secret_key: str
+    start_timeout_s: float
+    fusion_threshold_bytes: int | None = None
+    cycle_time_ms: float | None = None
+    cache_capacity: int | None = None
+    log_level: str | None = None
+    network_interface: str | None = None
+    cpu_operations: str | None = None  # "gloo": HOROVOD_CPU_OPERATIONS and HOROVOD_CONTROLLER
+    autotune: bool = False
+    autotune_log_file: str | None = None
+    autotune_warmup_samples: int | None = None
+    autotune_steps_per_sample: int | None = None
+    autotune_bayes_opt_max_samples: int | None = None
+    autotune_gaussian_process_noise: float | None = None
+    hierarchical_allreduce: bool | None = None  # HOROVOD_HIERARCHICAL_ALLREDUCE=1 or 0
+    hierarchical_allgather: bool | None = None  # HOROVOD_HIERARCHICAL_ALLGATHER=1 or 0
+    timeline_filename: str | None = None  # HOROVOD_TIMELINE
+    timeline_mark_cycles: bool = False
+    extra_env: tuple[tuple[str, str], ...] = ()  # horovodrun_options: stall check, logging...
+
+
+def format_number(value: float) -> str:
+    """5.0 -> "5", 2.5 -> "2.5": what both Python and strtod read back as the same value."""
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+def horovod_environment(assignment: RankAssignment, job: JobSettings) -> dict[str, str]:
+    """The HOROVOD_* variables of one rank."""
+    env = {
+        "HOROVOD_RANK": str(assignment.rank),
+        "HOROVOD_SIZE": str(assignment.size),
+        "HOROVOD_LOCAL_RANK": str(assignment.local_rank),
+        "HOROVOD_LOCAL_SIZE": str(assignment.local_size),
+        "HOROVOD_CROSS_RANK": str(assignment.cross_rank),
+        "HOROVOD_CROSS_SIZE": str(assignment.cross_size),
+        "HOROVOD_HOSTNAME": assignment.hostname,
+    }
+    env.update(job_environment(job))
+    return env
+
+
+def job_environment(job: JobSettings) -> dict[str, str]:
+    """The HOROVOD_* variables every rank shares (all that mpirun's ranks get from us)."""
+    env = {
+        "HOROVOD_RENDEZVOUS_ADDR": job.rendezvous_addr,
+        "HOROVOD_RENDEZVOUS_PORT": str(job.rendezvous_port),
+        "HOROVOD_SECRET_KEY": job.secret_key,
+        "HOROVOD_START_TIMEOUT": format_number(job.start_timeout_s),
+    }
+    if job.fusion_threshold_bytes is not None:
+        env["HOROVOD_FUSION_THRESHOLD"] = str(job.fusion_threshold_bytes)
+    if job.cycle_time_ms is not None:
+        env["HOROVOD_CYCLE_TIME"] = format_number(job.cycle_time_ms)
+    if job.cache_capacity is not None:
+        env["HOROVOD_CACHE_CAPACITY"] = str(job.cache_capacity)
+    if job.log_level is not None:
+        env["HOROVOD_LOG_LEVEL"] = job.log_level
+    if job.network_interface is not None:
+        env["HOROVOD_GLOO_IFACE"] = job.network_interface
+    if job.hierarchical_allreduce is not None:
+        env["HOROVOD_HIERARCHICAL_ALLREDUCE"] = "1" if job.hierarchical_allreduce else "0"
+    if job.hierarchical_allgather is not None:
+        env["HOROVOD_HIERARCHICAL_ALLGATHER"] = "1" if job.hierarchical_allgather else "0"
+    if job.cpu_operations is not None:
+        env["HOROVOD_CPU_OPERATIONS"] = job.cpu_operations
+        env["HOROVOD_CONTROLLER"] = job.cpu_operations
+    if job.autotune:
+        env["HOROVOD_AUTOTUNE"] = "1"
+    for name, value in (("HOROVOD_AUTOTUNE_LOG", job.autotune_log_file),
+                        ("HOROVOD_AUTOTUNE_WARMUP_SAMPLES", job.autotune_warmup_samples),
+                        ("HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", job.autotune_steps_per_sample),
+                        ("HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES",
+                         job.autotune_bayes_opt_max_samples)):
+        if value is not None:
+            env[name] = str(value)
+    if job.autotune_gaussian_process_noise is not None:
+        env["HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE"] = format_number(
+            job.autotune_gaussian_process_noise)
+    if job.timeline_filename is not None:
+        env["HOROVOD_TIMELINE"] = job.timeline_filename
+    if job.timeline_mark_cycles:
+        env["HOROVOD_TIMELINE_MARK_CYCLES"] = "1"
+    env.update(dict(job.extra_env))
+    return env
+
+
+def local_rank_environment(launcher_env: dict[str, str],
+                           horovod_env: dict[str, str]) -> dict[str, str]:
+    """The launcher's whole environment, the rank's HOROVOD_* over it, unbuffered Python output."""
+    env = dict(launcher_env)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env.update(horovod_env)
+    return env
+
+
+def remote_rank_environment(launcher_env: dict[str, str],
+                            horovod_env: dict[str, str]) -> dict[str, str]:
+    """What an ssh rank gets on its command line: the launcher's environment without the
+    variables of its own login session (the remote login sets those), plus the rank's HOROVOD_*."""
+    env = {name: value for name, value in launcher_env.items()
+           if _SHELL_NAME.match(name) and not _NOT_FORWARDED_OVER_SSH.match(name)}
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env.update(horovod_env)
+    return env

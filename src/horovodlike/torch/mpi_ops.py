@@ -1,0 +1,589 @@
+"""PyTorch collectives: asynchronous handles, synchronous forms, in-place forms, autograd.
+
+Tensors go to the core as raw pointers; the Python side keeps them alive until the handle is
+synchronized, and checks every argument before anything is queued.
+"""
+
+import itertools
+import threading
+
+import torch
+
+from horovodlike import _core
+from horovodlike.common import basics
+from horovodlike.common.constants import (ALLGATHER as _OP_ALLGATHER,
+                                          ALLREDUCE as _OP_ALLREDUCE,
+                                          ALLTOALL as _OP_ALLTOALL,
+                                          BARRIER as _OP_BARRIER,
+                                          BROADCAST as _OP_BROADCAST,
+                                          DTYPES,
+                                          JOIN as _OP_JOIN,
+                                          REDUCESCATTER as _OP_REDUCESCATTER,
+                                          Adasum, Average, Max, Min, Product, Sum)  # noqa: F401
+from horovodlike.common.exceptions import HorovodInternalError, TensorMismatchError
+from horovodlike.common.process_sets import global_process_set, set_id, set_ranks
+
+
+# torch's dtype of each name the core numbers.
+_DTYPES = {getattr(torch, name): code for name, code in DTYPES.items()}
+
+_lock = threading.Lock()
+_handle_map = {}  # handle -> (result, objects to keep alive, op)
+_name_counters = {}
+_group_ids = itertools.count(1)
+# (process set id, name) -> handle, until the handle is synchronized: as in Horovod, a second
+# collective under a name still in flight is an error, raised at once on the rank that made it
+# (the core's own check misses it when the first one has already run but not been waited on).
+_names_in_flight = {}
+_key_of_handle = {}
+
+
+def _restart_auto_names():
+    with _lock:
+        _name_counters.clear()
+        _names_in_flight.clear()
+        _key_of_handle.clear()
+
+
+basics.register_init_hook(_restart_auto_names)
+
+
+def _auto_name(prefix):
+    with _lock:
+        counter = _name_counters.setdefault(prefix, itertools.count())
+        return f"{prefix}.noname.{next(counter)}"
+
+
+def _check_tensor(tensor, what, name):
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{what} '{name}': expected a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.dtype not in _DTYPES:
+        supported = ", ".join(str(d).replace("torch.", "") for d in _DTYPES)
+        raise TypeError(f"{what} '{name}': dtype {str(tensor.dtype).replace('torch.', '')} "
+                        f"is not supported; use one of {supported}")
+    if tensor.is_sparse:
+        raise TypeError(f"{what} '{name}': sparse tensors are not supported here; "
+                        "use a dense tensor (tensor.to_dense())")
+
+
+def _device(tensor):
+    return tensor.device.index if tensor.is_cuda else -1
+
+
+def _check_inplace(tensor, what, name):
+    if not tensor.is_contiguous():
+        raise ValueError(f"{what} '{name}': the tensor is not contiguous, so it cannot be "
+                         "updated in place; call .contiguous() on it first or use the "
+                         "out-of-place form")
+
+
+def _resolve_op(average, op, what):
+    if op is not None and average is not None:
+        raise ValueError(f"{what}: the op and average arguments are mutually exclusive")
+    if op is None:
+        op = Average if average is None or average else Sum
+    if isinstance(op, bool) or op not in (Average, Sum, Min, Max, Product, Adasum):
+        raise ValueError(f"{what}: unknown reduce op {op!r}; use hvd.Average, hvd.Sum, "
+                         "hvd.Min, hvd.Max, hvd.Product or hvd.Adasum")
+    return op
+
+
+def _enqueue(op, name, tensor, output, result, keep, process_set, **kwargs):
+    """Queues the collective; synchronize() will return ``result`` (or the core's output)."""
+    key = (set_id(process_set), name)
+    with _lock:
+        if key in _names_in_flight:
+            raise ValueError(f"a collective named '{name}' is already in flight (its handle "
+                             "has not been synchronized); synchronize it first or give each "
+                             "concurrent operation a unique name")
+    handle = _core.enqueue(op, name, tensor.data_ptr(), 0 if output is None else output.data_ptr(),
+                           _DTYPES[tensor.dtype], list(tensor.shape), device=_device(tensor),
+                           process_set=set_id(process_set), **kwargs)
+    with _lock:
+        _handle_map[handle] = (result, keep, op)
+        _names_in_flight[key] = handle
+        _key_of_handle[handle] = key
+    return handle
+
+
+def _raise_for(code, message):
+    if code == _core.STATUS_MISMATCH:
+        raise TensorMismatchError(message)
+    if code == _core.STATUS_INVALID_ARGUMENT:
+        raise ValueError(message)
+    raise HorovodInternalError(message)
+
+
+class _GroupHandle:
+    """The handle of a grouped operation: synchronize() returns the list of outputs."""
+
+    def __init__(self, handles):
+        self.handles = handles
+
+
+# ---------------------------------------------------------------------------------- allreduce
+
+def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                    postscale_factor=1.0, process_set=global_process_set, _group=(0, 0)):
+    """Starts an allreduce of ``tensor`` into a new tensor; returns a handle for synchronize()."""
+    name = name or _auto_name("allreduce")
+    _check_tensor(tensor, "allreduce", name)
+    op = _resolve_op(average, op, f"allreduce '{name}'")
+    source = tensor.detach().contiguous()
+    output = torch.empty_like(source, memory_format=torch.contiguous_format)
+    return _enqueue(_OP_ALLREDUCE, name, source, output, output, (source,), process_set,
+                    reduce_op=op, prescale=float(prescale_factor),
+                    postscale=float(postscale_factor), group_id=_group[0], group_size=_group[1])
+
+
+def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                     postscale_factor=1.0, process_set=global_process_set, _group=(0, 0)):
+    """Starts an in-place allreduce of ``tensor``; returns a handle for synchronize()."""
+    name = name or _auto_name("allreduce")
+    _check_tensor(tensor, "allreduce", name)
+    _check_inplace(tensor, "allreduce", name)
+    op = _resolve_op(average, op, f"allreduce '{name}'")
+    data = tensor.detach()
+    return _enqueue(_OP_ALLREDUCE, name, data, data, tensor, (tensor,), process_set,
+                    reduce_op=op, prescale=float(prescale_factor),
+                    postscale=float(postscale_factor), group_id=_group[0], group_size=_group[1])
+
+
+class _AllreduceFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor, process_set):
+        ctx.args = (op, prescale_factor, postscale_factor, process_set)
+        return synchronize(allreduce_async(tensor, name=name, op=op,
+                                           prescale_factor=prescale_factor,
+                                           postscale_factor=postscale_factor,
+                                           process_set=process_set))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        op, pre, post, process_set = ctx.args
+        grad = allreduce(grad_output, op=op, prescale_factor=pre, postscale_factor=post,
+                         process_set=process_set)
+        return grad, None, None, None, None, None
+
+
+def allreduce(tensor, average=None, name=None, compression=None, op=None, prescale_factor=1.0,
+              postscale_factor=1.0, process_set=global_process_set):
+    """Returns the reduction of ``tensor`` over all ranks (differentiable)."""
+    from horovodlike.torch.compression import Compression
+    compression = compression or Compression.none
+    op = _resolve_op(average, op, f"allreduce '{name}'")
+    compressed, ctx = compression.compress(tensor)
+    reduced = _AllreduceFunction.apply(compressed, name, op, prescale_factor, postscale_factor,
+                                       process_set)
+    return compression.decompress(reduced, ctx)
+
+
+def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+               postscale_factor=1.0, process_set=global_process_set):
+    """Reduces ``tensor`` over all ranks in place and returns it."""
+    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor,
+                                        postscale_factor, process_set))
+
+
+def _new_group(tensors, what):
+    if not isinstance(tensors, (list, tuple)) or not tensors:
+        raise ValueError(f"{what} expects a non-empty list of tensors")
+    return next(_group_ids), len(tensors)
+
+
+def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                            postscale_factor=1.0, process_set=global_process_set):
+    """Starts one fused allreduce of all ``tensors``; synchronize() returns the list."""
+    group = _new_group(tensors, "grouped_allreduce")
+    name = name or _auto_name("grouped_allreduce")
+    return _GroupHandle([allreduce_async(t, average, f"{name}.{i}", op, prescale_factor,
+                                         postscale_factor, process_set, _group=group)
+                         for i, t in enumerate(tensors)])
+
+
+def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                             postscale_factor=1.0, process_set=global_process_set):
+    group = _new_group(tensors, "grouped_allreduce_")
+    name = name or _auto_name("grouped_allreduce")
+    return _GroupHandle([allreduce_async_(t, average, f"{name}.{i}", op, prescale_factor,
+                                          postscale_factor, process_set, _group=group)
+                         for i, t in enumerate(tensors)])
+
+
+class _GroupedAllreduceFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, op, prescale_factor, postscale_factor, process_set, *tensors):
+        ctx.args = (op, prescale_factor, postscale_factor, process_set)
+        return tuple(synchronize(grouped_allreduce_async(
+            list(tensors), name=name, op=op, prescale_factor=prescale_factor,
+            postscale_factor=postscale_factor, process_set=process_set)))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        op, pre, post, process_set = ctx.args
+        reduced = grouped_allreduce([g.contiguous() for g in grads], op=op, prescale_factor=pre,
+                                    postscale_factor=post, process_set=process_set)
+        return (None, None, None, None, None, *reduced)
+
+
+def grouped_allreduce(tensors, average=None, name=None, compression=None, op=None,
+                      prescale_factor=1.0, postscale_factor=1.0,
+                      process_set=global_process_set):
+    """Reduces every tensor of the list as one fused operation (differentiable)."""
+    from horovodlike.torch.compression import Compression
+    compression = compression or Compression.none
+    op = _resolve_op(average, op, f"grouped_allreduce '{name}'")
+    pairs = [compression.compress(t) for t in tensors]
+    reduced = _GroupedAllreduceFunction.apply(name, op, prescale_factor, postscale_factor,
+                                              process_set, *[c for c, _ in pairs])
+    return [compression.decompress(r, ctx) for r, (_, ctx) in zip(reduced, pairs)]
+
+
+def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                       postscale_factor=1.0, process_set=global_process_set):
+    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
+                                                postscale_factor, process_set))
+
+
+# ---------------------------------------------------------------------------------- allgather
+
+def allgather_async(tensor, name=None, process_set=global_process_set, _group=(0, 0)):
+    """Starts an allgather along the first dimension (which may differ across ranks)."""
+    name = name or _auto_name("allgather")
+    _check_tensor(tensor, "allgather", name)
+    if tensor.dim() == 0:
+        raise ValueError(f"allgather '{name}': a scalar cannot be gathered; "
+                         "reshape it to one dimension first")
+    source = tensor.detach().contiguous()
+    return _enqueue(_OP_ALLGATHER, name, source, None, None, (source,), process_set,
+                    group_id=_group[0], group_size=_group[1])
+
+
+def _slice_own_rows(grad, first_dims, process_set):
+    """Horovod's allgather gradient: the average over the set of the incoming gradient, then
+    this rank's rows of it."""
+    averaged = allreduce(grad.contiguous(), op=Average, process_set=process_set)
+    me = set_ranks(process_set).index(basics.rank())
+    start = sum(first_dims[:me])
+    return averaged[start:start + first_dims[me]]
+
+
+class _AllgatherFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, name, process_set):
+        output, first_dims = _synchronize(allgather_async(tensor, name, process_set),
+                                          want_extra=True)
+        ctx.first_dims, ctx.process_set = first_dims, process_set
+        return output
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        return _slice_own_rows(grad_output, ctx.first_dims, ctx.process_set), None, None
+
+
+def allgather(tensor, name=None, process_set=global_process_set):
+    """Concatenates every rank's ``tensor`` along the first dimension (differentiable)."""
+    return _AllgatherFunction.apply(tensor, name, process_set)
+
+
+def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
+    group = _new_group(tensors, "grouped_allgather")
+    name = name or _auto_name("grouped_allgather")
+    return _GroupHandle([allgather_async(t, f"{name}.{i}", process_set, _group=group)
+                         for i, t in enumerate(tensors)])
+
+
+class _GroupedAllgatherFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, process_set, *tensors):
+        results = _synchronize(grouped_allgather_async(list(tensors), name, process_set),
+                               want_extra=True)
+        ctx.first_dims = [dims for _, dims in results]
+        ctx.process_set = process_set
+        return tuple(out for out, _ in results)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return (None, None, *[_slice_own_rows(g, dims, ctx.process_set)
+                              for g, dims in zip(grads, ctx.first_dims)])
+
+
+def grouped_allgather(tensors, name=None, process_set=global_process_set):
+    """Gathers every tensor of the list as one fused operation (differentiable)."""
+    return list(_GroupedAllgatherFunction.apply(name, process_set, *tensors))
+
+
+# ---------------------------------------------------------------------------------- broadcast
+
+def _relative_root(root_rank, name, process_set):
+    """Root ranks are global ranks (as in Horovod); the core wants the rank within the set."""
+    if not isinstance(root_rank, int) or isinstance(root_rank, bool):
+        raise TypeError(f"broadcast '{name}': root_rank must be an int, got {root_rank!r}")
+    ranks = set_ranks(process_set)
+    if root_rank not in ranks:
+        where = (f"a rank of this job (0 to {len(ranks) - 1})" if set_id(process_set) == 0
+                 else f"in process set {set_id(process_set)} (ranks {ranks})")
+        raise ValueError(f"broadcast '{name}': root_rank {root_rank} is not {where}")
+    return ranks.index(root_rank)
+
+
+def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
+    """Starts a broadcast of root_rank's ``tensor`` into a new tensor on every rank."""
+    name = name or _auto_name("broadcast")
+    _check_tensor(tensor, "broadcast", name)
+    root = _relative_root(root_rank, name, process_set)
+    source = tensor.detach().contiguous()
+    output = torch.empty_like(source, memory_format=torch.contiguous_format)
+    return _enqueue(_OP_BROADCAST, name, source, output, output, (source,), process_set,
+                    root_rank=root)
+
+
+def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
+    """Starts an in-place broadcast of root_rank's ``tensor``."""
+    name = name or _auto_name("broadcast")
+    _check_tensor(tensor, "broadcast", name)
+    _check_inplace(tensor, "broadcast", name)
+    root = _relative_root(root_rank, name, process_set)
+    data = tensor.detach()
+    return _enqueue(_OP_BROADCAST, name, data, data, tensor, (tensor,), process_set,
+                    root_rank=root)
+
+
+class _BroadcastFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, root_rank, name, process_set):
+        ctx.root_rank, ctx.process_set = root_rank, process_set
+        return synchronize(broadcast_async(tensor, root_rank, name, process_set))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        # Horovod's rule: the average of the incoming gradients, kept on the root (the only
+        # input that reaches the outputs) and zero on every other rank.
+        averaged = allreduce(grad_output.contiguous(), op=Average, process_set=ctx.process_set)
+        if basics.rank() != ctx.root_rank:
+            averaged = torch.zeros_like(averaged)
+        return averaged, None, None, None
+
+
+def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
+    """Returns root_rank's ``tensor`` on every rank (differentiable)."""
+    return _BroadcastFunction.apply(tensor, root_rank, name, process_set)
+
+
+def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
+    """Overwrites ``tensor`` with root_rank's in place and returns it."""
+    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+
+
+# ---------------------------------------------------------------------------------- alltoall
+
+def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
+    """Starts an alltoall: rows splits[j] of ``tensor`` go to rank j of the set (equal parts
+    when splits is None). synchronize() returns (output, received_splits)."""
+    name = name or _auto_name("alltoall")
+    _check_tensor(tensor, "alltoall", name)
+    if tensor.dim() == 0:
+        raise ValueError(f"alltoall '{name}': a scalar cannot be split; give it a dimension")
+    n = len(set_ranks(process_set))
+    if splits is None:
+        if tensor.shape[0] % n != 0:
+            raise ValueError(f"alltoall '{name}': the first dimension {tensor.shape[0]} does "
+                             f"not divide evenly among {n} ranks; pass splits")
+        splits = [tensor.shape[0] // n] * n
+    elif isinstance(splits, torch.Tensor):
+        splits = splits.tolist()
+    splits = [int(s) for s in splits]
+    if len(splits) != n or any(s < 0 for s in splits) or sum(splits) != tensor.shape[0]:
+        raise ValueError(f"alltoall '{name}': splits {splits} must be {n} non-negative counts "
+                         f"adding up to the first dimension {tensor.shape[0]}")
+    source = tensor.detach().contiguous()
+    return _enqueue(_OP_ALLTOALL, name, source, None, None, (source,), process_set,
+                    splits=splits)
+
+
+class _AlltoallFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, splits, name, process_set):
+        output, received = synchronize(alltoall_async(tensor, splits, name, process_set))
+        ctx.received, ctx.process_set = received, process_set
+        ctx.mark_non_differentiable(received)
+        return output, received
+
+    @staticmethod
+    def backward(ctx, grad_output, _):
+        # Each row goes back where it came from.
+        grad, _ = synchronize(alltoall_async(grad_output.contiguous(), ctx.received,
+                                             process_set=ctx.process_set))
+        return grad, None, None, None
+
+
+def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
+    """Scatters rows of ``tensor`` to the ranks and gathers theirs (differentiable). Returns
+    the output, and also the received splits when ``splits`` is given."""
+    output, received = _AlltoallFunction.apply(tensor, splits, name, process_set)
+    return output if splits is None else (output, received)
+
+
+# ---------------------------------------------------------------------------------- reducescatter
+
+def _check_reducescatter_op(op, name):
+    op = Average if op is None else op
+    if op == Adasum:
+        # RuntimeError, as Horovod raises: Adasum combines whole tensors, not scattered parts.
+        raise NotImplementedError(f"reducescatter '{name}': op=hvd.Adasum is not supported; "
+                                  "use hvd.Sum or hvd.Average")
+    if op not in (Average, Sum, Min, Max, Product):
+        raise ValueError(f"reducescatter '{name}': unknown reduce op {op!r}")
+    return op
+
+
+def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set,
+                        prescale_factor=1.0, postscale_factor=1.0, _group=(0, 0)):
+    """Starts a reduce-scatter: the reduction over ranks, split along the first dimension (the
+    first ranks get one more row when it does not divide evenly)."""
+    name = name or _auto_name("reducescatter")
+    _check_tensor(tensor, "reducescatter", name)
+    if tensor.dim() == 0:
+        raise ValueError(f"reducescatter '{name}': a scalar cannot be scattered")
+    op = _check_reducescatter_op(op, name)
+    source = tensor.detach().contiguous()
+    return _enqueue(_OP_REDUCESCATTER, name, source, None, None, (source,), process_set,
+                    reduce_op=op, prescale=float(prescale_factor),
+                    postscale=float(postscale_factor), group_id=_group[0], group_size=_group[1])
+
+
+def _reducescatter_grad(grad, op, pre, post, process_set):
+    """Horovod's rule: every rank's gradient gathered back to full size, times the set's size
+    for Sum (and times the scale factors the forward applied)."""
+    gathered = allgather(grad.contiguous(), process_set=process_set)
+    scale = pre * post * (len(set_ranks(process_set)) if op == Sum else 1.0)
+    return gathered * scale if scale != 1.0 else gathered
+
+
+class _ReducescatterFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, name, op, process_set, prescale_factor, postscale_factor):
+        ctx.args = (op, prescale_factor, postscale_factor, process_set)
+        return synchronize(reducescatter_async(tensor, name, op, process_set, prescale_factor,
+                                               postscale_factor))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        op, pre, post, process_set = ctx.args
+        return _reducescatter_grad(grad_output, op, pre, post, process_set), None, None, None, \
+            None, None
+
+
+def reducescatter(tensor, name=None, compression=None, op=Average,
+                  process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
+    """This rank's part of the reduction over ranks (differentiable)."""
+    from horovodlike.torch.compression import Compression
+    compression = compression or Compression.none
+    compressed, ctx = compression.compress(tensor)
+    out = _ReducescatterFunction.apply(compressed, name, op, process_set, prescale_factor,
+                                       postscale_factor)
+    return compression.decompress(out, ctx)
+
+
+def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
+                                prescale_factor=1.0, postscale_factor=1.0):
+    group = _new_group(tensors, "grouped_reducescatter")
+    name = name or _auto_name("grouped_reducescatter")
+    return _GroupHandle([reducescatter_async(t, f"{name}.{i}", op, process_set, prescale_factor,
+                                             postscale_factor, _group=group)
+                         for i, t in enumerate(tensors)])
+
+
+class _GroupedReducescatterFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, op, process_set, pre, post, *tensors):
+        ctx.args = (op, pre, post, process_set)
+        return tuple(synchronize(grouped_reducescatter_async(list(tensors), name, op,
+                                                             process_set, pre, post)))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        op, pre, post, process_set = ctx.args
+        return (None, None, None, None, None,
+                *[_reducescatter_grad(g, op, pre, post, process_set) for g in grads])
+
+
+def grouped_reducescatter(tensors, name=None, compression=None, op=Average,
+                          process_set=global_process_set, prescale_factor=1.0,
+                          postscale_factor=1.0):
+    """Reduce-scatters every tensor of the list as one fused operation (differentiable)."""
+    from horovodlike.torch.compression import Compression
+    compression = compression or Compression.none
+    pairs = [compression.compress(t) for t in tensors]
+    outs = _GroupedReducescatterFunction.apply(name, _check_reducescatter_op(op, name),
+                                               process_set, prescale_factor, postscale_factor,
+                                               *[c for c, _ in pairs])
+    return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, pairs)]
+
+
+# ---------------------------------------------------------------------------------- handles
+
+def poll(handle):
+    """True when the operation behind ``handle`` has finished (synchronize() will not block)."""
+    if isinstance(handle, _GroupHandle):
+        return all(_core.poll(h) for h in handle.handles)
+    if hasattr(handle, "parts"):  # a sparse allreduce (sparse_ops.py)
+        return all(poll(h) for h in handle.parts)
+    return _core.poll(handle)
+
+
+def _synchronize(handle, want_extra=False):
+    if isinstance(handle, _GroupHandle):
+        return [_synchronize(h, want_extra) for h in handle.handles]
+    if hasattr(handle, "parts"):  # a sparse allreduce (sparse_ops.py)
+        return handle.combine(*(_synchronize(h) for h in handle.parts))
+    with _lock:
+        if handle not in _handle_map:
+            raise ValueError(f"unknown handle {handle}: it was already synchronized")
+    code, message = _core.wait(handle)
+    with _lock:
+        result, keep, op = _handle_map.pop(handle)
+        key = _key_of_handle.pop(handle, None)
+        if _names_in_flight.get(key) == handle:
+            del _names_in_flight[key]
+    extra = None
+    try:
+        if code != _core.STATUS_OK:
+            _raise_for(code, message)
+        if op in (_OP_ALLGATHER, _OP_ALLTOALL, _OP_REDUCESCATTER, _OP_JOIN):
+            raw, shape, extra = _core.output(handle)
+            if op != _OP_JOIN:
+                dtype = keep[0].dtype
+                result = torch.from_numpy(raw).view(dtype).reshape(shape) if raw.size else \
+                    torch.empty(shape, dtype=dtype)
+            if op == _OP_ALLTOALL:
+                result = (result, torch.tensor(extra, dtype=torch.int32))
+            elif op == _OP_JOIN:
+                result = extra[0]
+    finally:
+        _core.release(handle)
+    return (result, extra) if want_extra else result
+
+
+def synchronize(handle):
+    """Waits for an asynchronous operation and returns its output (a list for grouped ops;
+    (output, received_splits) for alltoall)."""
+    return _synchronize(handle)
+
+
+def barrier(process_set=global_process_set):
+    """Blocks until every rank of the set has called barrier()."""
+    handle = _core.enqueue(_OP_BARRIER, "barrier", 0, 0, _DTYPES[torch.uint8], [0],
+                           process_set=set_id(process_set))
+    with _lock:
+        _handle_map[handle] = (None, (), _OP_BARRIER)
+    _synchronize(handle)
+
+
+def join(device=-1):
+    """Declares that this rank has no more data. Until every rank has joined, the others'
+    allreduces go on with this rank contributing zeros. Returns the last rank to join."""
+    handle = _core.enqueue(_OP_JOIN, "join", 0, 0, _DTYPES[torch.uint8], [0])
+    with _lock:
+        _handle_map[handle] = (None, (), _OP_JOIN)
+    return _synchronize(handle)

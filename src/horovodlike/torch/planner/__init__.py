@@ -1,0 +1,132 @@
+"""The strategy planner: which (pp, dp, tp) layout and stage split to train a model with.
+
+    best = hvd.plan(model, sample_input, world_size=4)        # prints the ranked table
+    mesh = best.mesh                  # a ProcessMesh((pp, dp, tp)) when run in a job of 4
+    stage_layers = best.stages[mesh.coordinate("pp")]
+
+It profiles each layer of a sequential model on this rank (forward and backward time,
+activation and parameter sizes, on the whole sample batch), measures the links with the core's
+allreduce (when run inside a job of two or more ranks; otherwise pass ``link=``), predicts each
+layout's step time and memory per rank (see ``cost_model``), and ranks them. A prediction is a
+model: check it against measured step times (benchmarks/planner.py does) before trusting it.
+"""
+
+import dataclasses
+
+from horovodlike.torch.planner.cost_model import (Candidate, factorisations,
+                                                  links_by_dimension, predict, why_not)
+from horovodlike.torch.planner.profiling import (LayerProfile, LinkProfile, measure_link,
+                                                 profile_layers)
+
+__all__ = ["plan", "Plan", "LayerProfile", "LinkProfile", "measure_link", "profile_layers"]
+
+
+@dataclasses.dataclass
+class Plan:
+    """The best layout (the first of ``candidates``) and everything the ranking used."""
+    best: Candidate
+    candidates: list          # Candidate, fastest first (those that fit memory first)
+    rejected: list            # (layout, reason)
+    layers: list              # LayerProfile
+    link: LinkProfile
+    mesh: object = None       # ProcessMesh((pp, dp, tp)) when built inside a matching job
+
+    @property
+    def shape(self):
+        return (self.best.pp, self.best.dp, self.best.tp)
+
+    @property
+    def stages(self):
+        return self.best.stages
+
+    def process_mesh(self):
+        """Builds the best layout's ProcessMesh (collective: every rank calls it)."""
+        from horovodlike.torch.process_mesh import ProcessMesh
+        inner = "tp" if self.best.tp > 1 else "dp"
+        return ProcessMesh(self.shape, ("pp", "dp", "tp"), innermost=inner)
+
+    def table(self):
+        lines = [f"{'rank':>4}  {'layout':<18} {'stages (layers)':<22} {'mb':>3} "
+                 f"{'step ms':>9} {'compute':>8} {'comm':>8} {'memory/rank':>12}"]
+        for i, c in enumerate(self.candidates, 1):
+            stages = " ".join(f"{a}-{b - 1}" for a, b in c.stages)
+            lines.append(f"{i:>4}  {c.layout:<18} {stages:<22} {c.micro_batches:>3} "
+                         f"{c.step_s * 1e3:>9.3f} {c.compute_s * 1e3:>8.3f} "
+                         f"{c.communication_s * 1e3:>8.3f} {_mib(c.memory_bytes):>12}"
+                         f"{'' if c.fits else '  (over the memory limit)'}")
+        for layout, reason in self.rejected:
+            lines.append(f"   -  {layout:<18} not possible: {reason}")
+        return "\n".join(lines)
+
+
+def _mib(nbytes):
+    return f"{nbytes / (1 << 20):.2f} MiB"
+
+
+def _slots_per_host(hosts, world_size):
+    if hosts is None:
+        return None
+    if isinstance(hosts, str):
+        slots = [int(part.rsplit(":", 1)[1]) if ":" in part else 1
+                 for part in hosts.split(",") if part]
+    else:
+        slots = [int(s) for s in hosts]
+    if sum(slots) < world_size or len(set(slots)) != 1:
+        raise ValueError(f"plan: hosts {hosts!r} must give every host the same number of "
+                         f"slots, {world_size} in all")
+    return slots[0]
+
+
+def plan(model, sample_input, world_size, hosts=None, link=None, inter_host_link=None,
+         micro_batches=None, optimizer_state_factor=2, memory_limit=None, layers=None,
+         verbose=True):
+    """Ranks every (pp, dp, tp) layout of ``world_size`` ranks for ``model`` (a
+    ``torch.nn.Sequential``) trained on batches like ``sample_input`` (the global batch).
+
+    ``hosts``: "host:slots,..." or a list of slots per host; lines of a dimension that leave a
+    host use ``inter_host_link`` (the same link when not given). ``link``: a LinkProfile;
+    measured when None (needs a job of two or more ranks). ``optimizer_state_factor``: state
+    per parameter byte (2 for Adam, 1 for momentum). ``memory_limit``: bytes per rank; layouts
+    over it rank after those under it. ``layers``: LayerProfiles to use instead of profiling.
+    Inside a job of ``world_size`` ranks rank 0's measurements are used by every rank and the
+    best layout's ProcessMesh is built (``Plan.mesh``). Prints the table when ``verbose``.
+    """
+    from horovodlike.common import basics
+    in_job = basics.is_initialized() and basics.size() > 1
+    if layers is None:
+        layers = profile_layers(model, sample_input)
+    if in_job:
+        from horovodlike.common.objects import broadcast_object
+        layers = broadcast_object(layers, root_rank=0, name="plan.layers")
+    if link is None:
+        if not in_job:
+            raise ValueError("plan: no link given and not inside a job of two or more ranks "
+                             "to measure one; run it under horovodlikerun -np 2+ or pass "
+                             "link=LinkProfile(latency_s, bus_bytes_per_s)")
+        link = measure_link()
+    batch = sample_input.shape[0]
+    slots = _slots_per_host(hosts, world_size)
+    candidates, rejected = [], []
+    for pp, dp, tp in factorisations(world_size):
+        reason = why_not(layers, pp, dp, tp, batch)
+        if reason:
+            rejected.append((f"pp={pp} dp={dp} tp={tp}", reason))
+            continue
+        links = links_by_dimension(link, inter_host_link or link, slots, pp, dp, tp)
+        candidates.append(predict(layers, links, pp, dp, tp, batch, micro_batches,
+                                  optimizer_state_factor, memory_limit))
+    if not candidates:
+        raise ValueError(f"plan: no layout of {world_size} ranks fits this model: {rejected}")
+    candidates.sort(key=lambda c: (not c.fits, c.step_s, c.memory_bytes))
+    result = Plan(best=candidates[0], candidates=candidates, rejected=rejected,
+                  layers=layers, link=link)
+    if in_job and basics.size() == world_size:
+        result.mesh = result.process_mesh()
+    if verbose and (not in_job or basics.rank() == 0):
+        between = "" if inter_host_link is None or slots is None else (
+            f"; between hosts of {slots} ranks: {inter_host_link.latency_s * 1e6:.0f} us, "
+            f"{inter_host_link.bus_bytes_per_s / 1e9:.2f} GB/s")
+        print(f"plan for {world_size} ranks, batch {batch}; link: "
+              f"{link.latency_s * 1e6:.0f} us, {link.bus_bytes_per_s / 1e9:.2f} GB/s{between}")
+        print(result.table(), flush=True)
+    return result

@@ -1,0 +1,23 @@
+"""plan() inside a 2-rank job: rank 0's profile and the measured link are used by both ranks,
+and the chosen layout comes back as a working ProcessMesh."""
+
+import torch
+
+import horovodlike.torch as hvd
+from common import check
+
+hvd.init()
+rank = hvd.rank()
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 16))
+best = hvd.plan(model, torch.randn(8, 16), world_size=2)
+check(best.link.bus_bytes_per_s > 0 and best.link.latency_s > 0, f"{best.link}")
+check(len(best.candidates) + len(best.rejected) == 3, "every layout of 2 ranks is listed")
+shapes = hvd.allgather_object((best.shape, best.stages))
+check(shapes[0] == shapes[1], f"ranks chose differently: {shapes}")
+mesh = best.mesh
+check(mesh is not None and mesh.shape == best.shape, f"{mesh} for {best.shape}")
+total = hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum, name="plan.check",
+                      process_set=mesh.process_set("dp"))
+check(total.item() == best.shape[1], f"dp set of {total.item()} ranks, expected {best.shape}")
+print(f"rank {rank}: planner OK", flush=True)

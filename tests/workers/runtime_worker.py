@@ -1,0 +1,60 @@
+"""The runtime's life cycle under threads: init does not block other callers while it waits
+for the other ranks; a caller holding the runtime survives a shutdown(); the fusion buffer
+gives memory back after one large step."""
+
+import threading
+import time
+
+import torch
+
+import horovodlike.torch as hvd
+from horovodlike import _core
+from horovodlike._core import _testing
+from common import check
+import os
+
+rank = int(os.environ["HOROVOD_RANK"])
+
+# 1. Rank 1 arrives late; meanwhile rank 0's other threads get answers at once.
+if rank == 1:
+    time.sleep(3.0)
+    hvd.init()
+else:
+    init_thread = threading.Thread(target=hvd.init)
+    init_thread.start()
+    time.sleep(0.5)
+    start = time.monotonic()
+    during = hvd.is_initialized()
+    elapsed = time.monotonic() - start
+    check(not during and elapsed < 1.0,
+          f"is_initialized() during init returned {during} after {elapsed:.2f} s")
+    init_thread.join()
+check(hvd.is_initialized() and hvd.size() == 2, "init did not complete")
+
+# 2. The fusion buffer grows for a large reducescatter and shrinks once small steps follow.
+size = hvd.size()
+big = hvd.reducescatter(torch.ones(4 << 20), op=hvd.Sum, name="big")  # 16 MiB of float32
+check(torch.all(big == size).item(), "large reducescatter wrong")
+grown = _core.stats()["fusion_buffer_bytes"]
+check(grown >= 16 << 20, f"fusion buffer after the large step: {grown} bytes")
+for step in range(140):  # two windows of 64 collectives (fusion_buffer.h)
+    out = hvd.allreduce(torch.full((8,), float(rank)), op=hvd.Sum, name=f"small.{step}")
+check(out.tolist() == [1.0] * 8, f"small allreduce wrong: {out}")
+shrunk = _core.stats()["fusion_buffer_bytes"]
+check(shrunk < 1 << 20, f"fusion buffer still {shrunk} bytes after 140 small steps")
+
+# 3. A thread holding the runtime while another calls shutdown(): its later call fails with
+# the shutdown status instead of touching freed memory; init() works again after.
+held = threading.Event()
+codes = []
+holder = threading.Thread(
+    target=lambda: codes.append(_testing.hold_runtime(1.0, held.set)))
+holder.start()
+held.wait()
+hvd.shutdown()
+holder.join()
+check(codes == [_core.STATUS_SHUTDOWN], f"held runtime after shutdown: {codes}")
+hvd.init()
+out = hvd.allreduce(torch.tensor([float(rank)]), op=hvd.Sum, name="after")
+check(out.item() == 1.0, "allreduce after re-init wrong")
+print(f"rank {rank}: runtime OK", flush=True)
