@@ -2,14 +2,20 @@
 """Runs Horovod's own test files, unmodified, against horovodlike and counts the results.
 
     python scripts/horovod_suites.py HOROVOD_CHECKOUT test_torch.py [more files] \
-        [--np 2] [--gloo | --mpi] [-k PATTERN] [--timeout 90] [--check]
+        [--np 2] [--gloo | --mpi] [-k PATTERN] [--timeout 90] [--batch N] [--check]
 
 HOROVOD_CHECKOUT is a checkout of Horovod (or any folder holding its test/parallel and
 test/utils). The files are copied to a scratch folder, where `import horovod.X as hvd` becomes
 `import horovodlike.X as hvd` and the few private Horovod helpers the tests import come from
-stand-ins written next to them. Each test then runs as its own job under horovodlikerun, so a
-test that leaves the ranks out of step costs only itself. A test passes when every rank passes
-it, and counts as skipped when a rank skips it.
+stand-ins written next to them. A test passes when every rank passes it, and counts as
+skipped when a rank skips it.
+
+Tests run in batches, many to a launcher job, as Horovod's own CI runs them, so that the ranks
+start (and import torch) once per batch instead of once per test. Every rank writes each test's
+outcome to a file as soon as it is known. A test that fails in a batch, and the test a batch was
+in when it died or stopped making progress for --timeout seconds, are then run again each in a
+job of its own, and that run decides: one test that leaves the ranks out of step can fail the
+tests after it in its batch, but it costs only itself. --batch 1 runs every test alone.
 
 --check exits 1 when a test fails that is not in KNOWN_FAILURES (a regression); the known ones
 are tests that cannot pass here for reasons outside horovodlike, each with its reason.
@@ -37,6 +43,28 @@ KNOWN_FAILURES = {
 }
 
 # Private Horovod helpers that the suites import, and where the stand-ins come from.
+# Loaded into every rank's pytest (-p): appends "OUTCOME NODEID" to a file of the process's own as
+# each test ends (failed if any phase failed, else skipped if any phase skipped).
+RESULTS_PLUGIN = '''"""Records each test's outcome as it ends (test utility)."""
+import os
+
+_worst = {}
+_RANK = {"passed": 0, "skipped": 1, "failed": 2}
+
+
+def pytest_runtest_logreport(report):
+    folder = os.environ.get("HVD_SUITE_RESULTS")
+    if not folder:
+        return
+    previous = _worst.get(report.nodeid, "passed")
+    if _RANK[report.outcome] > _RANK[previous]:
+        previous = report.outcome
+    _worst[report.nodeid] = previous
+    if report.when == "teardown":
+        with open(os.path.join(folder, f"{os.getpid()}.txt"), "a") as out:
+            out.write(f"{_worst.pop(report.nodeid)} {report.nodeid}\\n")
+'''
+
 STAND_INS = '''"""Stand-ins for private Horovod helpers imported by its test suites (test utilities)."""
 import contextlib
 import os
@@ -71,14 +99,6 @@ def env(**kwargs):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-
-
-def get_env_rank_and_size():
-    for rank, size in (("HOROVOD_RANK", "HOROVOD_SIZE"), ("OMPI_COMM_WORLD_RANK",
-                                                           "OMPI_COMM_WORLD_SIZE")):
-        if rank in os.environ and size in os.environ:
-            return int(os.environ[rank]), int(os.environ[size])
-    return None
 '''
 
 REWRITES = [
@@ -88,9 +108,9 @@ REWRITES = [
     (r"^from horovod\.tensorflow\.util import _executing_eagerly",
      "from hvd_stand_ins import _executing_eagerly"),
     (r"^from horovod\.common\.util import env$", "from hvd_stand_ins import env"),
-    (r"^from horovod\.runner\.common\.util\.env import get_env_rank_and_size",
-     "from hvd_stand_ins import get_env_rank_and_size"),
-    (r"^from horovod\.torch\.mpi_ops import", "from horovodlike.torch.mpi_ops import"),
+    # Public modules, and the private ones horovodlike has at Horovod's path
+    # (horovodlike.runner.common.util.env).
+    (r"^(\s*)from horovod\.([a-z_.]+) import", r"\1from horovodlike.\2 import"),
     (r"^(\s*)import horovod\.([a-z_.]+) as", r"\1import horovodlike.\2 as"),
     (r"'horovod\._keras'", "'horovodlike._keras'"),
 ]
@@ -110,6 +130,7 @@ def prepare(checkout, work):
     if (work / "utils" / "common.py").exists():
         shutil.copy(work / "utils" / "common.py", parallel / "common.py")
     (parallel / "hvd_stand_ins.py").write_text(STAND_INS)
+    (parallel / "hvd_suite_results.py").write_text(RESULTS_PLUGIN)
     for path in parallel.glob("*.py"):
         text = path.read_text()
         for pattern, replacement in REWRITES:
@@ -125,22 +146,88 @@ def collect(parallel, suite, pattern):
     return [line for line in out.splitlines() if "::" in line]
 
 
+def launcher(args, launcher_flags, test_ids):
+    # A generous start timeout: some tests never call init(), and on a busy machine importing
+    # torch alone can outlast the launcher's default wait for a rank to check in.
+    return [sys.executable, "-m", "horovodlike.runner.launch", "-np", str(args.np),
+            "--start-timeout", "300", *launcher_flags, sys.executable, "-m", "pytest", "-q",
+            "-rs", "--color=no", "-p", "no:cacheprovider", "-p", "hvd_suite_results",
+            *test_ids]
+
+
+def end_session(process):
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            break
+        time.sleep(2)
+
+
+def run_batch(parallel, test_ids, args, launcher_flags):
+    """Runs test_ids in one job; returns {test id: [outcome of each rank that reported it]}.
+    The job is ended when no rank has reported a test for --timeout seconds."""
+    with tempfile.TemporaryDirectory(prefix="results_", dir=parallel) as folder, \
+            tempfile.TemporaryFile("w+") as output:
+        env = dict(os.environ, HVD_SUITE_RESULTS=folder)
+        process = subprocess.Popen(launcher(args, launcher_flags, test_ids), cwd=parallel,
+                                   env=env, stdout=output, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+        reported, last_progress = -1, time.monotonic()
+        while process.poll() is None:
+            time.sleep(1)
+            size = sum(f.stat().st_size for f in Path(folder).glob("*.txt"))
+            if size != reported:
+                reported, last_progress = size, time.monotonic()
+            elif time.monotonic() - last_progress > args.timeout:
+                end_session(process)
+                break
+        process.wait()
+        results = {}
+        for path in Path(folder).glob("*.txt"):
+            for line in path.read_text().splitlines():
+                outcome, _, test_id = line.partition(" ")
+                results.setdefault(test_id, []).append(outcome)
+        return results
+
+
+def run_tests(parallel, ids, args, launcher_flags):
+    """Every test's (outcome, output to log); and how many tests ran again alone."""
+    outcomes, alone = {}, []
+    remaining = list(ids)
+    while remaining:
+        size = args.batch if args.batch > 0 else len(remaining)
+        batch, remaining = remaining[:size], remaining[size:]
+        if len(batch) == 1:
+            alone.append(batch[0])
+            continue
+        results = run_batch(parallel, batch, args, launcher_flags)
+        for position, test_id in enumerate(batch):
+            ranks = results.get(test_id, [])
+            if len(ranks) < args.np:
+                # The batch ended in this test: it runs alone, the rest in a new batch.
+                alone.append(test_id)
+                remaining = batch[position + 1:] + remaining
+                break
+            if all(r == "passed" for r in ranks):
+                outcomes[test_id] = ("passed", "")
+            elif "failed" not in ranks:
+                outcomes[test_id] = ("skipped", f"skipped in a batch: {ranks}")
+            else:
+                alone.append(test_id)
+    for test_id in alone:
+        outcomes[test_id] = run_one(parallel, test_id, args, launcher_flags)
+    return outcomes, len(alone)
+
+
 def run_one(parallel, test_id, args, launcher_flags):
-    command = [sys.executable, "-m", "horovodlike.runner.launch", "-np", str(args.np),
-               *launcher_flags, sys.executable, "-m", "pytest", "-q", "-rs", "--color=no",
-               "-p", "no:cacheprovider", test_id]
     # A session of its own: a test that times out is ended with every rank it started.
-    process = subprocess.Popen(command, cwd=parallel, stdout=subprocess.PIPE,
+    process = subprocess.Popen(launcher(args, launcher_flags, [test_id]), cwd=parallel, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         out, _ = process.communicate(timeout=args.timeout)
     except subprocess.TimeoutExpired:
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(process.pid, sig)
-            except ProcessLookupError:
-                break
-            time.sleep(2)
+        end_session(process)
         out, _ = process.communicate()
         return "failed", out + f"\n(timed out after {args.timeout:g} s)"
     code = process.returncode
@@ -167,6 +254,8 @@ def main(argv=None):
     transport.add_argument("--mpi", action="store_true")
     parser.add_argument("-k", dest="pattern", help="pytest -k filter")
     parser.add_argument("--timeout", type=float, default=90, help="seconds per test")
+    parser.add_argument("--batch", type=int, default=0,
+                        help="tests per launcher job (default 0: as many as there are)")
     parser.add_argument("--log", type=Path, help="write every non-passing test's output here")
     parser.add_argument("--check", action="store_true",
                         help="exit 1 when a test outside KNOWN_FAILURES fails")
@@ -184,8 +273,9 @@ def main(argv=None):
             counts = {"passed": 0, "failed": 0, "skipped": 0}
             known = KNOWN_FAILURES.get(suite, {})
             started = time.monotonic()
+            outcomes, rechecked = run_tests(parallel, ids, args, flags)
             for test_id in ids:
-                result, out = run_one(parallel, test_id, args, flags)
+                result, out = outcomes[test_id]
                 counts[result] += 1
                 name = test_id.rsplit("::", 1)[-1]
                 if result == "failed":
@@ -199,8 +289,8 @@ def main(argv=None):
                     log.flush()
             print(f"{suite} (-np {args.np}{' ' + flags[0] if flags else ''}): "
                   f"{counts['passed']} passed, {counts['failed']} failed, "
-                  f"{counts['skipped']} skipped in {time.monotonic() - started:.0f} s",
-                  flush=True)
+                  f"{counts['skipped']} skipped in {time.monotonic() - started:.0f} s "
+                  f"({rechecked} run again alone)", flush=True)
     if args.check and regressions:
         print("regressions (failing, not known to be impossible): " + ", ".join(regressions))
         return 1

@@ -7,7 +7,7 @@ namespace horovodlike {
 size_t DataTypeSize(DataType dtype) {
   switch (dtype) {
     case DataType::kUInt8: case DataType::kInt8: case DataType::kBool: return 1;
-    case DataType::kInt16: case DataType::kFloat16: case DataType::kBFloat16: return 2;
+    case DataType::kInt16: case DataType::kUInt16: case DataType::kFloat16: case DataType::kBFloat16: return 2;
     case DataType::kInt32: case DataType::kFloat32: return 4;
     case DataType::kInt64: case DataType::kFloat64: return 8;
   }
@@ -19,6 +19,7 @@ const char* DataTypeName(DataType dtype) {
     case DataType::kUInt8: return "uint8";
     case DataType::kInt8: return "int8";
     case DataType::kInt16: return "int16";
+    case DataType::kUInt16: return "uint16";
     case DataType::kInt32: return "int32";
     case DataType::kInt64: return "int64";
     case DataType::kFloat16: return "float16";

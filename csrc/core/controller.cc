@@ -143,15 +143,21 @@ const Controller::Round& Controller::Negotiate(std::vector<Request>& new_request
     bits[1 + 2 * words + transport_.rank() / 64] &= ~(1ULL << (transport_.rank() % 64));
   }
   for (size_t w = 0; w < words && w < cached_ready_.size(); ++w) bits[1 + w] = cached_ready_[w];
+  for (size_t w = 0; w < words; ++w) bits[1 + words + w] = ~0ULL;
   if (joined_) {
-    // A joined rank contributes zeros to any allreduce the others are ready for.
     for (int slot = 0; slot < slots; ++slot) {
-      if (cache_.occupied(slot) && cache_.response(slot).type == Response::Type::kAllreduce) {
+      if (!cache_.occupied(slot)) continue;
+      if (cache_.response(slot).type == Response::Type::kAllreduce) {
+        // A joined rank contributes zeros to any allreduce the others are ready for.
         bits[1 + slot / 64] |= 1ULL << (slot % 64);
+      } else {
+        // Any other cached collective cannot run without this rank; marked stale, it goes to
+        // the coordinator the slow way from the ranks that submit it, and fails there naming
+        // the joined ranks, instead of waiting forever for this rank's ready bit.
+        bits[1 + words + slot / 64] &= ~(1ULL << (slot % 64));
       }
     }
   }
-  for (size_t w = 0; w < words; ++w) bits[1 + words + w] = ~0ULL;
   for (const Request& request : uncached_) {
     int slot = -1;
     if (cache_.enabled() && cache_.Find(request, &slot) == ResponseCache::Lookup::kInvalid) {

@@ -355,6 +355,8 @@ void ReduceInto(void* dst, const void* src, size_t count, DataType dtype, Reduce
       return ReduceTyped<int8_t>(dst, src, count, op);
     case DataType::kInt16:
       return ReduceTyped<int16_t>(dst, src, count, op);
+    case DataType::kUInt16:
+      return ReduceTyped<uint16_t>(dst, src, count, op);
     case DataType::kInt32:
       return ReduceTyped<int32_t>(dst, src, count, op);
     case DataType::kInt64:

@@ -197,6 +197,7 @@ void ScaleImpl(void* dst, const void* src, size_t count, DataType dtype, double 
     case DataType::kUInt8:
     case DataType::kInt8:
     case DataType::kInt16:
+    case DataType::kUInt16:
     case DataType::kInt32:
     case DataType::kInt64:
       break;
@@ -231,6 +232,7 @@ void ScaleImpl(void* dst, const void* src, size_t count, DataType dtype, double 
     HVDL_SCALE_INT(kUInt8, uint8_t)
     HVDL_SCALE_INT(kInt8, int8_t)
     HVDL_SCALE_INT(kInt16, int16_t)
+    HVDL_SCALE_INT(kUInt16, uint16_t)
     HVDL_SCALE_INT(kInt32, int32_t)
     HVDL_SCALE_INT(kInt64, int64_t)
     default:
@@ -246,6 +248,7 @@ size_t ElementSize(DataType dtype) {
     case DataType::kBool:
       return 1;
     case DataType::kInt16:
+    case DataType::kUInt16:
     case DataType::kFloat16:
     case DataType::kBFloat16:
       return 2;

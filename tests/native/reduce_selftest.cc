@@ -313,14 +313,15 @@ void TestExhaustive() {
 const DataType kAllTypes[] = {DataType::kUInt8,   DataType::kInt8,     DataType::kInt16,
                               DataType::kInt32,   DataType::kInt64,    DataType::kFloat16,
                               DataType::kBFloat16, DataType::kFloat32, DataType::kFloat64,
-                              DataType::kBool};
+                              DataType::kBool,     DataType::kUInt16};
 const ReduceOp kAllOps[] = {ReduceOp::kAverage, ReduceOp::kSum, ReduceOp::kMin, ReduceOp::kMax,
                             ReduceOp::kProduct};
 
 size_t SizeOf(DataType t) {
   switch (t) {
     case DataType::kUInt8: case DataType::kInt8: case DataType::kBool: return 1;
-    case DataType::kInt16: case DataType::kFloat16: case DataType::kBFloat16: return 2;
+    case DataType::kInt16: case DataType::kUInt16: case DataType::kFloat16:
+    case DataType::kBFloat16: return 2;
     case DataType::kInt32: case DataType::kFloat32: return 4;
     case DataType::kInt64: case DataType::kFloat64: return 8;
   }
@@ -332,6 +333,7 @@ const char* TypeName(DataType t) {
     case DataType::kUInt8: return "uint8";
     case DataType::kInt8: return "int8";
     case DataType::kInt16: return "int16";
+    case DataType::kUInt16: return "uint16";
     case DataType::kInt32: return "int32";
     case DataType::kInt64: return "int64";
     case DataType::kFloat16: return "float16";
@@ -411,8 +413,8 @@ T Pick(std::mt19937_64& rng, const std::vector<T>& v) {
 
 void FillRandom(std::mt19937_64& rng, DataType t, void* p, size_t n) {
   switch (t) {
-    case DataType::kUInt8: case DataType::kInt8: case DataType::kInt16: case DataType::kInt32:
-    case DataType::kInt64: {
+    case DataType::kUInt8: case DataType::kInt8: case DataType::kInt16: case DataType::kUInt16:
+    case DataType::kInt32: case DataType::kInt64: {
       auto* b = static_cast<uint8_t*>(p);
       const size_t sz = SizeOf(t);
       for (size_t i = 0; i < n; ++i) {
@@ -502,6 +504,7 @@ Expected RefReduceElem(DataType t, const uint8_t* a, const uint8_t* b, ReduceOp 
     INT_CASE(kUInt8, uint8_t)
     INT_CASE(kInt8, int8_t)
     INT_CASE(kInt16, int16_t)
+    INT_CASE(kUInt16, uint16_t)
     INT_CASE(kInt32, int32_t)
     INT_CASE(kInt64, int64_t)
 #undef INT_CASE
@@ -648,6 +651,7 @@ Expected RefScaleElem(DataType t, const uint8_t* a, double factor) {
     INT_CASE(kUInt8, uint8_t)
     INT_CASE(kInt8, int8_t)
     INT_CASE(kInt16, int16_t)
+    INT_CASE(kUInt16, uint16_t)
     INT_CASE(kInt32, int32_t)
     INT_CASE(kInt64, int64_t)
 #undef INT_CASE
@@ -772,10 +776,10 @@ void TestInvalid() {
     ReduceInto(a, b, 4, DataType::kFloat16, static_cast<ReduceOp>(-3));
   });
   expect_throw("ScaleInPlace(bad dtype)", [&] {
-    ScaleInPlace(a, 4, static_cast<DataType>(10), 0.5);
+    ScaleInPlace(a, 4, static_cast<DataType>(12), 0.5);
   });
   expect_throw("ScaleCopy(bad dtype)", [&] {
-    ScaleCopy(a, b, 4, static_cast<DataType>(11), 1.0);
+    ScaleCopy(a, b, 4, static_cast<DataType>(13), 1.0);
   });
   std::printf("  invalid dtype/op -> InvalidArgument\n");
 }
