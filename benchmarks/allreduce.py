@@ -191,7 +191,8 @@ def _base_env() -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_")}
     env["OMP_NUM_THREADS"] = "1"
     # An explicit PYTHONPATH (another build of horovodlike) wins over this source tree.
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), REPO]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"),
+                                                      os.path.join(REPO, "src")]))
     return env
 
 

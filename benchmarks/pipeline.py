@@ -9,12 +9,15 @@ batch, on the job's ranks:
   pp2xdp2 1f1b  ProcessMesh (pp=2, dp=2): half the model per rank, gradients averaged over the
                 two replicas of each stage, activations sent between stages
   pp4 gpipe / pp4 1f1b   one pipeline over all ranks, to compare the schedules' activation memory
+  pp4 interleaved        the same with two stages per rank (ScheduleInterleaved1F1B)
 Per layout and rank: the median step time, bytes sent per step, the parameter, optimizer state
 and peak activation bytes. Bytes sent are counted for point-to-point (the tensors each rank sent)
 and computed for the collectives as the ring algorithm moves them (2 (N-1)/N of the reduced
 bytes per rank for an allreduce, and for ZeRO's reduce-scatter plus allgather alike). Peak
 activation bytes are the tensors autograd saved for one micro-batch's backward (weights aside),
-measured with saved_tensors_hooks, times the most micro-batches a stage held at once.
+measured with saved_tensors_hooks, times the most micro-batches the rank held at once (over
+all its stages, following its schedule's actions in order). Step times depend on the machine's
+load (printed); the bytes and memory figures do not.
 """
 
 import argparse
@@ -28,7 +31,7 @@ import torch.nn.functional as F
 
 import horovodlike.torch as hvd
 from horovodlike.torch.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
-                                          split_sequential)
+                                          ScheduleInterleaved1F1B, split_sequential)
 
 
 def parse_args():
@@ -117,40 +120,62 @@ def data_parallel(args, zero):
             "peak_activation_bytes": saved_bytes(model, x[rows])}
 
 
-def pipelined(args, pp, schedule_class):
+def peak_held(actions):
+    """The most micro-batches whose activations this rank holds at once, over all its stages,
+    when it runs ``actions`` in order (a forward keeps one, its backward frees it)."""
+    held = peak = 0
+    for kind, _, _ in actions:
+        held += 1 if kind == "F" else -1
+        peak = max(peak, held)
+    return peak
+
+
+def pipelined(args, pp, schedule_class, stages_per_rank=1):
     n = hvd.size()
     mesh = hvd.ProcessMesh((pp, n // pp), ("pp", "dp"))
     pp_set, dp_set = mesh.process_set("pp"), mesh.process_set("dp")
     index, replicas, replica = pp_set.rank(), n // pp, mesh.coordinate("dp")
-    part = split_sequential(build_model(args), pp)[index]
-    stage = PipelineStage(part, index, pp, process_set=pp_set)
-    schedule = schedule_class(stage, args.microbatches, loss_fn=F.mse_loss)
-    optimizer = hvd.DistributedOptimizer(torch.optim.Adam(part.parameters(), lr=1e-4),
-                                         named_parameters=part.named_parameters(),
-                                         backward_passes_per_step=args.microbatches,
-                                         process_set=dp_set)
+    num_stages = pp * stages_per_rank
+    # Stage i runs on the pipeline's rank i % pp: an interleaved rank holds every pp-th part.
+    parts = split_sequential(build_model(args), num_stages)[index::pp]
+    stages = [PipelineStage(part, index + k * pp, num_stages, process_set=pp_set)
+              for k, part in enumerate(parts)]
+    schedule = schedule_class(stages if stages_per_rank > 1 else stages[0], args.microbatches,
+                              loss_fn=F.mse_loss)
+    params = [p for part in parts for p in part.parameters()]
+    optimizer = hvd.DistributedOptimizer(
+        torch.optim.Adam(params, lr=1e-4),
+        named_parameters=[(f"{k}.{name}", p) for k, part in enumerate(parts)
+                          for name, p in part.named_parameters()],
+        backward_passes_per_step=args.microbatches, process_set=dp_set)
     per_replica = args.batch // replicas
     rows = slice(replica * per_replica, (replica + 1) * per_replica)
+    first = any(stage.is_first for stage in stages)
+    last = any(stage.is_last for stage in stages)
 
     def one_step(step):
         x, y = batch(args, step)
         optimizer.zero_grad()
-        if stage.is_first:
+        if first and last:
+            schedule.step(x[rows], target=y[rows])
+        elif first:
             schedule.step(x[rows])
-        elif stage.is_last:
+        elif last:
             schedule.step(target=y[rows])
         else:
             schedule.step()
         optimizer.step()
     seconds = timed(args, one_step)
     p2p_per_step = schedule.bytes_sent / (args.steps + 2)
-    param_bytes = sum(p.numel() * p.element_size() for p in part.parameters())
+    param_bytes = sum(p.numel() * p.element_size() for p in params)
     microbatch = torch.randn(per_replica // args.microbatches, args.width)
+    held = peak_held(schedule.actions)
+    # Every part has the same layers, so one part's saved bytes stand for each.
     return {"step_s": seconds, "bytes_sent": p2p_per_step + ring_bytes(param_bytes, replicas),
             "p2p_bytes_sent": p2p_per_step, "param_bytes": param_bytes,
             "optimizer_state_bytes": state_bytes(optimizer),
-            "peak_microbatches": stage.peak_saved,
-            "peak_activation_bytes": stage.peak_saved * saved_bytes(part, microbatch)}
+            "peak_microbatches": held,
+            "peak_activation_bytes": held * saved_bytes(parts[0], microbatch)}
 
 
 def main():
@@ -163,6 +188,9 @@ def main():
         layouts.append((f"pp2xdp{n // 2} 1f1b", lambda: pipelined(args, 2, Schedule1F1B)))
     layouts += [(f"pp{n} gpipe", lambda: pipelined(args, n, ScheduleGPipe)),
                 (f"pp{n} 1f1b", lambda: pipelined(args, n, Schedule1F1B))]
+    if args.layers % (2 * n) == 0 and args.microbatches % n == 0:
+        layouts.append((f"pp{n} interleaved", lambda: pipelined(
+            args, n, ScheduleInterleaved1F1B, stages_per_rank=2)))
     results = {}
     for name, run in layouts:
         hvd.barrier()
@@ -174,15 +202,16 @@ def main():
     print(f"{n} ranks on {os.cpu_count()} cores (load average {load:.1f}), {args.layers} x "
           f"Linear({args.width}, {args.width}), Adam, global batch {args.batch}, "
           f"{args.microbatches} micro-batches; per rank: max (min) over ranks")
-    print(f"{'layout':<16}{'step ms':>10}{'sent MB/step':>16}{'params MB':>12}"
-          f"{'Adam state MB':>16}{'peak act. MB':>16}")
+    print(f"{'layout':<16}{'step ms':>20}{'sent MB/step':>14}{'params MB':>13}"
+          f"{'Adam state MB':>15}{'peak act. MB':>14}{'held':>11}")
     for name, per_rank in results.items():
         def span(key, scale=1.0):
             values = [r[key] * scale for r in per_rank]
             return f"{max(values):.1f} ({min(values):.1f})"
-        print(f"{name:<16}{span('step_s', 1e3):>10}{span('bytes_sent', 1 / mb):>16}"
-              f"{span('param_bytes', 1 / mb):>12}{span('optimizer_state_bytes', 1 / mb):>16}"
-              f"{span('peak_activation_bytes', 1 / mb):>16}")
+        print(f"{name:<16}{span('step_s', 1e3):>20}{span('bytes_sent', 1 / mb):>14}"
+              f"{span('param_bytes', 1 / mb):>13}{span('optimizer_state_bytes', 1 / mb):>15}"
+              f"{span('peak_activation_bytes', 1 / mb):>14}"
+              f"{span('peak_microbatches') if 'peak_microbatches' in per_rank[0] else '-':>11}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "ranks": n, "cores": os.cpu_count(),

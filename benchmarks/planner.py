@@ -5,9 +5,10 @@
 For each world size it starts one job (horovodlikerun, one thread per rank). Rank 0 runs
 ``hvd.plan`` on the model (profiling its layers in that job, measuring the link with the core's
 allreduce); then every layout the repository can run today (pp = 1: dp x tp, tensor parallel
-with Megatron's column/row layers, data parallel with DistributedOptimizer) is trained for
---steps steps and its median step time measured. Pipeline layouts are predicted only. Prints,
-per world size, each layout's predicted and measured time and rank.
+with Megatron's column/row layers, data parallel with DistributedOptimizer, pipelines with
+Schedule1F1B on the planner's stage split and micro-batch count) is trained for --steps steps
+and its median step time measured. Prints, per world size, each layout's predicted and measured
+time and rank, and the load average around the run (timings on a shared machine move with it).
 """
 
 import argparse
@@ -38,6 +39,55 @@ def build_model(tp_set=None):
     return torch.nn.Sequential(*layers)
 
 
+def _train_step(model, optimizer, schedule, stage, x, target):
+    import torch
+    optimizer.zero_grad()
+    if schedule is None:
+        torch.nn.functional.mse_loss(model(x), target).backward()
+    elif stage.is_first:
+        schedule.step(x)
+    elif stage.is_last:
+        schedule.step(target=target)
+    else:
+        schedule.step()
+    optimizer.step()
+
+
+def measure(candidate, steps, x, target):
+    """Trains ``candidate``'s layout (stage split and micro-batches as predicted) for ``steps``
+    steps after 3 warm-up ones; returns the median over steps of the slowest rank's time."""
+    import torch
+    import horovodlike.torch as hvd
+    from horovodlike.torch.pipelining import PipelineStage, Schedule1F1B, split_sequential
+    pp, dp, tp = candidate.pp, candidate.dp, candidate.tp
+    tag = f"{pp}x{dp}x{tp}"  # tensor names take no spaces
+    mesh = hvd.ProcessMesh((pp, dp, tp), ("pp", "dp", "tp"), innermost="tp")
+    model = build_model(mesh.process_set("tp") if tp > 1 else None)
+    schedule = stage = None
+    if pp > 1:
+        balance = [last - first for first, last in candidate.stages]
+        model = split_sequential(model, pp, balance=balance)[mesh.coordinate("pp")]
+        stage = PipelineStage(model, mesh.coordinate("pp"), pp, process_set=mesh.process_set("pp"))
+        schedule = Schedule1F1B(stage, candidate.micro_batches, torch.nn.functional.mse_loss)
+    optimizer = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=1e-3),
+        named_parameters=[(f"{tag}.{n}", p) for n, p in model.named_parameters()],
+        process_set=mesh.process_set("dp"),
+        backward_passes_per_step=candidate.micro_batches if pp > 1 else 1)
+    coordinate = mesh.coordinate("dp")
+    rows = slice(coordinate * BATCH // dp, (coordinate + 1) * BATCH // dp)
+    times = []
+    for step in range(steps + 3):
+        hvd.barrier()
+        start = time.perf_counter()
+        _train_step(model, optimizer, schedule, stage, x[rows], target[rows])
+        elapsed = max(hvd.allgather_object(time.perf_counter() - start,
+                                           name=f"time.{tag}"))
+        if step >= 3:
+            times.append(elapsed)
+    return statistics.median(times)
+
+
 def worker(steps, out):
     import torch
     import horovodlike.torch as hvd
@@ -47,32 +97,14 @@ def worker(steps, out):
     sample = torch.randn(BATCH, D)
     result = hvd.plan(build_model(), sample, world_size=size, verbose=hvd.rank() == 0)
     predicted = {c.layout: c.step_s for c in result.candidates}
-    measured = {}
-    for tp in [t for t in range(1, size + 1) if size % t == 0]:
-        dp = size // tp
-        mesh = hvd.ProcessMesh((1, dp, tp), ("pp", "dp", "tp"), innermost="tp")
-        model = build_model(mesh.process_set("tp") if tp > 1 else None)
-        optimizer = hvd.DistributedOptimizer(
-            torch.optim.SGD(model.parameters(), lr=1e-3),
-            named_parameters=[(f"{tp}.{n}", p) for n, p in model.named_parameters()],
-            process_set=mesh.process_set("dp"))
-        rows = slice(mesh.coordinate("dp") * BATCH // dp, (mesh.coordinate("dp") + 1) * BATCH // dp)
-        x, target = torch.randn(BATCH, D), torch.randn(BATCH, D)
-        times = []
-        for step in range(steps + 3):
-            hvd.barrier()
-            start = time.perf_counter()
-            optimizer.zero_grad()
-            torch.nn.functional.mse_loss(model(x[rows]), target[rows]).backward()
-            optimizer.step()
-            elapsed = max(hvd.allgather_object(time.perf_counter() - start))
-            if step >= 3:
-                times.append(elapsed)
-        measured[f"pp=1 dp={dp} tp={tp}"] = statistics.median(times)
+    x, target = torch.randn(BATCH, D), torch.randn(BATCH, D)
+    measured = {c.layout: measure(c, steps, x, target) for c in result.candidates}
     hvd.barrier()
     if hvd.rank() == 0:
         with open(out, "w") as f:
             json.dump({"predicted": predicted, "measured": measured,
+                       "stages": {c.layout: c.stages for c in result.candidates},
+                       "micro_batches": {c.layout: c.micro_batches for c in result.candidates},
                        "link": [result.link.latency_s, result.link.bus_bytes_per_s]}, f)
     hvd.shutdown()
 
@@ -88,11 +120,14 @@ def main():
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--worker", action="store_true")
     parser.add_argument("--out")
+    parser.add_argument("--json", help="write the raw figures of every world size here")
     args = parser.parse_args()
     if args.worker:
         return worker(args.steps, args.out)
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.join(REPO, "src"),
+                                                      env.get("PYTHONPATH")]))
+    raw = {"load_before": os.getloadavg(), "cores": os.cpu_count(), "sizes": {}}
     print(f"model: 2 x (Linear({D}, {HIDDEN}), GELU, Linear({HIDDEN}, {D})), global batch "
           f"{BATCH}, SGD; one thread per rank\n")
     print(f"{'ranks':>5}  {'layout':<18} {'predicted ms':>12} {'measured ms':>12} "
@@ -106,6 +141,7 @@ def main():
                            stdout=subprocess.DEVNULL)
             with open(out) as f:
                 result = json.load(f)
+        raw["sizes"][size] = result
         predicted, measured = result["predicted"], result["measured"]
         both = {k: predicted[k] for k in measured if k in predicted}
         predicted_rank, measured_rank = ranks_of(both), ranks_of(measured)
@@ -114,9 +150,20 @@ def main():
             print(f"{size:>5}  {layout:<18} {predicted[layout] * 1e3:>12.2f} "
                   f"{m * 1e3 if m else float('nan'):>12.2f} "
                   f"{predicted_rank.get(layout, '-'):>10} {measured_rank.get(layout, '-'):>10}")
+        n = len(measured)
+        rho = 1 - 6 * sum((predicted_rank[k] - measured_rank[k]) ** 2 for k in measured) / (
+            n * (n * n - 1)) if n > 1 else 1.0
+        print(f"       best predicted: {min(both, key=both.get)}; best measured: "
+              f"{min(measured, key=measured.get)}; Spearman rank correlation {rho:.2f}")
         latency, bandwidth = result["link"]
         print(f"       link measured in the job: {latency * 1e6:.0f} us, "
               f"{bandwidth / 1e9:.2f} GB/s bus bandwidth\n")
+    raw["load_after"] = os.getloadavg()
+    print("load average (1, 5, 15 min) before: {:.1f} {:.1f} {:.1f}, after: {:.1f} {:.1f} {:.1f}; "
+          "{} cores".format(*raw["load_before"], *raw["load_after"], raw["cores"]))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(raw, f, indent=1)
 
 
 if __name__ == "__main__":

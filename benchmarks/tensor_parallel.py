@@ -98,11 +98,14 @@ def main():
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--worker")
     parser.add_argument("--out")
+    parser.add_argument("--json", help="write the raw figures here")
     args = parser.parse_args()
     if args.worker:
         return worker(args.worker, args.steps, args.out)
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.join(REPO, "src"),
+                                                      env.get("PYTHONPATH")]))
+    raw = {"load_before": os.getloadavg(), "cores": os.cpu_count(), "rows": []}
     print(f"activation ({BS}, {H}), weights ({H}, {E}) and ({E}, {H}), fp32; KiB sent per rank "
           "for one forward and one backward pass of the pair\n")
     print(f"{'P':>3} {'layout':<11} {'forward':>9} {'backward':>9} {'seed fwd':>9} "
@@ -129,6 +132,21 @@ def main():
             label = {"1d": "1D", "2d": f"2D {q}x{q}", "summa": f"SUMMA {q}x{q}"}[mode]
             print(f"{ranks:>3} {label:<11} {forward / 1024:>9.1f} {backward / 1024:>9.1f} "
                   f"{seed / 1024:>9.1f} {step * 1e3:>8.2f}", flush=True)
+            raw["rows"].append({"ranks": ranks, "layout": label, "forward_bytes": forward,
+                                "backward_bytes": backward, "seed_forward_bytes": seed,
+                                "step_s": step})
+    # The seed's formulas beyond what this machine runs: where 2D starts to send less.
+    print("\nseed's formulas, forward KiB per rank:")
+    for ranks in (4, 9, 16, 25, 36, 49, 64):
+        q = math.isqrt(ranks)
+        print(f"{ranks:>3}  1D {2 * (ranks - 1) * BS * H / ranks * 4 / 1024:>8.1f}  "
+              f"2D {2 * BS * (E * (q - 1) + H * (q - 1)) / (q * q) * 4 / 1024:>8.1f}")
+    raw["load_after"] = os.getloadavg()
+    print("\nload average (1, 5, 15 min) before: {:.1f} {:.1f} {:.1f}, after: {:.1f} {:.1f} "
+          "{:.1f}; {} cores".format(*raw["load_before"], *raw["load_after"], raw["cores"]))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(raw, f, indent=1)
 
 
 if __name__ == "__main__":

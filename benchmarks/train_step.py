@@ -126,7 +126,8 @@ def _free_port() -> int:
 def run_job(kind, args, worker_args):
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_")}
     env["OMP_NUM_THREADS"] = "1"
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), REPO]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"),
+                                                      os.path.join(REPO, "src")]))
     me = os.path.abspath(__file__)
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "result.json")

@@ -76,7 +76,8 @@ def main():
     if args.worker:
         return worker(args.worker, args.width, args.steps, args.out)
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.join(REPO, "src"),
+                                                      env.get("PYTHONPATH")]))
     mib = 1 << 20
     rows = []
     for kind, label in (("dp", "data parallel"), ("zero", "ZeRO")):

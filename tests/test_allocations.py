@@ -50,8 +50,9 @@ def test_steps_after_the_first_allocate_nothing(counter_library, np_, extra, hos
             # and the loop thread does while it negotiates new tensors.
             assert r["main"] > STEPS, (report["rank"], kind, r)
             assert r["warmup"] > 60, (report["rank"], kind, r)
-            # Afterwards nothing, but for the few times a reused vector reaches a new
-            # high-water mark (a round that happens to carry more requests than any before).
+            # Afterwards nothing, however the rounds happen to group the tensors: the per-round
+            # storage and the fusion buffer are sized when tensors are negotiated. The small
+            # allowance is a margin, not an expectation.
             steps = r["steps"]
             assert len(steps) == STEPS
             assert sum(steps) <= 6 and sum(1 for c in steps if c) <= 3, \

@@ -1,7 +1,15 @@
 """Point-to-point between real ranks: values against NumPy, ordering per tag, process sets,
-bad input raised before sending, size mismatches on both ranks, and a killed peer."""
+bad input raised before sending, size mismatches on both ranks, a killed peer, and jobs that
+mpirun started without the launcher."""
 
-from conftest import assert_all_ranks, launch
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, WORKERS, assert_all_ranks, job_env, launch
+from horovodlike import _core
 
 DYNAMIC = {"HOROVOD_DYNAMIC_PROCESS_SETS": "1"}
 
@@ -24,3 +32,24 @@ def test_p2p_killed_peer_fails_the_waiting_rank(tmp_path):
     assert "lost connection to rank 1" in report[0], report
     assert float(report[0].split()[2]) < 5.0, report
     assert report[1] == "HorovodInternalError", report
+
+
+BUILD = _core.build_info()
+
+
+@pytest.mark.skipif(not BUILD["mpi"] or shutil.which("mpirun") is None,
+                    reason="this build has no MPI, or mpirun is not installed")
+@pytest.mark.parametrize("np_, script, args, marker", [
+    (3, "p2p_worker.py", ["correctness"], "p2p OK"),
+    (2, "pipeline_worker.py", ["train", "1f1b:1"], "pipelines OK")])
+def test_p2p_in_a_job_that_mpirun_started_directly(np_, script, args, marker):
+    # No horovodlikerun, so no rendezvous server: the point-to-point mesh's addresses travel
+    # over MPI. Every rank must finish its exchanges and the pipeline replay.
+    command = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(np_),
+               sys.executable, str(WORKERS / script), *args]
+    result = subprocess.run(command, env=job_env(DYNAMIC), capture_output=True, text=True,
+                            timeout=240, cwd=REPO)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-6000:]
+    for rank in range(np_):
+        assert f"rank {rank}: {marker}" in result.stdout, output[-6000:]

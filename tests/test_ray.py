@@ -84,6 +84,33 @@ def test_execute_execute_single_and_run_remote_in_rank_order(executor):
     assert executor.run(lambda a, b=0: a * 10 + b, args=[4], kwargs={"b": 2}) == [42, 42]
 
 
+def expected_sums(ranks, size=2):
+    return [{"rank": rank, "step": step, "sum": float(sum((r + 1) * (step + 1)
+                                                          for r in range(size)))}
+            for rank in ranks for step in range(3)]
+
+
+def test_callbacks_get_the_logged_values_while_the_workers_run(executor, tmp_path):
+    executor.start()
+    marker = tmp_path / "seen"
+    first, second = [], []
+
+    def note(value):
+        first.append(value)
+        marker.touch()
+
+    results = executor.run(cluster_jobs.logged_sums, args=[str(marker)],
+                           callbacks=[note, second.append])
+    assert results == [True, None]  # rank 0 saw the callback act before it returned
+    assert first == second == expected_sums([0])  # rank 0's values only, in order
+    everyone = []
+    executor.execute(lambda _: cluster_jobs.logged_sums(str(marker), chief_only=False),
+                     callbacks=[everyone.append])
+    assert sorted(everyone, key=lambda v: (v["rank"], v["step"])) == expected_sums([0, 1])
+    with pytest.raises(TypeError, match=r"callbacks\[1\] is a str"):
+        executor.run(cluster_jobs.placement, callbacks=[print, "print"])
+
+
 @pytest.mark.parametrize("how", ["raise", "kill"])
 def test_failed_worker_is_named_and_the_others_raise(executor, tmp_path, how):
     executor.start()
@@ -158,13 +185,13 @@ class FileDiscovery:
         return hosts
 
 
-def run_elastic(tmp_path, scenario, settings, **executor_args):
+def run_elastic(tmp_path, scenario, settings, callbacks=None, **executor_args):
     executor = ElasticRayExecutor(settings, cpus_per_slot=1, **executor_args)
     executor.start()
     try:
         hosts_file = str(tmp_path / "hosts.txt")
-        results = executor.run(lambda: cluster_jobs.elastic_train(str(tmp_path), scenario,
-                                                                  hosts_file))
+        results = executor.run(lambda: cluster_jobs.elastic_train(
+            str(tmp_path), scenario, hosts_file, log_steps=bool(callbacks)), callbacks)
     finally:
         executor.shutdown()
     return results
@@ -188,12 +215,16 @@ def test_elastic_worker_added_by_discovery_joins(local_ray, tmp_path):
     settings = ElasticRayExecutor.create_settings(
         min_num_proc=1, max_num_proc=2, elastic_timeout=60,
         discovery=FileDiscovery(str(tmp_path / "hosts.txt")))
-    results = run_elastic(tmp_path, "grow", settings, override_discovery=False)
+    logged = []
+    results = run_elastic(tmp_path, "grow", settings, callbacks=[logged.append],
+                          override_discovery=False)
     assert len(results) == 2 and results[1] is None, results
     report = results[0]
     sizes = [len(per_rank) for _, per_rank in report["steps"]]
     assert sizes[0] == 1 and sizes[-1] == 2 and report["size"] == 2, sizes
     check_report(report)
+    # Rank 0 sent every step to the callback, before and after the worker joined.
+    assert logged == report["steps"]
 
 
 def _process_exists(pid):

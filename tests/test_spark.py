@@ -1,12 +1,17 @@
 """horovodlike.spark on a real Spark session (local[2], started and stopped by this module):
-training equal to NumPy and to the launcher, results and output in rank order, a failed task
-naming its rank."""
+training equal to NumPy and to the launcher, results in rank order, the ranks' output (the core's
+log lines too) on the driver, a failed task naming its rank, elastic training with a worker
+killed and a worker added."""
 
+import functools
 import io
 import os
+import re
 import shutil
 import sys
 import tempfile
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -85,23 +90,43 @@ def test_run_trains_as_numpy_and_the_launcher(spark, tmp_path):
         np.testing.assert_allclose(spark_weights, launched, rtol=1e-6)
 
 
-def test_results_and_output_in_rank_order_again_and_again(spark):
+STAMP = r"\w{3} \w{3} [ \d]\d \d\d:\d\d:\d\d \d{4}"  # time.asctime(), as horovodlikerun's
+
+
+def test_results_and_output_with_the_cores_log_lines_again_and_again(spark):
     for _ in range(2):  # Spark reuses its Python workers: a second job must form anew
-        out = io.StringIO()
+        out, err = io.StringIO(), io.StringIO()
         results = horovodlike.spark.run(cluster_jobs.greet, args=("hello",),
-                                        kwargs={"punctuation": "!"}, num_proc=2, stdout=out)
+                                        kwargs={"punctuation": "!"}, num_proc=2, stdout=out,
+                                        stderr=err, env={"HOROVOD_LOG_LEVEL": "debug"},
+                                        prefix_output_with_timestamp=True)
         assert results == [(0, [0, 10]), (1, [0, 10])]
-        assert out.getvalue().splitlines() == ["[0]<stdout>:hello from 0!",
-                                               "[1]<stdout>:hello from 1!"]
+        for rank in range(2):
+            for pattern, text in (
+                    (rf"{STAMP}\[{rank}\]<stdout>:hello from {rank}!", out.getvalue()),
+                    (rf"{STAMP}\[{rank}\]<stdout>:and from {rank}'s file descriptor 1",
+                     out.getvalue()),
+                    # Written by the core's C++ logger to file descriptor 2.
+                    (rf"{STAMP}\[{rank}\]<stderr>:\[horovodlike DEBUG rank {rank}\] shared "
+                     r"memory with ranks on this host: 2 of 2", err.getvalue())):
+                assert re.search(rf"^{pattern}$", text, re.MULTILINE), (pattern, text)
+    out = io.StringIO()
+    horovodlike.spark.run(cluster_jobs.greet, args=("plain",), num_proc=2, stdout=out)
+    assert sorted(line for line in out.getvalue().splitlines() if "plain" in line) == \
+        ["[0]<stdout>:plain from 0.", "[1]<stdout>:plain from 1."]
 
 
 def test_a_failing_task_fails_run_naming_its_rank(spark, tmp_path):
+    err = io.StringIO()
     with pytest.raises(RuntimeError) as failure:
         horovodlike.spark.run(cluster_jobs.fail_on_rank, args=(1, "raise", str(tmp_path)),
-                              num_proc=2, start_timeout=60)
+                              num_proc=2, start_timeout=60, stderr=err)
     message = str(failure.value)
     assert message.startswith("rank 1 (on ") and "raised ValueError: rank 1 gives up" in \
         message, message
+    # The failed rank's traceback reached the driver.
+    assert "[1]<stderr>:ValueError: rank 1 gives up" in err.getvalue().splitlines(), \
+        err.getvalue()
     # The job after a failed one works.
     results = horovodlike.spark.run(cluster_jobs.greet, args=("again",), num_proc=2,
                                     stdout=io.StringIO())
@@ -127,3 +152,33 @@ def test_run_elastic_a_killed_worker_leaves_the_job_to_the_other(spark, tmp_path
     sizes = [len(per_rank) for _, per_rank in report["steps"]]
     assert sizes[0] == 2 and sizes[-1] == 1 and report["size"] == 1, sizes
     check_report(report)
+
+
+def test_run_elastic_a_worker_joins_when_a_spark_slot_frees(spark, tmp_path):
+    from test_elastic import check_report
+    hosts_file, started = tmp_path / "hosts.txt", tmp_path / "held"
+    hosts_file.write_text("spark:1\n")
+    # Another Spark job holds one of the two cores until rank 0, training alone, asks for a
+    # second slot; then the second agent's task starts, and its worker joins.
+    holder = threading.Thread(target=spark.sparkContext.parallelize([0], 1).foreach, args=(
+        functools.partial(cluster_jobs.hold_a_slot, str(hosts_file), str(started)),))
+    holder.start()
+    deadline = time.monotonic() + 60
+    while not started.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    out = io.StringIO()
+    results = horovodlike.spark.run_elastic(
+        cluster_jobs.elastic_train, args=(str(tmp_path), "grow", str(hosts_file)), num_proc=1,
+        min_num_proc=1, max_num_proc=2, elastic_timeout=60, stdout=out)
+    holder.join(timeout=60)
+    assert len(results) == 2 and results[1] is None, results
+    report = results[0]
+    sizes = [len(per_rank) for _, per_rank in report["steps"]]
+    assert sizes[0] == 1 and sizes[-1] == 2 and report["size"] == 2, sizes
+    check_report(report)
+    # The workers' output reached the driver, labelled with the rank each started as.
+    lines = out.getvalue().splitlines()
+    assert any(re.fullmatch(r"\[0\]<stdout>:worker \S+ finished as rank 0 of 2", line)
+               for line in lines), lines
+    assert any(re.fullmatch(r"\[1\]<stdout>:worker \S+ finished as rank 1 of 2", line)
+               for line in lines), lines

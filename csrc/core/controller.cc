@@ -6,6 +6,7 @@
 #include <iterator>
 #include <sstream>
 
+#include "fusion_buffer.h"
 #include "handle_table.h"
 #include "response_builder.h"
 #include "../common/logging.h"
@@ -51,6 +52,7 @@ void Controller::ApplyCacheSetting() {
     for (int slot = 0; slot < cache_.num_slots(); ++slot) ToUncached(slot);
   }
   cache_.SetActive(parameters_.cache_enabled);
+  cache_changed_ = true;
   cache_active_ = parameters_.cache_enabled;
 }
 
@@ -82,6 +84,7 @@ void Controller::CommitPreviousRound() {
   ready_slots_.clear();
   // Every rank puts the same responses in the same order, whether or not it had the tensor
   // itself (a joined rank does not).
+  if (!decided_.empty()) cache_changed_ = true;
   for (const Response& response : decided_) {
     if (response.type == Response::Type::kJoin) joined_ = false;
     const std::string& name = response.names.at(0);
@@ -106,6 +109,34 @@ void Controller::CommitPreviousRound() {
   decided_.clear();
 }
 
+void Controller::ReserveRoundStorage(std::vector<Request>& new_requests) {
+  const int64_t threshold = parameters_.fusion_threshold_bytes;
+  if (!cache_changed_ && reserved_threshold_ == threshold) return;
+  cache_changed_ = false;
+  reserved_threshold_ = threshold;
+  const size_t slots = static_cast<size_t>(cache_.num_slots());
+  // Only allreduces under the direct size are packed (executor.cc); the sum of all of them is
+  // the most any round can fuse.
+  size_t packed = 0;
+  for (int slot = 0; slot < cache_.num_slots(); ++slot) {
+    if (!cache_.occupied(slot)) continue;
+    const Response& response = cache_.response(slot);
+    const size_t bytes = static_cast<size_t>(response.total_bytes);
+    if (response.type == Response::Type::kAllreduce &&
+        bytes < FusionBuffer::kDirectAllreduceBytes) {
+      packed += bytes;
+    }
+  }
+  round_.max_fused_bytes = std::min(packed, static_cast<size_t>(std::max<int64_t>(threshold, 0)));
+  round_.max_parts = slots;
+  new_requests.reserve(slots);
+  order_.reserve(slots);
+  ready_slots_.reserve(slots);
+  used_.reserve(slots);
+  round_.parts.reserve(slots);
+  round_.ends.reserve(slots);
+}
+
 const Controller::Round& Controller::Negotiate(std::vector<Request>& new_requests,
                                                bool shutdown_requested) {
   CommitPreviousRound();
@@ -124,6 +155,7 @@ const Controller::Round& Controller::Negotiate(std::vector<Request>& new_request
     }
   }
   new_requests.clear();
+  ReserveRoundStorage(new_requests);
 
   // Bit vector: [flags][ready bits][not-stale bits][not-shutting-down bit per rank], all
   // combined with AND.
@@ -198,6 +230,7 @@ const Controller::Round& Controller::Negotiate(std::vector<Request>& new_request
     if ((bits[1 + words + slot / 64] >> (slot % 64) & 1) == 0) {
       ToUncached(slot);
       cache_.Erase(slot);
+      cache_changed_ = true;
     }
   }
   order_.clear();

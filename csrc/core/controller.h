@@ -43,13 +43,21 @@ class Controller {
     std::vector<size_t> ends;
     bool shutdown = false;            // some rank asked to shut down
     std::vector<int> shutdown_ranks;  // which ones (ranks of this set)
+    // The most parts a round of cached tensors can hold (one per cache slot): callers size
+    // their own per-round storage to it. Grows only in rounds that negotiate new tensors.
+    size_t max_parts = 0;
+    // The most bytes a fusion of cached allreduces can pack (under the fusion threshold), for
+    // the fusion buffer; changes only when the cache or the threshold does.
+    size_t max_fused_bytes = 0;
   };
-  // Consumes `new_requests` (left empty, its capacity kept). Throws TransportError when a peer
+  // Consumes `new_requests` (left empty, with room for a request per cached tensor, so that
+  // the caller's next rounds of tensors seen before do not grow it). Throws TransportError when a peer
   // fails, and (cause kStall) on every rank of the set when a stalled tensor passes
   // HOROVOD_STALL_SHUTDOWN_TIME_SECONDS.
   //
-  // A round made only of tensors seen before allocates nothing: the bit vectors, the list of
-  // parts and the cache keep their storage from round to round.
+  // A round made only of tensors seen before allocates nothing, however many of them it
+  // happens to carry: the bit vectors, the list of parts and the cache keep their storage from
+  // round to round, sized for every cached tensor when the cache grows (ReserveRoundStorage).
   const Round& Negotiate(std::vector<Request>& new_requests, bool shutdown_requested);
 
   // Global set, coordinator: the parameters the next round puts in force (ignored elsewhere).
@@ -77,6 +85,10 @@ class Controller {
   // tensors become the most recently used, new responses go in (evicting the least recently
   // used). Deferred to the next round so that the parts stay valid while they execute.
   void CommitPreviousRound();
+  // Sizes the per-round storage for a round of every cached tensor, and works out the round's
+  // max_parts and max_fused_bytes, when the cache or the fusion threshold changed since the
+  // last call; allocates only when the cache has grown (a round that negotiated new tensors).
+  void ReserveRoundStorage(std::vector<Request>& new_requests);
   // Groups round_.parts into collectives: compatible allreduces (same dtype, op, scaling,
   // device) while under the fusion threshold in bytes, and the members of a grouped call.
   // Deterministic: every rank fuses the same list the same way.
@@ -117,6 +129,8 @@ class Controller {
   std::vector<Response> decided_;       // the coordinator's responses of this round
   std::vector<const Response*> order_;  // the parts before fusion
   std::vector<char> used_;
+  bool cache_changed_ = true;      // since the last ReserveRoundStorage
+  int64_t reserved_threshold_ = -1;  // the fusion threshold max_fused_bytes was computed for
 
   struct Pending {
     std::vector<Request> by_rank;

@@ -19,8 +19,21 @@ int64_t ScatterRows(int64_t rows, int r, int n) { return rows / n + (r < rows % 
 
 }  // namespace
 
+void Executor::Prepare(size_t parts, size_t fused_bytes) {
+  fusion_.Expect(fused_bytes);
+  entries_.reserve(parts);
+  adasum_counts_.reserve(parts);
+  row_bytes_.reserve(parts);
+  out_offset_.reserve(parts);
+}
+
 void Executor::Execute(const Response* const* parts, size_t count) {
-  fusion_.CollectiveDone();
+  size_t tensor_bytes = 0;
+  for (size_t i = 0; i < count; ++i) {
+    tensor_bytes += static_cast<size_t>(NumElements(parts[i]->shape)) *
+                    DataTypeSize(parts[i]->dtype);
+  }
+  fusion_.CollectiveStarted(tensor_bytes);
   const Response& response = *parts[0];
   std::vector<TensorEntry>& entries = entries_;
   entries.clear();
@@ -155,7 +168,7 @@ void Executor::Allreduce(const Response& response, std::vector<TensorEntry>& ent
   // collective of its own). Decided from sizes alone, so every rank runs the same collectives
   // in the same order: first the small tensors packed together, then each large one.
   auto direct = [&](const TensorEntry& e) {
-    return entries.size() == 1 || count_of(e) * elem >= kDirectAllreduceBytes;
+    return entries.size() == 1 || count_of(e) * elem >= FusionBuffer::kDirectAllreduceBytes;
   };
 
   size_t total = 0;

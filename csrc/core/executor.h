@@ -32,6 +32,12 @@ class Executor {
 
   const ProviderTable& providers() const { return *providers_; }
 
+  // Sizes the storage reused by every collective for up to `parts` tensors in one collective
+  // and the fusion buffer for `fused_bytes` packed, so that later rounds, however they happen
+  // to be fused, allocate nothing. Called with the controller's Round::max_parts and
+  // max_fused_bytes, which change only when the cache does.
+  void Prepare(size_t parts, size_t fused_bytes);
+
   // Runs one collective: `parts` are the responses of its tensors (one, or several fused; see
   // Controller::Round). Throws TransportError after returning the entries to the queue.
   void Execute(const Response* const* parts, size_t count);
@@ -70,9 +76,6 @@ class Executor {
   // In-place allgatherv of blocks in rank order (this rank's already in place), by the
   // table's provider.
   void Gather(void* out, const std::vector<size_t>& block_bytes);
-
-  // Tensors from this size up are reduced in place even when fused with others (Allreduce).
-  static constexpr size_t kDirectAllreduceBytes = 1 << 20;
 
   Link& transport_;
   std::unique_ptr<ProviderTable> providers_;

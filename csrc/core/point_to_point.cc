@@ -346,11 +346,17 @@ void PointToPoint::SenderLoop() {
     std::lock_guard<std::mutex> lock(mutex_);
     if (frame.send) {
       // Written: the caller may reuse the buffer (the receiver keeps the message until a
-      // receive matches it).
+      // receive matches it). A send written in full has succeeded even when the peer's failure
+      // notice arrived meanwhile (the peer may have taken it and failed afterwards; the notice
+      // fails the later operations), but it carries the rejection of an earlier message, which
+      // is reported nowhere else. One cut short fails with the reason that came first.
       frame.send->in_flight = false;
       peers_[frame.peer].unsent.erase(frame.header.sequence);
-      handles_.Complete(frame.send->state, frame.send->has_deferred ? frame.send->deferred
-                        : error.ok() ? Status::Ok() : error);
+      const Status& deferred = frame.send->deferred;
+      const bool rejection = frame.send->has_deferred && deferred.code == StatusCode::kMismatch;
+      handles_.Complete(frame.send->state, !error.ok() && frame.send->has_deferred ? deferred
+                                           : !error.ok() ? error
+                                           : rejection ? deferred : Status::Ok());
     }
     if (!error.ok() && stopped_.ok() && peers_[frame.peer].lost.ok()) {
       peers_[frame.peer].lost = error;

@@ -13,6 +13,9 @@
 #include "../links/connect.h"
 #include "../links/rendezvous_client.h"
 #include "../links/tcp/tcp_link.h"
+#ifdef HOROVODLIKE_MPI_FOUND
+#include "../links/mpi/tcp_mesh_over_mpi.h"
+#endif
 
 namespace horovodlike {
 namespace {
@@ -88,17 +91,25 @@ void Runtime::Init() {
   }
   // Point-to-point gets a TCP mesh of its own (point_to_point.h). Its connections may stay idle
   // for as long as a pipeline waits, so silence is never a failure there; a peer that dies
-  // still closes them.
+  // still closes them. Without the launcher's rendezvous (mpirun started the job directly),
+  // the mesh's addresses are exchanged over MPI.
   std::unique_ptr<Link> p2p_links;
   std::string p2p_unavailable;
-  if (config.size > 1 && (config.rendezvous_addr.empty() || config.rendezvous_port <= 0)) {
-    p2p_unavailable = "point-to-point needs the launcher's rendezvous server, and this job has "
-                      "none (it was started by mpirun directly); start it with horovodlikerun";
+  const bool has_rendezvous = !config.rendezvous_addr.empty() && config.rendezvous_port > 0;
+  const bool over_mpi = !has_rendezvous && config.launched_by_mpirun &&
+                        std::string(transport->name()) == "mpi";
+  if (config.size > 1 && !has_rendezvous && !over_mpi) {
+    p2p_unavailable = "point-to-point needs the launcher's rendezvous server, or MPI in a job "
+                      "that mpirun started, and this job has neither; start it with "
+                      "horovodlikerun";
   } else if (config.size > 1) {
     Config links_config = config;
     links_config.peer_timeout_seconds = 1e9;
     try {
-      p2p_links = TcpLink::Connect(links_config, generation, "p2p");
+#ifdef HOROVODLIKE_MPI_FOUND
+      if (over_mpi) p2p_links = ConnectTcpMeshOverMpi(links_config, generation);
+#endif
+      if (!over_mpi) p2p_links = TcpLink::Connect(links_config, generation, "p2p");
     } catch (const TransportError& e) {
       ReportFailureToLauncher(config, generation, {e.peer(), FailureKind(e.cause()), e.what()});
       throw;
@@ -348,6 +359,7 @@ bool Runtime::RunSets(RoundState& state, std::vector<int>* shutdown_ranks) {
       std::lock_guard<std::mutex> lock(tuned_mutex_);
       tuned_ = {state.in_force, set->controller->parameters_round()};
     }
+    set->executor->Prepare(round.max_parts, round.max_fused_bytes);
     size_t begin = 0;
     for (size_t end : round.ends) {
       const Response* const* parts = round.parts.data() + begin;

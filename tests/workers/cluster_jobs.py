@@ -89,11 +89,32 @@ def fail_on_rank(bad_rank, how, report_dir):
     return outcome
 
 
+def logged_sums(marker, chief_only=True):
+    """Each of 3 steps, an allreduce whose sum goes to the driver's callbacks through
+    ray_logger.log; then rank 0 waits (30 s at most) for `marker`, which the test's callback
+    creates: whether it appeared tells that the callbacks run while the workers still do."""
+    import horovodlike.torch as hvd
+    import torch
+    from horovodlike.ray import ray_logger
+    hvd.init()
+    for step in range(3):
+        total = hvd.allreduce(torch.tensor([float((hvd.rank() + 1) * (step + 1))]), op=hvd.Sum)
+        ray_logger.log({"rank": hvd.rank(), "step": step, "sum": total.item()},
+                       chief_only=chief_only)
+    if hvd.rank() != 0:
+        return None
+    deadline = time.monotonic() + 30
+    while not os.path.exists(marker) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return os.path.exists(marker)
+
+
 def greet(word, punctuation="."):
     import horovodlike.torch as hvd
     import torch
     hvd.init()
     print(f"{word} from {hvd.rank()}{punctuation}")
+    os.write(1, f"and from {hvd.rank()}'s file descriptor 1\n".encode())
     gathered = hvd.allgather(torch.tensor([hvd.rank() * 10]))
     return hvd.rank(), gathered.tolist()
 
@@ -111,10 +132,11 @@ class Counter:
         return hvd.rank(), self.value
 
 
-def elastic_train(report_dir, scenario, hosts_file=None):
+def elastic_train(report_dir, scenario, hosts_file=None, log_steps=False):
     """tests/workers/elastic_worker.py's training as a function: a worker kills itself
     mid-epoch ("kill"), or rank 0 offers a second slot to the discovery ("grow"). Rank 0
-    returns the committed steps and the final weights for the test to replay."""
+    returns the committed steps and the final weights for the test to replay; with log_steps,
+    it also sends each step to the Ray driver's callbacks as it goes."""
     import torch
     import horovodlike.torch as hvd
     from horovodlike.common.elastic import hosts_changed_locally
@@ -147,6 +169,9 @@ def elastic_train(report_dir, scenario, hosts_file=None):
                 (loss / total).backward()
                 optimizer.step()
                 state.steps.append([state.epoch, hvd.allgather_object(idx, name="log.indices")])
+                if log_steps:
+                    from horovodlike.ray import ray_logger
+                    ray_logger.log(state.steps[-1])
                 sampler.record_batch(b, batch)
                 state.batch += 1
                 if scenario == "kill" and worker.endswith("/1") and state.epoch == 1 and \
@@ -168,10 +193,23 @@ def elastic_train(report_dir, scenario, hosts_file=None):
             state.commit()
 
     train(state)
+    print(f"worker {worker} finished as rank {hvd.rank()} of {hvd.size()}")
     if hvd.rank() != 0:
         return None
     return {"steps": state.steps, "size": hvd.size(),
             "weights": {k: v.tolist() for k, v in model.state_dict().items()}}
+
+
+def hold_a_slot(hosts_file, started_file, _=None):
+    """A Spark task that keeps its core until the "grow" scenario asks for a second slot (at
+    most 120 s)."""
+    open(started_file, "w").close()
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        with open(hosts_file) as f:
+            if ":2" in f.read():
+                return
+        time.sleep(0.05)
 
 
 if __name__ == "__main__":

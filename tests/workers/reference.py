@@ -14,7 +14,8 @@ def rank_input(dtype, count, rank, seed, op="Sum"):
     if dtype == "bool":
         return rng.integers(0, 2, count).astype(np.float64)
     if op == "Product":
-        return rng.choice([-1.0, 1.0, 2.0] if dtype not in ("uint8", "uint16") else [1.0, 2.0], count)
+        return rng.choice([-1.0, 1.0, 2.0] if not dtype.startswith("uint") else [1.0, 2.0],
+                          count)
     if dtype in FLOAT_DTYPES:
         return rng.integers(-64, 64, count) / 8.0 if dtype != "bfloat16" else \
             rng.integers(-16, 16, count) / 4.0

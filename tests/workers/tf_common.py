@@ -7,7 +7,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 
-DTYPES = ["uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64",
+DTYPES = ["uint8", "int8", "uint16", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64",
           "bool"]
 from reference import FLOAT_DTYPES, check, expected_reduce, rank_input  # noqa: E402,F401
 OPS = ["Sum", "Average", "Min", "Max", "Product"]

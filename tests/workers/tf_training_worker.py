@@ -195,6 +195,19 @@ with tf.Graph().as_default():
                "[2, 4]")
 works("session.mismatch")
 
+# A TensorFlow 1 graph that grows between runs, each run fetching every collective built so far:
+# nothing orders them, and there are more than the cores TensorFlow sizes its thread pool by.
+with tf.Graph().as_default():
+    grown, rows = [], lambda i, r: i % 3 + 1 + r
+    with tf.compat.v1.Session() as session:
+        for i in range(12):
+            grown.append(hvd.allgather(tf.fill([rows(i, rank)], float(i * size + rank))))
+            got = session.run(grown)
+    for i, out in enumerate(got):
+        want = np.concatenate([np.full([rows(i, r)], float(i * size + r)) for r in range(size)])
+        check(np.array_equal(out, want), f"TF1 grown graph: allgather {i} wrong")
+works("session.grown")
+
 # ---- bad input raises before anything is sent, eagerly and when a tf.function is traced
 for mode, wrap in (("eager", lambda f: f), ("graph", lambda f: tf.function(f, autograph=False))):
     expect(TypeError, wrap(lambda: hvd.allreduce(tf.ones(2, tf.complex64), name="cx")), "cx",

@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <ifaddrs.h>
+#include <net/if.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -166,6 +167,23 @@ std::string InterfaceAddress(const std::string& interface_name) {
     throw InvalidArgument("network interface '" + interface_name +
                           "' (HOROVOD_GLOO_IFACE / --network-interface) has no IPv4 address");
   }
+  return found;
+}
+
+std::string FirstNonLoopbackAddress() {
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return "127.0.0.1";
+  std::string found = "127.0.0.1";
+  for (ifaddrs* it = list; it != nullptr; it = it->ifa_next) {
+    if (it->ifa_addr == nullptr || it->ifa_addr->sa_family != AF_INET) continue;
+    if ((it->ifa_flags & IFF_UP) == 0 || (it->ifa_flags & IFF_LOOPBACK) != 0) continue;
+    char text[INET_ADDRSTRLEN];
+    inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(it->ifa_addr)->sin_addr, text,
+              sizeof(text));
+    found = text;
+    break;
+  }
+  freeifaddrs(list);
   return found;
 }
 

@@ -19,6 +19,8 @@ int ConnectOnce(const std::string& host, int port,
 int ListenOn(const std::string& address, int* port);
 // The IPv4 address of a named interface, or throws InvalidArgument.
 std::string InterfaceAddress(const std::string& interface_name);
+// The IPv4 address of the first interface that is up and not loopback; 127.0.0.1 if none.
+std::string FirstNonLoopbackAddress();
 // The local IPv4 address the kernel would use to reach `host`.
 std::string LocalAddressToward(const std::string& host, int port);
 void SetNonBlocking(int fd, bool on);

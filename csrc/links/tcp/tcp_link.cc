@@ -99,14 +99,15 @@ std::string PeerAddress(const sockaddr_in& addr) {
 
 // Reads exactly n bytes before the deadline; throws when the launcher stops the job meanwhile.
 void ReadExact(int fd, void* buf, size_t n, std::chrono::steady_clock::time_point deadline,
-               const std::string& what, RendezvousClient& rendezvous) {
+               const std::string& what, RendezvousClient* rendezvous) {
   auto* p = static_cast<uint8_t*>(buf);
   while (n > 0) {
-    pollfd polls[2] = {{fd, POLLIN, 0}, {rendezvous.fd(), POLLIN, 0}};
+    // Without a rendezvous server (addresses exchanged over MPI) the second entry is ignored.
+    pollfd polls[2] = {{fd, POLLIN, 0}, {rendezvous ? rendezvous->fd() : -1, POLLIN, 0}};
     int rc = ::poll(polls, 2, MillisUntil(deadline));
     if (rc < 0 && errno == EINTR) continue;
     if (rc < 0) throw TransportError(what + ": " + std::strerror(errno));
-    if (polls[1].revents != 0) rendezvous.ThrowIfAborted();
+    if (polls[1].revents != 0) rendezvous->ThrowIfAborted();
     if (rc == 0) throw TransportError(what + ": timed out");
     if (polls[0].revents == 0) continue;
     ssize_t r = ::recv(fd, p, n, MSG_DONTWAIT);
@@ -123,7 +124,7 @@ void ReadExact(int fd, void* buf, size_t n, std::chrono::steady_clock::time_poin
 // Connects to a lower rank at `address` ("host:port") and runs the dialer's side of the
 // handshake.
 int DialPeer(const Config& config, int generation, int peer, const std::string& address,
-             std::chrono::steady_clock::time_point deadline, RendezvousClient& rendezvous) {
+             std::chrono::steady_clock::time_point deadline, RendezvousClient* rendezvous) {
   const std::string name = "rank " + std::to_string(peer) + " at " + address;
   auto colon = address.rfind(':');
   if (colon == std::string::npos || colon == 0) {
@@ -132,7 +133,7 @@ int DialPeer(const Config& config, int generation, int peer, const std::string& 
   const std::string host = address.substr(0, colon);
   const int port = std::atoi(address.c_str() + colon + 1);
   int fd = ConnectWithRetry(host, port, deadline, "connecting to " + name,
-                            [&] { rendezvous.ThrowIfAborted(); });
+                            [&] { if (rendezvous) rendezvous->ThrowIfAborted(); });
   const std::string what = "handshake with " + name;
   try {
     TuneSocket(fd);
@@ -247,7 +248,7 @@ bool AdvanceHandshake(PendingPeer& p, const Config& config, int generation,
 // Accepts the higher ranks on `listen_fd`, several handshakes at a time, so that a stranger who
 // connects and says nothing (or garbage) delays no one.
 void AcceptPeers(const Config& config, int generation, int listen_fd, std::vector<int>& fds,
-                 std::chrono::steady_clock::time_point deadline, RendezvousClient& rendezvous) {
+                 std::chrono::steady_clock::time_point deadline, RendezvousClient* rendezvous) {
   std::vector<PendingPeer> pending;
   auto drop = [&](size_t i, const std::string& why) {
     HVDL_LOG(kWarning, "rejected a connection from " << pending[i].address << ": " << why);
@@ -271,7 +272,7 @@ void AcceptPeers(const Config& config, int generation, int listen_fd, std::vecto
                              " s (HOROVOD_START_TIMEOUT)");
       }
       std::vector<pollfd> polls;
-      polls.push_back({rendezvous.fd(), POLLIN, 0});
+      polls.push_back({rendezvous ? rendezvous->fd() : -1, POLLIN, 0});
       polls.push_back({listen_fd, static_cast<short>(
                                       pending.size() < kMaxPendingHandshakes ? POLLIN : 0), 0});
       auto wake = deadline;
@@ -282,7 +283,7 @@ void AcceptPeers(const Config& config, int generation, int listen_fd, std::vecto
       int rc = ::poll(polls.data(), polls.size(), MillisUntil(wake));
       if (rc < 0 && errno == EINTR) continue;
       if (rc < 0) throw TransportError(std::string("poll: ") + std::strerror(errno));
-      if (polls[0].revents != 0) rendezvous.ThrowIfAborted();
+      if (polls[0].revents != 0) rendezvous->ThrowIfAborted();
       for (size_t i = pending.size(); i-- > 0;) {
         if (polls[2 + i].revents == 0) continue;
         std::string why;
@@ -346,18 +347,47 @@ std::unique_ptr<TcpLink> TcpLink::Connect(const Config& config, int generation,
       : InterfaceAddress(config.network_interface);
   int port = 0;
   int listen_fd = ListenOn(address, &port);
+  const std::string prefix = channel + "/" + std::to_string(generation) + "/";
+  std::unique_ptr<RendezvousClient> rendezvous;
+  try {
+    rendezvous = std::make_unique<RendezvousClient>(config.rendezvous_addr,
+                                                    config.rendezvous_port, config.secret_key,
+                                                    deadline);
+    rendezvous->Put(prefix + std::to_string(config.rank), address + ":" + std::to_string(port));
+  } catch (...) {
+    ::close(listen_fd);
+    throw;
+  }
+  return ConnectMesh(config, generation, listen_fd, deadline, rendezvous.get(),
+                     [&](int peer, std::string* value) {
+                       return rendezvous->Get(prefix + std::to_string(peer), value);
+                     });
+}
+
+std::unique_ptr<TcpLink> TcpLink::ConnectWithAddresses(const Config& config, int generation,
+                                                       int listen_fd,
+                                                       const std::vector<std::string>& addresses) {
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::milliseconds(
+                            static_cast<int64_t>(config.start_timeout_seconds * 1000));
+  return ConnectMesh(config, generation, listen_fd, deadline, nullptr,
+                     [&](int peer, std::string* value) {
+                       *value = addresses.at(static_cast<size_t>(peer));
+                       return true;
+                     });
+}
+
+std::unique_ptr<TcpLink> TcpLink::ConnectMesh(
+    const Config& config, int generation, int listen_fd,
+    std::chrono::steady_clock::time_point deadline, RendezvousClient* rendezvous,
+    const std::function<bool(int, std::string*)>& address_of) {
   std::vector<int> fds(config.size, -1);
   try {
-    RendezvousClient rendezvous(config.rendezvous_addr, config.rendezvous_port,
-                                config.secret_key, deadline);
-    const std::string prefix = channel + "/" + std::to_string(generation) + "/";
-    rendezvous.Put(prefix + std::to_string(config.rank), address + ":" + std::to_string(port));
-
     // Lower ranks are dialled; higher ranks dial us.
     std::vector<int> missing;
     for (int peer = 0; peer < config.rank; ++peer) {
       std::string value;
-      if (!rendezvous.Get(prefix + std::to_string(peer), &value)) {
+      if (!address_of(peer, &value)) {
         missing.push_back(peer);
         continue;
       }
@@ -386,7 +416,7 @@ std::unique_ptr<TcpLink> TcpLink::Connect(const Config& config, int generation,
     }
   }
   return std::unique_ptr<TcpLink>(
-      new TcpLink(config.rank, config.size, std::move(fds), timeout_seconds));
+      new TcpLink(config.rank, config.size, std::move(fds), config.peer_timeout_seconds));
 }
 
 TcpLink::TcpLink(int rank, int size, std::vector<int> fds, double timeout_seconds)

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -13,6 +14,7 @@
 namespace horovodlike {
 
 struct Config;
+class RendezvousClient;
 
 class TcpLink : public Link {
  public:
@@ -22,6 +24,12 @@ class TcpLink : public Link {
   // one (point-to-point traffic has its own, see core/point_to_point.h).
   static std::unique_ptr<TcpLink> Connect(const Config& config, int generation,
                                           const std::string& channel = "addr");
+  // The same mesh where every rank's "host:port" is known already (exchanged over MPI in a job
+  // that mpirun started without the launcher): `listen_fd` (taken over) listens at this rank's
+  // entry of `addresses`, and config.secret_key is the same on every rank.
+  static std::unique_ptr<TcpLink> ConnectWithAddresses(const Config& config, int generation,
+                                                       int listen_fd,
+                                                       const std::vector<std::string>& addresses);
   ~TcpLink() override;
 
   int rank() const override { return rank_; }
@@ -36,6 +44,13 @@ class TcpLink : public Link {
 
  private:
   TcpLink(int rank, int size, std::vector<int> fds, double timeout_seconds);
+  // Dials the lower ranks (`address_of` returns false for one that never published) and
+  // accepts the higher ones on `listen_fd` (closed in any case); `rendezvous`, when not null,
+  // is watched for the launcher stopping the job.
+  static std::unique_ptr<TcpLink> ConnectMesh(
+      const Config& config, int generation, int listen_fd,
+      std::chrono::steady_clock::time_point deadline, RendezvousClient* rendezvous,
+      const std::function<bool(int, std::string*)>& address_of);
   [[noreturn]] void Fail(int peer, const std::string& what, TransportError::Cause cause);
   int Fd(int peer) const;
 

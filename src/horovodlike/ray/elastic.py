@@ -20,7 +20,8 @@ from horovodlike.runner.environment import format_number, horovod_environment
 from horovodlike.runner.hosts import HostSlots
 from horovodlike.runner.output import Console
 from horovodlike.runner.rank_process import RankExited
-from horovodlike.ray.executor import _first_line
+from horovodlike.ray.callbacks import CallbackRelay, check_callbacks
+from horovodlike.ray.executor import CALLBACK_POLL_S, _first_line
 from horovodlike.ray.worker import HorovodWorker
 
 UNBOUNDED = 1 << 30
@@ -207,15 +208,16 @@ class ElasticRayExecutor:
 
     def run(self, worker_fn: Callable[[], Any], callbacks: list | None = None) -> list:
         """worker_fn() on every worker of the elastic job until the last round's workers have
-        all returned; their results in rank order. Raises RuntimeError when the job fails
+        all returned; their results in rank order. `callbacks`: callables, each called here on
+        every value the workers send with ray_logger.log() while they run. Raises RuntimeError when the job fails
         (fewer than min_num_proc workers for elastic_timeout, the reset limit, a failure of
         every worker)."""
         import ray
-        if callbacks:
-            raise ValueError("callbacks are not supported by horovodlike.ray; return the "
-                             "values from the function instead")
+        callbacks = check_callbacks(callbacks)
         if self._server is None:
             raise RuntimeError("the ElasticRayExecutor is not started; call start() first")
+        relay = CallbackRelay(callbacks) if callbacks else None
+        queue = relay.queue if relay is not None else None
         actor_cls = ray.remote(HorovodWorker)
         node_resources = set(ray.cluster_resources())
 
@@ -228,7 +230,7 @@ class ElasticRayExecutor:
             actor = actor_cls.options(num_cpus=self.cpus_per_slot, num_gpus=self.gpus_per_slot,
                                       resources={f"node:{host}": 0.001}).remote()
             actor.update_env_vars.remote(env)
-            return actor, actor.run.remote(worker_fn, None, None)
+            return actor, actor.run.remote(worker_fn, None, None, queue)
 
         settings = self.settings
 
@@ -248,11 +250,37 @@ class ElasticRayExecutor:
                                settings.max_num_proc or UNBOUNDED, settings.reset_limit,
                                self._server, console, settings.elastic_timeout,
                                verbose=bool(settings.verbose and settings.verbose > 1))
-        code = driver.run()
+        code = self._run_driver(driver, relay)
         if code != 0:
             raise RuntimeError(f"the elastic Ray job failed (exit code {code}); see the "
                                "driver's messages above")
         return [process.result for process in driver.last_round_processes]
+
+    @staticmethod
+    def _run_driver(driver: ElasticDriver, relay: CallbackRelay | None) -> int:
+        """driver.run(), with the relay's callbacks served by a thread of their own meanwhile
+        (the elastic driver holds this one)."""
+        if relay is None:
+            return driver.run()
+        finished = threading.Event()
+
+        def serve():
+            while not finished.wait(CALLBACK_POLL_S):
+                relay.deliver()
+
+        server = threading.Thread(target=serve, daemon=True, name="ray-callbacks")
+        server.start()
+        try:
+            code = driver.run()
+        except BaseException:
+            finished.set()
+            server.join()
+            relay.queue.shutdown()
+            raise
+        finished.set()
+        server.join()
+        relay.close()
+        return code
 
     def shutdown(self) -> None:
         """Stops the rendezvous server (run() has already stopped every worker)."""

@@ -13,12 +13,15 @@ from typing import Any, Callable
 
 from horovodlike.runner.cluster_job import assign_by_host, rendezvous_address, start_rendezvous
 from horovodlike.runner.environment import horovod_environment
+from horovodlike.ray.callbacks import CallbackRelay, check_callbacks
 from horovodlike.ray.placement import WorkerShape, reserve
 from horovodlike.ray.worker import HorovodWorker
 
 # After the first worker fails, how long the others have to fail because of it (they raise
 # HorovodInternalError within seconds) before run() names the first one anyway.
 FAILURE_GRACE_S = 10.0
+# How often the driver hands the workers' logged values to the callbacks while a call runs.
+CALLBACK_POLL_S = 0.05
 
 
 @dataclass
@@ -69,10 +72,12 @@ def _first_line(error: BaseException) -> str:
     return text.splitlines()[0] if text else "no message"
 
 
-def gather(futures: list, hosts: list[str], on_failure: Callable[[str], None]) -> list:
+def gather(futures: list, hosts: list[str], on_failure: Callable[[str], None],
+           relay: CallbackRelay | None = None) -> list:
     """The results of one call on every rank, in rank order. When a rank fails, waits
     FAILURE_GRACE_S for the others and raises RuntimeError naming the rank that failed first in
-    cause: one that did not fail with HorovodInternalError (the others' consequence of it)."""
+    cause: one that did not fail with HorovodInternalError (the others' consequence of it).
+    With a relay, its callbacks get the workers' logged values while they run."""
     import ray
     from horovodlike.common.exceptions import HorovodInternalError
     results: list[Any] = [None] * len(futures)
@@ -81,8 +86,13 @@ def gather(futures: list, hosts: list[str], on_failure: Callable[[str], None]) -
     deadline = None
     while pending:
         timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if relay is not None:
+            relay.deliver()
+            timeout = CALLBACK_POLL_S if timeout is None else min(timeout, CALLBACK_POLL_S)
         done, _ = ray.wait(list(pending), num_returns=1, timeout=timeout)
         if not done:
+            if relay is not None and (deadline is None or time.monotonic() < deadline):
+                continue
             break  # the grace is over: some ranks still run
         for future in done:
             rank = pending.pop(future)
@@ -217,16 +227,17 @@ class RayExecutor:
     def run(self, fn: Callable, args: list | None = None, kwargs: dict | None = None,
             callbacks: list | None = None) -> list:
         """fn(*args, **kwargs) on every worker; the results in rank order. A rank that fails
-        fails the call, named in the RuntimeError raised here."""
-        self._check_callbacks(callbacks)
-        return self._gather(self.run_remote(fn, args, kwargs))
+        fails the call, named in the RuntimeError raised here. `callbacks`: callables, each
+        called here on every value the workers send with ray_logger.log() while fn runs."""
+        self._check_running()
+        return self._call(lambda worker, queue: worker.run.remote(fn, args, kwargs, queue),
+                          callbacks)
 
     def execute(self, fn: Callable, callbacks: list | None = None) -> list:
         """fn(executable) on every worker (the object start() made of executable_cls, or None);
-        the results in rank order."""
-        self._check_callbacks(callbacks)
+        the results in rank order. `callbacks` as for run()."""
         self._check_running()
-        return self._gather([w.execute.remote(fn) for w in self.workers])
+        return self._call(lambda worker, queue: worker.execute.remote(fn, queue), callbacks)
 
     def execute_single(self, fn: Callable) -> Any:
         """fn(executable) on the worker of rank 0 only."""
@@ -250,12 +261,27 @@ class RayExecutor:
             self._server = None
         self._failure = None
 
-    def _gather(self, futures: list) -> list:
+    def _call(self, submit: Callable, callbacks: list | None) -> list:
+        """submit(worker, queue) on every worker, gathered; with callbacks, through a relay
+        that lives for this call only."""
+        callbacks = check_callbacks(callbacks)
+        if not callbacks:
+            return self._gather([submit(w, None) for w in self.workers])
+        relay = CallbackRelay(callbacks)
+        try:
+            results = self._gather([submit(w, relay.queue) for w in self.workers], relay)
+        except BaseException:
+            relay.queue.shutdown()
+            raise
+        relay.close()
+        return results
+
+    def _gather(self, futures: list, relay: CallbackRelay | None = None) -> list:
         def on_failure(message):
             self._failure = message
             # Ranks still waiting for their peers in hvd.init() learn it at once.
             self._server.abort(message)
-        return gather(futures, self.hosts, on_failure)
+        return gather(futures, self.hosts, on_failure, relay)
 
     def _check_running(self) -> None:
         if not self.workers:
@@ -263,9 +289,3 @@ class RayExecutor:
         if self._failure is not None:
             raise RuntimeError(f"this job failed ({self._failure}); call shutdown() and "
                                "start() to run another")
-
-    @staticmethod
-    def _check_callbacks(callbacks) -> None:
-        if callbacks:
-            raise ValueError("callbacks are not supported by horovodlike.ray; return the "
-                             "values from the function instead")

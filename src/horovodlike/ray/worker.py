@@ -35,17 +35,20 @@ class HorovodWorker:
     def start_executable(self, executable_cls, args, kwargs) -> None:
         self.executable = executable_cls(*(args or ()), **(kwargs or {}))
 
-    def execute(self, fn):
-        """fn(executable): Horovod's RayExecutor.execute."""
-        return self._guarded(fn, (self.executable,), {})
+    def execute(self, fn, queue=None):
+        """fn(executable): Horovod's RayExecutor.execute. `queue`: where ray_logger.log sends
+        values during the call (the driver's callbacks)."""
+        return self._guarded(fn, (self.executable,), {}, queue)
 
-    def run(self, fn, args, kwargs):
-        return self._guarded(fn, tuple(args or ()), dict(kwargs or {}))
+    def run(self, fn, args, kwargs, queue=None):
+        return self._guarded(fn, tuple(args or ()), dict(kwargs or {}), queue)
 
     def stop_runtime(self) -> None:
         stop_runtime()
 
-    def _guarded(self, fn, args, kwargs):
+    def _guarded(self, fn, args, kwargs, queue):
+        from horovodlike.ray import ray_logger
+        ray_logger.configure(queue)
         try:
             return fn(*args, **kwargs)
         except BaseException:
@@ -53,3 +56,5 @@ class HorovodWorker:
             # would wait in their collectives for this one until the peer timeout.
             stop_runtime()
             raise
+        finally:
+            ray_logger.configure(None)

@@ -218,6 +218,12 @@ class RendezvousServer:
         with self._store_changed:
             return self._store.get(key)
 
+    def pop(self, key: str) -> str | None:
+        """Removes the key and returns its value (None when it was not set): for values the
+        driver consumes, such as the Spark ranks' output."""
+        with self._store_changed:
+            return self._store.pop(key, None)
+
     def put(self, key: str, value: str) -> None:
         with self._store_changed:
             self._store[key] = value

@@ -16,6 +16,7 @@ from horovodlike.runner.output import Console
 from horovodlike.runner.rank_process import RankExited
 from horovodlike.spark.agent import (AGENT_PREFIX, DONE_KEY, agent_key, agent_task,
                                      encode_env)
+from horovodlike.spark.output import OutputForwarder
 from horovodlike.spark.runner import (active_spark_context, check_num_proc, check_options,
                                       driver_address, start_timeout_s)
 
@@ -69,7 +70,7 @@ class AgentWorkerProcess:
         self.assignment = assignment
         self.env = env
         self.via_ssh = False
-        self.forwarders: list = []  # the worker's output goes to its executor's log
+        self.forwarders: list = []  # its agent sends the worker's output (output.py)
         self.pid = None
         self._agents = agents
         self._partition = partition
@@ -123,8 +124,8 @@ def run_elastic(fn, args=(), kwargs={}, num_proc=None, min_num_proc=None, max_nu
     fn(*args, **kwargs), which uses hvd.elastic.run, runs in worker processes the tasks start.
     Starts with the slots that are up, goes on with at least min_num_proc workers, retires the
     slot of a worker that fails. Returns the results of the last round's workers in rank order.
-    The workers' output goes to their executors' logs (`stdout`, `stderr` and
-    `prefix_output_with_timestamp` are accepted for Horovod's signature)."""
+    The workers' output is printed here as run() prints the ranks', each line labelled with
+    the rank the worker started as."""
     import cloudpickle
     context = active_spark_context()
     num_proc = check_num_proc(num_proc, context)
@@ -147,11 +148,15 @@ def run_elastic(fn, args=(), kwargs={}, num_proc=None, min_num_proc=None, max_nu
     def run_agents():
         try:
             outcome["results"] = (context.parallelize(range(max_np), max_np)
-                                  .mapPartitions(agent_task(payload, job, env)).collect())
+                                  .mapPartitions(agent_task(payload, job, env,
+                                                            prefix_output_with_timestamp))
+                                  .collect())
         except Exception as error:  # reported after the driver has ended
             outcome["error"] = error
 
     spark_job = threading.Thread(target=run_agents, daemon=True, name="spark-agents")
+    forwarder = OutputForwarder(server, stdout, stderr)
+    forwarder.start()
     try:
         context.setJobDescription(f"horovodlike.spark.run_elastic (up to {max_np} workers)")
         spark_job.start()
@@ -183,6 +188,7 @@ def run_elastic(fn, args=(), kwargs={}, num_proc=None, min_num_proc=None, max_nu
     finally:
         agents.finish()
         spark_job.join(timeout=60)
+        forwarder.stop()
         server.stop()
     if "error" in outcome:
         raise RuntimeError(f"the Spark tasks of run_elastic failed: {outcome['error']}")

@@ -9,6 +9,7 @@ import sys
 
 from horovodlike.runner import network
 from horovodlike.runner.cluster_job import start_rendezvous
+from horovodlike.spark.output import OutputForwarder
 from horovodlike.spark.task import FAILURE_PREFIX, barrier_task, decode_failure
 
 DEFAULT_START_TIMEOUT_S = 600.0
@@ -73,8 +74,10 @@ def run(fn, args=(), kwargs={}, num_proc=None, start_timeout=None, extra_mpi_arg
         prefix_output_with_timestamp=False, executable=None, use_mpi=None, use_gloo=None):
     """Runs fn(*args, **kwargs) as num_proc ranks (default: Spark's default parallelism), one
     Spark barrier-mode task each; ranks are grouped by executor host. Returns the results in
-    rank order. Each rank's output is printed here after the job, prefixed with its rank
-    (`stdout`/`stderr`: where to, default this process's). A rank that raises fails the job:
+    rank order. Each rank's output (its process's stdout and stderr, the core's log lines
+    included) is printed here while the job runs, each line prefixed with its rank and, with
+    prefix_output_with_timestamp, its time (`stdout`/`stderr`: where to, default this
+    process's). A rank that raises fails the job:
     RuntimeError names it. `env`: variables set for the ranks. `executable` is accepted for
     Horovod's signature; the ranks run in Spark's Python workers."""
     context = active_spark_context()
@@ -91,20 +94,19 @@ def run(fn, args=(), kwargs={}, num_proc=None, start_timeout=None, extra_mpi_arg
         task = barrier_task(fn, tuple(args), dict(kwargs), job, env,
                             prefix_output_with_timestamp)
         context.setJobDescription(f"horovodlike.spark.run ({num_proc} ranks)")
+        forwarder = OutputForwarder(server, stdout, stderr)
+        forwarder.start()
         try:
             ranks = (context.parallelize(range(num_proc), num_proc).barrier()
                      .mapPartitions(task).collect())
         except Exception as error:
             raise RuntimeError(describe_failure(server, error)) from error
+        finally:
+            forwarder.stop()  # every task sent its last lines before it ended
     finally:
         server.stop()
     ranks.sort(key=lambda entry: entry[0])
-    for rank, _, _, out_lines, err_lines in ranks:
-        for stream, lines, name in ((stdout or sys.stdout, out_lines, "stdout"),
-                                    (stderr or sys.stderr, err_lines, "stderr")):
-            for line in lines:
-                stream.write(f"[{rank}]<{name}>:{line}\n")
-    return [result for _, _, result, _, _ in ranks]
+    return [result for _, _, result in ranks]
 
 
 def describe_failure(server, error: BaseException) -> str:

@@ -1,19 +1,18 @@
 """What one Spark task of horovodlike.spark.run does: it finds its rank from where Spark placed
-the barrier stage's tasks, runs the user's function as that rank, and reports a failure to the
-driver's rendezvous server before Spark stops the others."""
+the barrier stage's tasks, runs the user's function as that rank with its output going to the
+driver (output.py), and reports a failure to the driver's rendezvous server before Spark stops
+the others."""
 
 from __future__ import annotations
 
 import base64
-import io
 import os
 import random
-import sys
-import time
 import traceback
 
 from horovodlike.runner.cluster_job import assign_by_host
 from horovodlike.runner.environment import JobSettings, horovod_environment
+from horovodlike.spark.output import CapturedOutput, OutputSender
 
 FAILURE_PREFIX = "spark/failure/"
 _MAX_REPORT_CHARS = 1500  # the rendezvous protocol's lines are at most 4 KiB
@@ -31,32 +30,6 @@ def decode_failure(value: str) -> tuple[str, str, str]:
     return host, kind, message
 
 
-class RankOutput(io.TextIOBase):
-    """A rank's stdout or stderr, kept as whole lines (each with its time when asked) for the
-    driver to print after the rank."""
-
-    def __init__(self, with_timestamps: bool):
-        self.lines: list[str] = []
-        self._partial = ""
-        self._with_timestamps = with_timestamps
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, text: str) -> int:
-        self._partial += text
-        *complete, self._partial = self._partial.split("\n")
-        for line in complete:
-            stamp = time.strftime("%a %b %d %H:%M:%S %Y") + " " if self._with_timestamps else ""
-            self.lines.append(stamp + line)
-        return len(text)
-
-    def finish(self) -> list[str]:
-        if self._partial:
-            self.write("\n")
-        return self.lines
-
-
 def barrier_task(fn, args, kwargs, job: JobSettings, env: dict | None,
                  with_timestamps: bool):
     """The function each partition of the barrier stage runs (Spark pickles it)."""
@@ -67,8 +40,6 @@ def barrier_task(fn, args, kwargs, job: JobSettings, env: dict | None,
         hosts = [info.address.rsplit(":", 1)[0] for info in context.getTaskInfos()]
         assignment = assign_by_host(hosts)[context.partitionId()]
         saved_env = dict(os.environ)
-        saved_streams = sys.stdout, sys.stderr
-        outputs = {"stdout": RankOutput(with_timestamps), "stderr": RankOutput(with_timestamps)}
         os.environ.update(horovod_environment(assignment, job))
         # Spark reuses its Python workers across jobs, so the process's own count of init()
         # calls cannot name the rendezvous keys, and a stage Spark retries must not meet the
@@ -76,27 +47,23 @@ def barrier_task(fn, args, kwargs, job: JobSettings, env: dict | None,
         drawn = str(random.randrange(1, 1 << 30)) if context.partitionId() == 0 else ""
         os.environ["HOROVOD_ELASTIC_ROUND"] = context.allGather(drawn)[0]
         os.environ.update(env or {})
-        sys.stdout, sys.stderr = outputs["stdout"], outputs["stderr"]
+        rank = str(assignment.rank)
         try:
-            result = fn(*args, **kwargs)
-        except BaseException as error:
-            traceback.print_exc()
-            sys.stdout, sys.stderr = saved_streams
-            for name, stream in zip(("stdout", "stderr"), saved_streams):
-                # The driver never sees a failed task's output: leave it in the executor's log.
-                for line in outputs[name].finish():
-                    stream.write(f"[{assignment.rank}]<{name}>:{line}\n")
-            _report_failure(job, assignment.rank, assignment.hostname, error)
-            _stop_runtime()
-            raise
+            with CapturedOutput(OutputSender(job, rank, rank, with_timestamps)):
+                try:
+                    result = fn(*args, **kwargs)
+                except BaseException as error:
+                    traceback.print_exc()
+                    _report_failure(job, assignment.rank, assignment.hostname, error)
+                    _stop_runtime()
+                    raise
+                # The worker process outlives the task: end this rank's runtime now, while
+                # its last log lines still go to the driver.
+                _stop_runtime()
         finally:
-            sys.stdout, sys.stderr = saved_streams
             os.environ.clear()
             os.environ.update(saved_env)
-        # The worker process outlives the task: end this rank's runtime now.
-        _stop_runtime()
-        yield (assignment.rank, assignment.hostname, result,
-               outputs["stdout"].finish(), outputs["stderr"].finish())
+        yield assignment.rank, assignment.hostname, result
 
     return run_rank
 

@@ -16,12 +16,20 @@ Two things keep graphs from hanging or mismatching across ranks:
   being traced and a counter of that trace, so every rank that traces the same function gets the
   same names, and the names stay fixed from step to step (which the core's response cache uses).
 
+In a TensorFlow 1 graph, a session run may fetch collectives of several such chains, which
+nothing orders: each rank runs as many at once as its inter-op thread pool has threads, and if
+the ranks picked different ones, all wait. TensorFlow sizes that pool by the number of cores
+(two on a small machine), so unless TF_NUM_INTEROP_THREADS says otherwise it is set to
+``SESSION_THREADS`` here, before a session creates the pool: up to twice that many unordered
+collectives per run are safe.
+
 Checks that need no other rank run before anything is enqueued, at trace time in a graph. What
 fails while a graph runs (a mismatch between ranks, a failed peer) reaches the caller as the
 error TensorFlow makes of any exception raised in a ``tf.numpy_function``, with our message.
 """
 
 import collections
+import os
 import threading
 import weakref
 
@@ -35,6 +43,9 @@ from horovodlike.common.numpy_ops import (ALLGATHER, ALLREDUCE, ALLTOALL, BROADC
                                           REDUCESCATTER)
 from horovodlike.common.process_sets import global_process_set
 from horovodlike.tensorflow import errors
+
+SESSION_THREADS = 64
+os.environ.setdefault("TF_NUM_INTEROP_THREADS", str(SESSION_THREADS))
 
 # One collective of a group. ``splits`` (alltoall) is None for equal parts, or the position of
 # the splits tensor among run()'s extra inputs, so that splits computed in the graph work.
