@@ -43,12 +43,13 @@ KNOWN_FAILURES = {
 }
 
 # Private Horovod helpers that the suites import, and where the stand-ins come from.
-# Loaded into every rank's pytest (-p): appends "OUTCOME NODEID" to a file of the process's own as
-# each test ends (failed if any phase failed, else skipped if any phase skipped).
+# Loaded into every rank's pytest (-p): appends "OUTCOME NODEID<TAB>SKIP REASON" to a file of the
+# process's own as each test ends (failed if any phase failed, else skipped if any phase skipped).
 RESULTS_PLUGIN = '''"""Records each test's outcome as it ends (test utility)."""
 import os
 
 _worst = {}
+_reason = {}
 _RANK = {"passed": 0, "skipped": 1, "failed": 2}
 
 
@@ -60,9 +61,12 @@ def pytest_runtest_logreport(report):
     if _RANK[report.outcome] > _RANK[previous]:
         previous = report.outcome
     _worst[report.nodeid] = previous
+    if report.outcome == "skipped" and isinstance(report.longrepr, tuple):
+        _reason[report.nodeid] = str(report.longrepr[-1]).replace("\\n", " ")
     if report.when == "teardown":
+        reason = _reason.pop(report.nodeid, "")
         with open(os.path.join(folder, f"{os.getpid()}.txt"), "a") as out:
-            out.write(f"{_worst.pop(report.nodeid)} {report.nodeid}\\n")
+            out.write(f"{_worst.pop(report.nodeid)} {report.nodeid}\\t{reason}\\n")
 '''
 
 STAND_INS = '''"""Stand-ins for private Horovod helpers imported by its test suites (test utilities)."""
@@ -186,8 +190,9 @@ def run_batch(parallel, test_ids, args, launcher_flags):
         results = {}
         for path in Path(folder).glob("*.txt"):
             for line in path.read_text().splitlines():
-                outcome, _, test_id = line.partition(" ")
-                results.setdefault(test_id, []).append(outcome)
+                outcome, _, rest = line.partition(" ")
+                test_id, _, reason = rest.partition("\t")
+                results.setdefault(test_id, []).append((outcome, reason))
         return results
 
 
@@ -203,7 +208,8 @@ def run_tests(parallel, ids, args, launcher_flags):
             continue
         results = run_batch(parallel, batch, args, launcher_flags)
         for position, test_id in enumerate(batch):
-            ranks = results.get(test_id, [])
+            reports = results.get(test_id, [])
+            ranks = [outcome for outcome, _ in reports]
             if len(ranks) < args.np:
                 # The batch ended in this test: it runs alone, the rest in a new batch.
                 alone.append(test_id)
@@ -212,7 +218,8 @@ def run_tests(parallel, ids, args, launcher_flags):
             if all(r == "passed" for r in ranks):
                 outcomes[test_id] = ("passed", "")
             elif "failed" not in ranks:
-                outcomes[test_id] = ("skipped", f"skipped in a batch: {ranks}")
+                reasons = sorted({reason for outcome, reason in reports if outcome == "skipped"})
+                outcomes[test_id] = ("skipped", f"skipped in a batch: {'; '.join(reasons)}")
             else:
                 alone.append(test_id)
     for test_id in alone:
