@@ -50,6 +50,10 @@ enum class OpType : int32_t {
   kRemoveProcessSet = 8,
 };
 constexpr int kNumOpTypes = 9;
+// Join and process-set changes: control operations, which carry no tensor (core/message.h).
+inline bool IsControlOp(OpType op) {
+  return op == OpType::kJoin || op == OpType::kAddProcessSet || op == OpType::kRemoveProcessSet;
+}
 
 size_t DataTypeSize(DataType dtype);
 const char* DataTypeName(DataType dtype);

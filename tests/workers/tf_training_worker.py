@@ -208,6 +208,25 @@ with tf.Graph().as_default():
         check(np.array_equal(out, want), f"TF1 grown graph: allgather {i} wrong")
 works("session.grown")
 
+# broadcast_global_variables: the TensorFlow 1 op over the graph's global variables, which
+# eager code and tf.function do not have (a RuntimeError that names the replacement).
+with tf.Graph().as_default():
+    globals_ = [tf.compat.v1.get_variable(f"global{i}", initializer=tf.fill([i + 2], rank + i))
+                for i in range(3)]
+    sync = hvd.broadcast_global_variables(size - 1)
+    with tf.compat.v1.Session() as session:
+        session.run(tf.compat.v1.global_variables_initializer())
+        session.run(sync)
+        for i, value in enumerate(session.run(globals_)):
+            check(np.array_equal(value, np.full([i + 2], size - 1 + i)),
+                  f"broadcast_global_variables: global{i} is {value}")
+expect(RuntimeError, lambda: hvd.broadcast_global_variables(0), "broadcast_variables")
+expect(RuntimeError, lambda: tf.function(lambda: hvd.broadcast_global_variables(0))(),
+       "broadcast_variables")
+check(hvd.util._executing_eagerly() and not tf.function(hvd.util._executing_eagerly)(),
+      "hvd.util._executing_eagerly wrong")
+works("broadcast_global_variables")
+
 # ---- bad input raises before anything is sent, eagerly and when a tf.function is traced
 for mode, wrap in (("eager", lambda f: f), ("graph", lambda f: tf.function(f, autograph=False))):
     expect(TypeError, wrap(lambda: hvd.allreduce(tf.ones(2, tf.complex64), name="cx")), "cx",

@@ -39,12 +39,14 @@ from horovodlike.tensorflow.mpi_ops import (Average, Sum, Min, Max, Product, Ada
                                             handle_average_backwards_compatibility, ProcessSet,
                                             global_process_set, add_process_set,
                                             remove_process_set)
-from horovodlike.tensorflow.functions import (broadcast_variables, broadcast_,
+from horovodlike.tensorflow.functions import (broadcast_variables, broadcast_global_variables,
+                                              broadcast_,
                                               broadcast_object, broadcast_object_fn,
                                               allgather_object)
 from horovodlike.tensorflow.gradient_tape import (DistributedGradientTape,
                                                   PartialDistributedGradientTape)
-from horovodlike.tensorflow import elastic  # noqa: F401
+from horovodlike.tensorflow import elastic, util  # noqa: F401
+from horovodlike.tensorflow.util import _executing_eagerly  # noqa: F401
 
 
 def gpu_available(ext_base_name="tensorflow", verbose=False):
@@ -60,13 +62,6 @@ def gpu_available(ext_base_name="tensorflow", verbose=False):
 def check_num_rank_power_of_2(num_rank):
     """True when ``num_rank`` is a power of two (what Adasum needs)."""
     return num_rank > 0 and num_rank & (num_rank - 1) == 0
-
-
-def _executing_eagerly():
-    """True outside graphs and tf.function traces (Horovod's helper of this name, which its
-    users and tests call)."""
-    import tensorflow as tf
-    return tf.executing_eagerly()
 
 
 def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="",

@@ -47,6 +47,19 @@ def broadcast_variables(variables, root_rank, process_set=global_process_set, in
     return tf.group(*[a for a in assigns if a is not None])
 
 
+def broadcast_global_variables(root_rank, process_set=global_process_set):
+    """TensorFlow 1: the op that overwrites every rank's global variables (the graph's
+    ``tf.compat.v1.global_variables()`` collection) with root_rank's values. Eager code and
+    tf.function have no such collection: RuntimeError, naming broadcast_variables."""
+    graph = tf.compat.v1.get_default_graph()
+    if tf.executing_eagerly() or getattr(graph, "building_function", False):
+        raise RuntimeError("broadcast_global_variables() broadcasts a TensorFlow 1 graph's "
+                           "global variables and works only while building one; eagerly or "
+                           "inside tf.function, use hvd.broadcast_variables(model.variables, "
+                           "root_rank) (or the Keras BroadcastGlobalVariablesCallback)")
+    return broadcast_variables(tf.compat.v1.global_variables(), root_rank, process_set)
+
+
 @tf.autograph.experimental.do_not_convert
 @raises_tf_errors
 def broadcast_(variables, root_rank, name=None, process_set=global_process_set):

@@ -38,4 +38,5 @@ from horovodlike.torch.zero_redundancy_optimizer import ZeroRedundancyOptimizer
 from horovodlike.torch.planner import plan
 from horovodlike.torch import elastic
 from horovodlike.torch.p2p import (send, recv, isend, irecv, irecv_any, send_async, recv_async,
-                                   P2POp, batch_isend_irecv)
+                                   P2POp, batch_isend_irecv, send_differentiable,
+                                   recv_differentiable)

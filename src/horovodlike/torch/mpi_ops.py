@@ -583,7 +583,7 @@ def barrier(process_set=global_process_set):
 def join(device=-1):
     """Declares that this rank has no more data. Until every rank has joined, the others'
     allreduces go on with this rank contributing zeros. Returns the last rank to join."""
-    handle = _core.enqueue(_OP_JOIN, "join", 0, 0, _DTYPES[torch.uint8], [0])
+    handle = _core.enqueue_control(_OP_JOIN, "join")
     with _lock:
         _handle_map[handle] = (None, (), _OP_JOIN)
     return _synchronize(handle)
