@@ -100,3 +100,19 @@ def test_no_function_is_over_100_lines():
             elif depth == namespaces:
                 header += line + " "
     assert not long, "\n".join(long)
+
+
+def test_no_file_is_over_600_lines():
+    # One concept per file: a file this long holds several.
+    package = CSRC.parent / "src" / "horovodlike"
+    files = sources() + sorted(package.rglob("*.py"))
+    long = [f"{p.relative_to(CSRC.parent)} ({n} lines)" for p in files
+            if (n := len(p.read_text().splitlines())) > 600]
+    assert not long, "\n".join(long)
+
+
+def test_every_folder_says_what_it_holds():
+    # A newcomer finds each concept by its folder: every folder of csrc/ has a README.md.
+    folders = sorted({p.parent for p in sources()})
+    silent = [str(f.relative_to(CSRC)) for f in folders if not (f / "README.md").is_file()]
+    assert not silent, f"folders without a README.md: {silent}"
