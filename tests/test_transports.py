@@ -113,7 +113,7 @@ def test_the_data_goes_over_the_expected_link(link, flags, env):
 @pytest.mark.parametrize("np_", [2, 3])
 def test_collectives_over(transport, np_):
     result = launch(np_, "collectives_worker.py", launcher_args=FLAGS[transport])
-    assert_all_ranks(result, np_, "450 allreduce checks passed; collectives OK")
+    assert_all_ranks(result, np_, "496 allreduce checks passed; collectives OK")
 
 
 @pytest.mark.parametrize("transport", [GLOO, MPI])

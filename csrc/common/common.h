@@ -22,6 +22,7 @@ enum class DataType : int32_t {
   kFloat32 = 7,
   kFloat64 = 8,
   kBool = 9,
+  // Appended, not next to kInt16, so that the numbers above keep their meaning.
   kUInt16 = 10,
 };
 constexpr int kNumDataTypes = 11;

@@ -191,15 +191,21 @@ Controller::BitLayout Controller::WriteBits(bool shutdown_requested) {
     not_shutting_down[transport_.rank() / 64] &= ~(1ULL << (transport_.rank() % 64));
   }
   for (size_t w = 0; w < layout.words && w < cached_ready_.size(); ++w) ready[w] = cached_ready_[w];
+  for (size_t w = 0; w < layout.words; ++w) not_stale[w] = ~0ULL;
   if (joined_) {
-    // A joined rank contributes zeros to any allreduce the others are ready for.
     for (int slot = 0; slot < layout.slots; ++slot) {
-      if (cache_.occupied(slot) && cache_.response(slot).type == Response::Type::kAllreduce) {
+      if (!cache_.occupied(slot)) continue;
+      if (cache_.response(slot).type == Response::Type::kAllreduce) {
+        // A joined rank contributes zeros to any allreduce the others are ready for.
         ready[slot / 64] |= 1ULL << (slot % 64);
+      } else {
+        // Any other cached collective cannot run without this rank; marked stale, it goes to
+        // the coordinator the slow way from the ranks that submit it, and fails there naming
+        // the joined ranks, instead of waiting forever for this rank's ready bit.
+        not_stale[slot / 64] &= ~(1ULL << (slot % 64));
       }
     }
   }
-  for (size_t w = 0; w < layout.words; ++w) not_stale[w] = ~0ULL;
   for (const Request& request : uncached_) {
     int slot = -1;
     if (cache_.enabled() && cache_.Find(request, &slot) == ResponseCache::Lookup::kInvalid) {

@@ -43,19 +43,18 @@ void Executor::Execute(const Response* const* parts, size_t count) {
     TensorEntry& entry = entries.back();
     QueueKey(process_set_id_, name, &key_);
     if (!queue_.Take(key_, &entry)) {
-      if (response.type == Response::Type::kError) {
-        // The others' collective failed because this rank joined (only allreduce goes on
-        // after a join): this rank never asked for it and has nothing to fail.
-        entries.pop_back();
-        continue;
-      }
-      if (response.type != Response::Type::kAllreduce) {
+      // A joined rank has no entry for an error response either (a collective other ranks
+      // started after it joined): it only counts the error, as every rank does.
+      if (response.type != Response::Type::kAllreduce &&
+          response.type != Response::Type::kError) {
         throw TransportError("internal error: negotiated tensor '" + name +
                              "' has no local entry");
       }
       // This rank has joined: it takes part with zeros and keeps nothing.
       entry.request.name = name;
-      entry.request.shape = {parts[i]->tensor_sizes.at(0)};
+      if (response.type == Response::Type::kAllreduce) {
+        entry.request.shape = {parts[i]->tensor_sizes.at(0)};
+      }
     }
   }
   // Completes every handle and lets go of the entries (the vector keeps its storage).

@@ -27,8 +27,8 @@ from horovodlike.torch.mpi_ops import (Average, Sum, Min, Max, Product, Adasum,
                                        alltoall, alltoall_async,
                                        reducescatter, reducescatter_async, grouped_reducescatter,
                                        grouped_reducescatter_async,
-                                       sparse_allreduce_async,
                                        synchronize, poll, barrier, join)
+from horovodlike.torch.sparse_ops import sparse_allreduce_async
 from horovodlike.torch.functions import (broadcast_parameters, broadcast_optimizer_state,
                                          broadcast_object, allgather_object)
 from horovodlike.torch.optimizer import DistributedOptimizer
