@@ -73,11 +73,19 @@ def _int64s(values) -> bytes:
     return struct.pack(f"<q{len(values)}q", len(values), *values)
 
 
+CONTROL_OPS = (6, 7, 8)          # join, add_process_set, remove_process_set
+CONTROL_RESPONSES = (6, 7, 8)
+
+
 def encode_requests(requests) -> bytes:
-    """The core's request list format (csrc/core/message.cc), written independently."""
+    """The core's request list format (csrc/core/message.cc), written independently: a common
+    header, then a collective's tensor fields or a control operation's own record."""
     out = struct.pack("<q", len(requests))
     for r in requests:
         out += struct.pack("<ii", r["rank"], r["op"]) + _string(r["name"])
+        if r["op"] in CONTROL_OPS:
+            out += _int64s(r["ranks"]) + struct.pack("<i", r["set_id"])
+            continue
         out += struct.pack("<i", r["dtype"]) + _int64s(r["shape"])
         out += struct.pack("<iddii", r["reduce"], r["prescale"], r["postscale"], r["root"], -1)
         out += _int64s(r["splits"]) + struct.pack("<qi", r["group"], r["group_size"])
@@ -89,8 +97,12 @@ def encode_responses(responses) -> bytes:
     for r in responses:
         out += struct.pack("<iq", r["type"], len(r["names"]))
         out += b"".join(_string(n) for n in r["names"])
+        if r["type"] in CONTROL_RESPONSES:
+            out += _int64s(r["ranks"]) + struct.pack("<ii", r["set_id"], r["last_joined"])
+            continue
         out += struct.pack("<iiddii", 7, 1, 1.0, 0.5, 0, -1)
-        out += _int64s(r["first_dims"]) + _int64s(r["shape"]) + _int64s(r["sizes"])
+        out += _int64s(r["first_dims"]) + _int64s(r.get("alltoall_rows", []))
+        out += _int64s(r["shape"]) + _int64s(r["sizes"])
         out += struct.pack("<qqi", r["bytes"], 0, 0) + _string(r["error"])
     return out
 
@@ -105,6 +117,10 @@ SEED_REQUESTS = [
                      dict(rank=0, op=2, name=b"b" * 40, dtype=9, shape=[], reduce=1,
                           prescale=1.0, postscale=1.0, root=1, splits=[], group=0,
                           group_size=0)]),
+    # Control operations: their own record, no tensor fields.
+    encode_requests([dict(rank=1, op=7, name=b"process_set.add.0-2", ranks=[0, 2], set_id=-1),
+                     dict(rank=1, op=8, name=b"process_set.remove.3", ranks=[], set_id=3),
+                     dict(rank=1, op=6, name=b"join", ranks=[], set_id=-1)]),
 ]
 SEED_RESPONSES = [
     encode_responses([]),
@@ -112,6 +128,11 @@ SEED_RESPONSES = [
                            sizes=[2, 5], bytes=28, error=b""),
                       dict(type=9, names=[b"bad"], first_dims=[1, 2], shape=[], sizes=[],
                            bytes=0, error=b"Mismatched shapes")]),
+    encode_responses([dict(type=7, names=[b"process_set.add.0-2"], ranks=[0, 2], set_id=-1,
+                           last_joined=-1),
+                      dict(type=6, names=[b"join"], ranks=[], set_id=-1, last_joined=1),
+                      dict(type=4, names=[b"a2a"], first_dims=[], alltoall_rows=[1, 2, 3, 4],
+                           shape=[3], sizes=[], bytes=0, error=b"")]),
 ]
 
 
@@ -125,8 +146,9 @@ def test_decoders_round_trip_valid_messages():
 def test_alltoall_split_matrix_of_more_than_1024_ranks_decodes():
     # The matrix of rows rank i sends to rank j has size^2 entries: over a million here.
     n = 1025
-    message = encode_responses([dict(type=4, names=[b"a2a"], first_dims=[1] * (n * n),
-                                     shape=[n], sizes=[], bytes=0, error=b"")])
+    message = encode_responses([dict(type=4, names=[b"a2a"], first_dims=[],
+                                     alltoall_rows=[1] * (n * n), shape=[n], sizes=[], bytes=0,
+                                     error=b"")])
     assert _testing.decode_responses(message) == message
     # A length beyond the bytes that follow is still refused before anything is allocated.
     truncated = message[:-200]

@@ -113,7 +113,7 @@ def test_the_data_goes_over_the_expected_link(link, flags, env):
 @pytest.mark.parametrize("np_", [2, 3])
 def test_collectives_over(transport, np_):
     result = launch(np_, "collectives_worker.py", launcher_args=FLAGS[transport])
-    assert_all_ranks(result, np_, "450 allreduce checks passed; collectives OK")
+    assert_all_ranks(result, np_, "496 allreduce checks passed; collectives OK")
 
 
 @pytest.mark.parametrize("transport", [GLOO, MPI])
@@ -272,3 +272,35 @@ def test_an_abandoned_mpi_collective_is_released_once_it_completes(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     assert "rank 0: abandoned 1, left 0" in result.stdout, result.stdout
     assert "rank 1: abandoned" in result.stdout and result.stdout.count("0 failures") == 2
+
+
+# HOROVOD_CPU_OPERATIONS edits the provider table: mpi runs MPI's own allreduce at every size
+# (the 4 MiB allreduce too, which the default leaves to the ring), gloo runs the collectives
+# over Gloo even without --gloo. The job's counts, and --check-build, show the providers chosen.
+@pytest.mark.parametrize("operations,flags,ran,check_build", [
+    pytest.param("mpi", ["--mpi"], "MPI_ALLREDUCE,MPI_RING_ALLGATHER",
+                 "allreduce: mpi_allreduce (every size, HOROVOD_CPU_OPERATIONS=mpi), "
+                 "ring_allreduce (over mpi)", marks=needs_mpi),
+    pytest.param("gloo", [], "GLOO_RING_ALLGATHER,GLOO_RING_ALLREDUCE",
+                 "allreduce: ring_allreduce (over gloo)", marks=needs_gloo),
+])
+def test_cpu_operations_choose_the_providers(operations, flags, ran, check_build):
+    env = {"HOROVOD_CPU_OPERATIONS": operations}
+    result = launch(2, "transport_worker.py", "links", launcher_args=flags, env=env,
+                    transport="tcp")
+    assert_all_ranks(result, 2, "links OK")
+    for line in result.stdout.splitlines():
+        if "links OK" in line:
+            assert f"transport={operations} ran={ran};" in line, line
+    report = subprocess.run([sys.executable, "-m", "horovodlike.runner.launch", "--check-build"],
+                            env=job_env(env), capture_output=True, text=True, timeout=60)
+    assert report.returncode == 0, report.stderr
+    assert f"    {check_build}" in report.stdout.splitlines(), report.stdout
+
+
+def test_cpu_operations_horovod_accepts_but_we_lack_fail_clearly():
+    result = launch(2, "init_only_worker.py", env={"HOROVOD_CPU_OPERATIONS": "ccl"},
+                    transport="tcp")
+    assert result.returncode != 0
+    assert "HOROVOD_CPU_OPERATIONS=ccl: horovodlike has no oneCCL support; use mpi, gloo or " \
+           "tcp" in result.stdout + result.stderr, result.stdout + result.stderr

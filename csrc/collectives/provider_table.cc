@@ -190,7 +190,16 @@ void ProviderTable::SetOthers() {
                                 &owned_adasum_);
 }
 
-std::unique_ptr<ProviderTable> ProviderTable::ForJob(Link& link) {
+std::unique_ptr<ProviderTable> ProviderTable::ForJob(Link& link,
+                                                   const std::string& cpu_operations) {
+  // The job's link follows HOROVOD_CPU_OPERATIONS when it is set (links/connect.cc): a mismatch
+  // here means a caller built the link some other way.
+  if (!cpu_operations.empty() && cpu_operations != "tcp" &&
+      std::string(link.name()) != cpu_operations) {
+    throw InvalidArgument("HOROVOD_CPU_OPERATIONS=" + cpu_operations +
+                          " asks for its operations, but the job's ranks are connected over " +
+                          link.name());
+  }
   std::unique_ptr<ProviderTable> table(new ProviderTable(link));
   const HostHierarchy* hosts = nullptr;
   if (auto* per_peer = dynamic_cast<PerPeerLink*>(&link)) {
@@ -203,7 +212,7 @@ std::unique_ptr<ProviderTable> ProviderTable::ForJob(Link& link) {
   }
 #ifdef HOROVODLIKE_MPI_FOUND
   if (auto* mpi = dynamic_cast<MpiLink*>(&link)) {
-    table->AddAllreduce(std::make_unique<MpiAllreduce>(*mpi), nullptr);
+    table->AddAllreduce(std::make_unique<MpiAllreduce>(*mpi, cpu_operations == "mpi"), nullptr);
   }
 #endif
   if (hosts != nullptr && hosts->allreduce()) {
@@ -260,18 +269,31 @@ std::vector<std::pair<std::string, std::string>> ProviderTable::ForRunningJob() 
   return *g_running_job;
 }
 
-std::vector<std::pair<std::string, std::string>> ProviderTable::Available() {
-  std::string allreduce = "shm_allreduce (every rank on one host), ";
+std::vector<std::pair<std::string, std::string>> ProviderTable::Available(
+    const std::string& cpu_operations) {
+  // Over MPI or Gloo there is neither shared memory nor a host hierarchy (per_peer_link.h).
+  const bool per_peer = cpu_operations.empty() || cpu_operations == "tcp";
+  std::string allreduce = per_peer ? "shm_allreduce (every rank on one host), " : "";
 #ifdef HOROVODLIKE_MPI_FOUND
-  allreduce += "mpi_allreduce (over MPI, up to 256 KiB), ";
+  if (cpu_operations == "mpi") {
+    allreduce += "mpi_allreduce (every size, HOROVOD_CPU_OPERATIONS=mpi), ";
+  } else if (cpu_operations.empty()) {
+    allreduce += "mpi_allreduce (over MPI, up to 256 KiB), ";
+  }
 #endif
-  allreduce += "hierarchical_allreduce (HOROVOD_HIERARCHICAL_ALLREDUCE=1), ring_allreduce";
+  if (per_peer) {
+    allreduce += "hierarchical_allreduce (HOROVOD_HIERARCHICAL_ALLREDUCE=1), ";
+  }
+  const std::string over = per_peer ? "" : " (over " + cpu_operations + ")";
+  allreduce += "ring_allreduce" + over;
   return {{"allreduce", allreduce},
-          {"allgather", "hierarchical_allgather (HOROVOD_HIERARCHICAL_ALLGATHER=1), ring_allgather"},
-          {"reducescatter", "ring_reducescatter"},
-          {"alltoall", "pairwise_alltoall"},
-          {"broadcast", "chain_broadcast"},
-          {"adasum", "adasum_allreduce"}};
+          {"allgather", per_peer ? "hierarchical_allgather (HOROVOD_HIERARCHICAL_ALLGATHER=1), "
+                                   "ring_allgather"
+                                 : "ring_allgather" + over},
+          {"reducescatter", "ring_reducescatter" + over},
+          {"alltoall", "pairwise_alltoall" + over},
+          {"broadcast", "chain_broadcast" + over},
+          {"adasum", "adasum_allreduce" + over}};
 }
 
 void ProviderTable::CountRun(const char* label) {

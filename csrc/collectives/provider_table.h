@@ -20,9 +20,11 @@ class HostHierarchy;
 class ProviderTable {
  public:
   // For the job's global process set over `link` (the link ConnectLink returned): shared
-  // memory's allreduce when it spans the job, MPI's for small messages over MPI, by host when
-  // the job asked for it, and the ring over `link` for the rest.
-  static std::unique_ptr<ProviderTable> ForJob(Link& link);
+  // memory's allreduce when it spans the job, MPI's over MPI (for small messages; at every size
+  // with `cpu_operations` "mpi", HOROVOD_CPU_OPERATIONS), by host when the job asked for it,
+  // and the ring over `link` for the rest. Throws InvalidArgument when `cpu_operations` names
+  // operations that `link` cannot run.
+  static std::unique_ptr<ProviderTable> ForJob(Link& link, const std::string& cpu_operations);
   // For a process set: the algorithms over its view of the job's link.
   static std::unique_ptr<ProviderTable> ForSubset(Link& view);
   ~ProviderTable();
@@ -47,8 +49,10 @@ class ProviderTable {
   // "shm_allreduce, ring_allreduce", ... with the link they run over.
   std::vector<std::pair<std::string, std::string>> Describe() const;
 
-  // What this build can run, per operation, in the order tried, each with when it applies.
-  static std::vector<std::pair<std::string, std::string>> Available();
+  // What this build can run, per operation, in the order tried, each with when it applies,
+  // as ForJob would pick them for `cpu_operations` (HOROVOD_CPU_OPERATIONS).
+  static std::vector<std::pair<std::string, std::string>> Available(
+      const std::string& cpu_operations);
   // Describe() of the last table ForJob built (the running job's), empty before the first.
   static std::vector<std::pair<std::string, std::string>> ForRunningJob();
 

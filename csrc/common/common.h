@@ -22,6 +22,7 @@ enum class DataType : int32_t {
   kFloat32 = 7,
   kFloat64 = 8,
   kBool = 9,
+  // Appended, not next to kInt16, so that the numbers above keep their meaning.
   kUInt16 = 10,
 };
 constexpr int kNumDataTypes = 11;
@@ -49,6 +50,10 @@ enum class OpType : int32_t {
   kRemoveProcessSet = 8,
 };
 constexpr int kNumOpTypes = 9;
+// Join and process-set changes: control operations, which carry no tensor (core/message.h).
+inline bool IsControlOp(OpType op) {
+  return op == OpType::kJoin || op == OpType::kAddProcessSet || op == OpType::kRemoveProcessSet;
+}
 
 size_t DataTypeSize(DataType dtype);
 const char* DataTypeName(DataType dtype);

@@ -1,5 +1,6 @@
 #include "env_config.h"
 
+#include <cctype>
 #include <cmath>
 #include <cstdlib>
 #include <string>
@@ -79,7 +80,53 @@ void ReadAutotune(Config& c) {
   }
 }
 
+size_t GetBytes(const char* name, size_t fallback, size_t lo, size_t hi) {
+  const char* value = Get(name);
+  if (value == nullptr) return fallback;
+  char* end = nullptr;
+  unsigned long long parsed = std::strtoull(value, &end, 10);
+  if (*end != '\0' || value[0] == '-' || parsed < lo || parsed > hi) {
+    throw InvalidArgument(std::string(name) + "='" + value + "' must be a number from " +
+                          std::to_string(lo) + " to " + std::to_string(hi));
+  }
+  return static_cast<size_t>(parsed);
+}
+
+// A backend name, lower case; empty when unset.
+std::string GetBackend(const char* name) {
+  const char* value = Get(name);
+  std::string v = value != nullptr ? value : "";
+  for (char& c : v) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (v == "ccl") {
+    throw InvalidArgument(std::string(name) + "=ccl: horovodlike has no oneCCL support; use "
+                          "mpi, gloo or tcp");
+  }
+  if (!(v.empty() || v == "tcp" || v == "mpi" || v == "gloo")) {
+    throw InvalidArgument(std::string(name) + "='" + (value != nullptr ? value : "") +
+                          "' is not one of tcp, mpi, gloo");
+  }
+  return v;
+}
+
+void ReadLinkSettings(Config& c) {
+  c.cpu_operations = GetBackend("HOROVOD_CPU_OPERATIONS");
+  c.controller = GetBackend("HOROVOD_CONTROLLER");
+  c.shm_disabled = GetBool("HOROVOD_SHM_DISABLE", false);
+  if (const char* host = Get("HOROVOD_HOSTNAME")) c.launcher_hostname = host;
+  c.shm_channel_bytes = GetBytes("HOROVOD_SHM_CHANNEL_BYTES", c.shm_channel_bytes, 4096,
+                                 size_t{1} << 30);
+  c.shm_chunk_bytes = GetBytes("HOROVOD_SHM_CHUNK_BYTES", c.shm_chunk_bytes, 4096,
+                               size_t{1} << 30);
+  c.shm_small_bytes = GetBytes("HOROVOD_SHM_SMALL_BYTES", c.shm_small_bytes, 0, size_t{1} << 30);
+  c.shm_spin_given = Get("HOROVOD_SHM_SPIN_US") != nullptr;
+  c.shm_spin_us = static_cast<int64_t>(GetBytes("HOROVOD_SHM_SPIN_US",
+                                                static_cast<size_t>(c.shm_spin_us), 0, 1000000));
+  c.mpi_threads_disabled = GetBool("HOROVOD_MPI_THREADS_DISABLE", false);
+}
+
 }  // namespace
+
+std::string CpuOperationsFromEnvironment() { return GetBackend("HOROVOD_CPU_OPERATIONS"); }
 
 Config Config::FromEnvironment() {
   Config c;
@@ -140,6 +187,7 @@ Config Config::FromEnvironment() {
     throw InvalidArgument("HOROVOD_GLOO_TIMEOUT_SECONDS must be a positive number of seconds");
   }
   c.log_level = ParseLogLevel(Get("HOROVOD_LOG_LEVEL"));
+  ReadLinkSettings(c);
   ReadAutotune(c);
   c.hierarchical_allreduce = GetBool("HOROVOD_HIERARCHICAL_ALLREDUCE", false);
   c.hierarchical_allgather = GetBool("HOROVOD_HIERARCHICAL_ALLGATHER", false);

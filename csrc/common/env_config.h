@@ -1,6 +1,7 @@
 // Runtime settings, read once per init() from Horovod's environment variable names.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -54,8 +55,35 @@ struct Config {
   bool cycle_time_given = false;
   bool cache_capacity_given = false;
 
+  // Which operations run the tensors' collectives (HOROVOD_CPU_OPERATIONS, lower case: tcp for
+  // our algorithms only, mpi for MPI's own allreduce at every size it takes, gloo; empty: the
+  // defaults), and the controller (HOROVOD_CONTROLLER). The job's link is the one the first of
+  // them that is set names, else MPI under mpirun, else TCP (links/connect.cc).
+  std::string cpu_operations;
+  std::string controller;
+  // Links (read here so that no link reads the environment): HOROVOD_SHM_DISABLE, the host
+  // name the launcher gave this rank (HOROVOD_HOSTNAME; ranks with the same one may share
+  // memory), the shared-memory geometry and spinning (HOROVOD_SHM_CHANNEL_BYTES,
+  // HOROVOD_SHM_CHUNK_BYTES, HOROVOD_SHM_SMALL_BYTES, HOROVOD_SHM_SPIN_US; see the README's
+  // Performance section; the defaults were tuned on a 2-core machine), and
+  // HOROVOD_MPI_THREADS_DISABLE.
+  bool shm_disabled = false;
+  std::string launcher_hostname;
+  size_t shm_channel_bytes = 1 << 20;
+  size_t shm_chunk_bytes = 1 << 20;
+  size_t shm_small_bytes = 64 << 10;
+  int64_t shm_spin_us = 2000;  // longest busy-wait before sleeping
+  bool shm_spin_given = false;  // spin even with more ranks than cores
+  bool mpi_threads_disabled = false;
+
   // Reads HOROVOD_* variables; throws InvalidArgument naming the variable on a bad value.
   static Config FromEnvironment();
 };
 
+}  // namespace horovodlike
+
+namespace horovodlike {
+// HOROVOD_CPU_OPERATIONS alone, checked as FromEnvironment checks it (for --check-build, which
+// reports the providers it would pick without starting a job).
+std::string CpuOperationsFromEnvironment();
 }  // namespace horovodlike

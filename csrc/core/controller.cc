@@ -140,6 +140,18 @@ void Controller::ReserveRoundStorage(std::vector<Request>& new_requests) {
 const Controller::Round& Controller::Negotiate(std::vector<Request>& new_requests,
                                                bool shutdown_requested) {
   CommitPreviousRound();
+  TakeNewRequests(new_requests);
+  const BitLayout layout = WriteBits(shutdown_requested);
+  AgreeOnBits(layout);
+  const uint64_t flags = ReadRound(layout);
+  if ((flags & kFlagNoUncached) == 0) ExchangeUncached();
+  if ((flags & kFlagNoStallCheck) == 0) ExchangeStallReports();
+  ApplyCacheSetting();
+  Fuse(parameters_.fusion_threshold_bytes);
+  return round_;
+}
+
+void Controller::TakeNewRequests(std::vector<Request>& new_requests) {
   for (Request& request : new_requests) {
     if (request.op == OpType::kJoin) joined_ = true;
     int slot = -1;
@@ -156,40 +168,55 @@ const Controller::Round& Controller::Negotiate(std::vector<Request>& new_request
   }
   new_requests.clear();
   ReserveRoundStorage(new_requests);
+}
 
-  // Bit vector: [flags][ready bits][not-stale bits][not-shutting-down bit per rank], all
-  // combined with AND.
-  const int slots = cache_.num_slots();
-  const size_t words = (static_cast<size_t>(slots) + 63) / 64;
+Controller::BitLayout Controller::WriteBits(bool shutdown_requested) {
+  BitLayout layout;
+  layout.slots = cache_.num_slots();
+  layout.words = (static_cast<size_t>(layout.slots) + 63) / 64;
   const size_t rank_words = (static_cast<size_t>(transport_.size()) + 63) / 64;
   std::vector<uint64_t>& bits = bits_;
-  bits.assign(1 + 2 * words + rank_words, 0);
+  bits.assign(1 + 2 * layout.words + rank_words, 0);
   bits[0] = (uncached_.empty() ? kFlagNoUncached : 0) |
             (shutdown_requested ? 0 : kFlagNoShutdown) |
             (transport_.rank() == kCoordinator &&
                      stall_inspector_.CheckDue(std::chrono::steady_clock::now())
                  ? 0
                  : kFlagNoStallCheck);
-  for (size_t w = 0; w < rank_words; ++w) bits[1 + 2 * words + w] = ~0ULL;
+  uint64_t* ready = bits.data() + layout.ready();
+  uint64_t* not_stale = bits.data() + layout.not_stale();
+  uint64_t* not_shutting_down = bits.data() + layout.not_shutting_down();
+  for (size_t w = 0; w < rank_words; ++w) not_shutting_down[w] = ~0ULL;
   if (shutdown_requested) {
-    bits[1 + 2 * words + transport_.rank() / 64] &= ~(1ULL << (transport_.rank() % 64));
+    not_shutting_down[transport_.rank() / 64] &= ~(1ULL << (transport_.rank() % 64));
   }
-  for (size_t w = 0; w < words && w < cached_ready_.size(); ++w) bits[1 + w] = cached_ready_[w];
+  for (size_t w = 0; w < layout.words && w < cached_ready_.size(); ++w) ready[w] = cached_ready_[w];
+  for (size_t w = 0; w < layout.words; ++w) not_stale[w] = ~0ULL;
   if (joined_) {
-    // A joined rank contributes zeros to any allreduce the others are ready for.
-    for (int slot = 0; slot < slots; ++slot) {
-      if (cache_.occupied(slot) && cache_.response(slot).type == Response::Type::kAllreduce) {
-        bits[1 + slot / 64] |= 1ULL << (slot % 64);
+    for (int slot = 0; slot < layout.slots; ++slot) {
+      if (!cache_.occupied(slot)) continue;
+      if (cache_.response(slot).type == Response::Type::kAllreduce) {
+        // A joined rank contributes zeros to any allreduce the others are ready for.
+        ready[slot / 64] |= 1ULL << (slot % 64);
+      } else {
+        // Any other cached collective cannot run without this rank; marked stale, it goes to
+        // the coordinator the slow way from the ranks that submit it, and fails there naming
+        // the joined ranks, instead of waiting forever for this rank's ready bit.
+        not_stale[slot / 64] &= ~(1ULL << (slot % 64));
       }
     }
   }
-  for (size_t w = 0; w < words; ++w) bits[1 + words + w] = ~0ULL;
   for (const Request& request : uncached_) {
     int slot = -1;
     if (cache_.enabled() && cache_.Find(request, &slot) == ResponseCache::Lookup::kInvalid) {
-      bits[1 + words + slot / 64] &= ~(1ULL << (slot % 64));
+      not_stale[slot / 64] &= ~(1ULL << (slot % 64));
     }
   }
+  return layout;
+}
+
+void Controller::AgreeOnBits(const BitLayout& layout) {
+  std::vector<uint64_t>& bits = bits_;
   const size_t parameter_words = bits.size();
   if (carries_parameters_) {
     if (transport_.rank() == kCoordinator) {
@@ -207,52 +234,51 @@ const Controller::Round& Controller::Negotiate(std::vector<Request>& new_request
     }
   }
   ++rounds_;
+}
 
+uint64_t Controller::ReadRound(const BitLayout& layout) {
+  const std::vector<uint64_t>& bits = bits_;
+  auto bit = [&](size_t start, int i) { return (bits[start + i / 64] >> (i % 64) & 1) != 0; };
   Round& round = round_;
   round.parts.clear();
   round.ends.clear();
   round.shutdown_ranks.clear();
   round.shutdown = (bits[0] & kFlagNoShutdown) == 0;
   for (int r = 0; round.shutdown && r < transport_.size(); ++r) {
-    if ((bits[1 + 2 * words + r / 64] >> (r % 64) & 1) == 0) round.shutdown_ranks.push_back(r);
+    if (!bit(layout.not_shutting_down(), r)) round.shutdown_ranks.push_back(r);
   }
-  const bool any_uncached = (bits[0] & kFlagNoUncached) == 0;
-  const bool stall_check = (bits[0] & kFlagNoStallCheck) == 0;
-
   // Stale entries go on every rank; whoever had them ready asks again the slow way.
-  for (int slot = 0; slot < slots; ++slot) {
-    if ((bits[1 + words + slot / 64] >> (slot % 64) & 1) == 0) {
+  for (int slot = 0; slot < layout.slots; ++slot) {
+    if (!bit(layout.not_stale(), slot)) {
       ToUncached(slot);
       cache_.Erase(slot);
       cache_changed_ = true;
     }
   }
+  // Cached tensors ready everywhere run in slot order.
   order_.clear();
-  for (int slot = 0; slot < slots; ++slot) {
-    if ((bits[1 + slot / 64] >> (slot % 64) & 1) != 0 && cache_.occupied(slot)) {
+  for (int slot = 0; slot < layout.slots; ++slot) {
+    if (bit(layout.ready(), slot) && cache_.occupied(slot)) {
       order_.push_back(&cache_.response(slot));
       ready_slots_.push_back(slot);
       ClearCachedReady(slot);
     }
   }
+  return bits[0];
+}
 
-  if (any_uncached) {
-    WireWriter writer;
-    EncodeRequests(uncached_, writer);
-    uncached_.clear();
-    auto gathered = GatherToRoot(transport_, writer.bytes(), kCoordinator);
-    WireWriter reply;
-    if (transport_.rank() == kCoordinator) {
-      EncodeResponses(CoordinatorCollect(gathered), reply);
-    }
-    BroadcastFromRoot(transport_, reply.bytes(), kCoordinator);
-    decided_ = DecodeResponses(reply.bytes().data(), reply.bytes().size());
-    for (const Response& response : decided_) order_.push_back(&response);
+void Controller::ExchangeUncached() {
+  WireWriter writer;
+  EncodeRequests(uncached_, writer);
+  uncached_.clear();
+  auto gathered = GatherToRoot(transport_, writer.bytes(), kCoordinator);
+  WireWriter reply;
+  if (transport_.rank() == kCoordinator) {
+    EncodeResponses(CoordinatorCollect(gathered), reply);
   }
-  if (stall_check) ExchangeStallReports();
-  ApplyCacheSetting();
-  Fuse(parameters_.fusion_threshold_bytes);
-  return round;
+  BroadcastFromRoot(transport_, reply.bytes(), kCoordinator);
+  decided_ = DecodeResponses(reply.bytes().data(), reply.bytes().size());
+  for (const Response& response : decided_) order_.push_back(&response);
 }
 
 std::vector<Response> Controller::CoordinatorCollect(
@@ -304,7 +330,7 @@ std::vector<Response> Controller::CoordinatorCollect(
     Response join;
     join.type = Response::Type::kJoin;
     join.names = {"join"};
-    join.first_dims = {last_joined_};
+    join.control.last_joined_rank = last_joined_;
     responses.push_back(std::move(join));
     joined_ranks_.clear();
     last_joined_ = -1;
@@ -346,77 +372,6 @@ std::vector<Response> Controller::ReleaseGroups(std::vector<Response> responses)
     group_ready_.erase(id);
   }
   return released;
-}
-
-void Controller::ExchangeStallReports() {
-  using Clock = std::chrono::steady_clock;
-  const auto now = Clock::now();
-  const int n = transport_.size();
-  auto seconds_since = [&](Clock::time_point t) {
-    return std::chrono::duration<double>(now - t).count();
-  };
-  // Every rank: the cached tensors it has ready and how long it has waited on each, in ms.
-  std::vector<int64_t> slots, waited_ms;
-  for (int slot = 0; slot < cache_.num_slots(); ++slot) {
-    if (!IsCachedReady(slot)) continue;
-    slots.push_back(slot);
-    waited_ms.push_back(static_cast<int64_t>(seconds_since(cached_since_[slot]) * 1000));
-  }
-  if (joined_) {  // a joined rank stands in for every allreduce
-    for (int slot = 0; slot < cache_.num_slots(); ++slot) {
-      if (cache_.occupied(slot) && cache_.response(slot).type == Response::Type::kAllreduce &&
-          !IsCachedReady(slot)) {
-        slots.push_back(slot);
-        waited_ms.push_back(0);
-      }
-    }
-  }
-  WireWriter report;
-  report.PutI64Vector(slots);
-  report.PutI64Vector(waited_ms);
-  report.PutI32(HandleTable::blocked_waiters());
-  auto reports = GatherToRoot(transport_, report.bytes(), kCoordinator);
-
-  WireWriter verdict;
-  if (transport_.rank() == kCoordinator) {
-    using Waiting = StallInspector::Waiting;
-    std::map<std::string, Waiting> waiting;
-    bool all_blocked = true;
-    for (int r = 0; r < n; ++r) {
-      WireReader in(reports[r].data(), reports[r].size());
-      auto their_slots = in.GetI64Vector();
-      auto their_ms = in.GetI64Vector();
-      if (in.GetI32() <= 0) all_blocked = false;
-      for (size_t i = 0; i < their_slots.size() && i < their_ms.size(); ++i) {
-        const int64_t slot = their_slots[i];
-        if (slot < 0 || slot >= cache_.num_slots() || !cache_.occupied(static_cast<int>(slot))) {
-          continue;
-        }
-        Waiting& w = waiting[cache_.response(static_cast<int>(slot)).names.at(0)];
-        w.present.resize(n, false);
-        w.present[r] = true;
-        w.seconds = std::max(w.seconds, their_ms[i] / 1000.0);
-      }
-    }
-    for (const auto& [seq, name] : arrival_order_) {
-      const Pending& pending = table_.at(name).second;
-      Waiting& w = waiting[name];
-      w.present.resize(n, false);
-      for (int r = 0; r < n; ++r) if (pending.present[r]) w.present[r] = true;
-      for (int r : joined_ranks_) w.present[r] = true;
-      w.seconds = std::max(w.seconds, seconds_since(pending.first_seen));
-    }
-    const StallInspector::Verdict judged = stall_inspector_.Judge(waiting, n, all_blocked, now);
-    // Ranks of a process set other than the global one are numbered within the set; only the
-    // global set's are job ranks the launcher can name.
-    verdict.PutI32(n == config_.size ? judged.origin : -1);
-    verdict.PutString(judged.shutdown_message);
-  }
-  BroadcastFromRoot(transport_, verdict.bytes(), kCoordinator);
-  WireReader in(verdict.bytes().data(), verdict.bytes().size());
-  const int origin = in.GetI32();
-  const std::string message = in.GetString();
-  if (!message.empty()) throw TransportError(message, origin, TransportError::Cause::kStall);
 }
 
 void Controller::Fuse(int64_t threshold) {

@@ -51,9 +51,9 @@ class Controller {
     size_t max_fused_bytes = 0;
   };
   // Consumes `new_requests` (left empty, with room for a request per cached tensor, so that
-  // the caller's next rounds of tensors seen before do not grow it). Throws TransportError when a peer
-  // fails, and (cause kStall) on every rank of the set when a stalled tensor passes
-  // HOROVOD_STALL_SHUTDOWN_TIME_SECONDS.
+  // the caller's next rounds of tensors seen before do not grow it). Throws TransportError
+  // when a peer fails, and (cause kStall) on every rank of the set when a stalled tensor
+  // passes HOROVOD_STALL_SHUTDOWN_TIME_SECONDS.
   //
   // A round made only of tensors seen before allocates nothing, however many of them it
   // happens to carry: the bit vectors, the list of parts and the cache keep their storage from
@@ -72,6 +72,28 @@ class Controller {
  private:
   static constexpr int kCoordinator = 0;
 
+  // The steps of a round, in order (Negotiate).
+  // Where each part of the bit vector starts: [flags][ready bits][not-stale bits]
+  // [not-shutting-down bit per rank], all combined with AND, then the tuned parameters.
+  struct BitLayout {
+    int slots = 0;     // cache slots, a bit each
+    size_t words = 0;  // words of one bit per slot
+    size_t ready() const { return 1; }
+    size_t not_stale() const { return 1 + words; }
+    size_t not_shutting_down() const { return 1 + 2 * words; }
+  };
+  // Cached tensors become ready bits; the others wait for the coordinator.
+  void TakeNewRequests(std::vector<Request>& new_requests);
+  // This rank's bit vector; returns its layout.
+  BitLayout WriteBits(bool shutdown_requested);
+  // The AND over every rank (with the coordinator's proposed parameters, when this set
+  // carries them).
+  void AgreeOnBits(const BitLayout& layout);
+  // Starts the round from the agreed bits: shutdown, stale entries dropped, the cached tensors
+  // ready everywhere; returns the agreed flags.
+  uint64_t ReadRound(const BitLayout& layout);
+  // The slow path: every rank's uncached requests to the coordinator, its responses back.
+  void ExchangeUncached();
   // Coordinator only: records requests and returns the responses that became ready.
   std::vector<Response> CoordinatorCollect(const std::vector<std::vector<uint8_t>>& messages);
   // Holds back members of a group until the whole group is ready, then releases them together.
@@ -79,7 +101,14 @@ class Controller {
   // Stall inspection: the coordinator asks for it in the bit vector every so often; then every
   // rank reports the cached tensors it has been waiting on (the coordinator knows the uncached
   // ones), and the coordinator's inspector warns, or stops the set past the shutdown time.
+  // (stall_reports.cc)
   void ExchangeStallReports();
+  // Every rank: its cached tensors waited on, for how long, and whether its caller is blocked.
+  void WriteStallReport(std::chrono::steady_clock::time_point now, WireWriter& out);
+  // Coordinator: every rank's report and its own table, judged; writes the verdict (the
+  // rank to blame, and the message to stop with, empty to go on).
+  void JudgeStallReports(const std::vector<std::vector<uint8_t>>& reports,
+                         std::chrono::steady_clock::time_point now, WireWriter& verdict);
   void ToUncached(int slot);
   // Applies the previous round to the response cache, the same way on every rank: cached
   // tensors become the most recently used, new responses go in (evicting the least recently

@@ -84,10 +84,6 @@ void CheckSetArgs(const EnqueueArgs& args, const std::vector<int>& members, int 
     throw InvalidArgument("reducescatter of '" + args.name +
                           "': a scalar cannot be scattered; give it at least one dimension");
   }
-  if ((args.op == OpType::kJoin || args.op == OpType::kAddProcessSet ||
-       args.op == OpType::kRemoveProcessSet) && args.process_set != 0) {
-    throw InvalidArgument(std::string(OpTypeName(args.op)) + " runs on the global process set");
-  }
   if (args.op == OpType::kAllgather && args.shape.empty()) {
     throw InvalidArgument("allgather of '" + args.name +
                           "': a scalar cannot be gathered; give it at least one dimension");

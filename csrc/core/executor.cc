@@ -43,13 +43,18 @@ void Executor::Execute(const Response* const* parts, size_t count) {
     TensorEntry& entry = entries.back();
     QueueKey(process_set_id_, name, &key_);
     if (!queue_.Take(key_, &entry)) {
-      if (response.type != Response::Type::kAllreduce) {
+      // A joined rank has no entry for an error response either (a collective other ranks
+      // started after it joined): it only counts the error, as every rank does.
+      if (response.type != Response::Type::kAllreduce &&
+          response.type != Response::Type::kError) {
         throw TransportError("internal error: negotiated tensor '" + name +
                              "' has no local entry");
       }
       // This rank has joined: it takes part with zeros and keeps nothing.
       entry.request.name = name;
-      entry.request.shape = {parts[i]->tensor_sizes.at(0)};
+      if (response.type == Response::Type::kAllreduce) {
+        entry.request.shape = {parts[i]->tensor_sizes.at(0)};
+      }
     }
   }
   // Completes every handle and lets go of the entries (the vector keeps its storage).
@@ -74,7 +79,7 @@ void Executor::Execute(const Response* const* parts, size_t count) {
       case Response::Type::kAlltoall: Alltoall(response, entries.at(0)); break;
       case Response::Type::kBroadcast: Broadcast(response, entries.at(0)); break;
       case Response::Type::kJoin:
-        entries.at(0).handle->first_dims = response.first_dims;
+        entries.at(0).handle->first_dims = {response.control.last_joined_rank};
         break;
       case Response::Type::kAddProcessSet:
       case Response::Type::kRemoveProcessSet:
@@ -361,13 +366,13 @@ void Executor::Alltoall(const Response& response, TensorEntry& entry) {
   const int n = transport_.size();
   const int rank = transport_.rank();
   const size_t row_bytes = RowBytes(entry.request.shape, response.dtype);
-  // first_dims is the n x n matrix: row i lists the rows rank i sends to each rank.
+  // Row i of the n x n matrix lists the rows rank i sends to each rank.
   std::vector<size_t> send_bytes(n), recv_bytes(n);
   std::vector<int64_t> received(n);
   int64_t total_rows = 0;
   for (int j = 0; j < n; ++j) {
-    send_bytes[j] = static_cast<size_t>(response.first_dims[rank * n + j]) * row_bytes;
-    received[j] = response.first_dims[j * n + rank];
+    send_bytes[j] = static_cast<size_t>(response.alltoall_rows[rank * n + j]) * row_bytes;
+    received[j] = response.alltoall_rows[j * n + rank];
     recv_bytes[j] = static_cast<size_t>(received[j]) * row_bytes;
     total_rows += received[j];
   }

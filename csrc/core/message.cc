@@ -1,5 +1,6 @@
 #include "message.h"
 
+#include <cstdint>
 #include <cstring>
 
 namespace horovodlike {
@@ -20,9 +21,111 @@ ReduceOp CheckedReduceOp(int32_t v) {
   }
   return static_cast<ReduceOp>(v);
 }
+
+bool IsControlResponse(Response::Type type) {
+  return type == Response::Type::kJoin || type == Response::Type::kAddProcessSet ||
+         type == Response::Type::kRemoveProcessSet;
+}
+
+void PutRanks(const std::vector<int32_t>& ranks, WireWriter& out) {
+  out.PutI64Vector(std::vector<int64_t>(ranks.begin(), ranks.end()));
+}
+
+std::vector<int32_t> GetRanks(WireReader& in) {
+  std::vector<int32_t> ranks;
+  for (int64_t r : in.GetI64Vector()) {
+    if (r < 0 || r > INT32_MAX) throw TransportError("malformed message: bad rank");
+    ranks.push_back(static_cast<int32_t>(r));
+  }
+  return ranks;
+}
+
+// The records after the common header: a collective's tensor fields, or a control operation's.
+void PutTensorRequest(const Request& r, WireWriter& out) {
+  out.PutI32(static_cast<int32_t>(r.dtype));
+  out.PutI64Vector(r.shape);
+  out.PutI32(static_cast<int32_t>(r.reduce_op));
+  out.PutF64(r.prescale);
+  out.PutF64(r.postscale);
+  out.PutI32(r.root_rank);
+  out.PutI32(r.device);
+  out.PutI64Vector(r.splits);
+  out.PutI64(r.group_id);
+  out.PutI32(r.group_size);
+}
+
+void GetTensorRequest(WireReader& in, Request& r) {
+  r.dtype = CheckedDataType(in.GetI32());
+  r.shape = in.GetI64Vector();
+  r.reduce_op = CheckedReduceOp(in.GetI32());
+  r.prescale = in.GetF64();
+  r.postscale = in.GetF64();
+  r.root_rank = in.GetI32();
+  r.device = in.GetI32();
+  r.splits = in.GetI64Vector();
+  r.group_id = in.GetI64();
+  r.group_size = in.GetI32();
+}
+
+void PutControlRequest(const ControlRequest& c, WireWriter& out) {
+  PutRanks(c.ranks, out);
+  out.PutI32(c.process_set_id);
+}
+
+void GetControlRequest(WireReader& in, ControlRequest& c) {
+  c.ranks = GetRanks(in);
+  c.process_set_id = in.GetI32();
+}
+
+void PutTensorResponse(const Response& r, WireWriter& out) {
+  out.PutI32(static_cast<int32_t>(r.dtype));
+  out.PutI32(static_cast<int32_t>(r.reduce_op));
+  out.PutF64(r.prescale);
+  out.PutF64(r.postscale);
+  out.PutI32(r.root_rank);
+  out.PutI32(r.device);
+  out.PutI64Vector(r.first_dims);
+  out.PutI64Vector(r.alltoall_rows);
+  out.PutI64Vector(r.shape);
+  out.PutI64Vector(r.tensor_sizes);
+  out.PutI64(r.total_bytes);
+  out.PutI64(r.group_id);
+  out.PutI32(r.group_size);
+  out.PutString(r.error_message);
+}
+
+void GetTensorResponse(WireReader& in, Response& r) {
+  r.dtype = CheckedDataType(in.GetI32());
+  r.reduce_op = CheckedReduceOp(in.GetI32());
+  r.prescale = in.GetF64();
+  r.postscale = in.GetF64();
+  r.root_rank = in.GetI32();
+  r.device = in.GetI32();
+  r.first_dims = in.GetI64Vector();
+  r.alltoall_rows = in.GetI64Vector();
+  r.shape = in.GetI64Vector();
+  r.tensor_sizes = in.GetI64Vector();
+  r.total_bytes = in.GetI64();
+  r.group_id = in.GetI64();
+  r.group_size = in.GetI32();
+  r.error_message = in.GetString();
+}
+
+void PutControlResponse(const ControlResponse& c, WireWriter& out) {
+  PutRanks(c.ranks, out);
+  out.PutI32(c.process_set_id);
+  out.PutI32(c.last_joined_rank);
+}
+
+void GetControlResponse(WireReader& in, ControlResponse& c) {
+  c.ranks = GetRanks(in);
+  c.process_set_id = in.GetI32();
+  c.last_joined_rank = in.GetI32();
+}
 }  // namespace
 
 bool Request::SameParameters(const Request& other) const {
+  if (IsControlOp(op) || IsControlOp(other.op)) return op == other.op && control == other.control;
   return op == other.op && dtype == other.dtype && shape == other.shape &&
          reduce_op == other.reduce_op && prescale == other.prescale &&
          postscale == other.postscale && root_rank == other.root_rank && device == other.device &&
@@ -80,16 +183,11 @@ void EncodeRequests(const std::vector<Request>& requests, WireWriter& out) {
     out.PutI32(r.rank);
     out.PutI32(static_cast<int32_t>(r.op));
     out.PutString(r.name);
-    out.PutI32(static_cast<int32_t>(r.dtype));
-    out.PutI64Vector(r.shape);
-    out.PutI32(static_cast<int32_t>(r.reduce_op));
-    out.PutF64(r.prescale);
-    out.PutF64(r.postscale);
-    out.PutI32(r.root_rank);
-    out.PutI32(r.device);
-    out.PutI64Vector(r.splits);
-    out.PutI64(r.group_id);
-    out.PutI32(r.group_size);
+    if (IsControlOp(r.op)) {
+      PutControlRequest(r.control, out);
+    } else {
+      PutTensorRequest(r, out);
+    }
   }
 }
 
@@ -107,16 +205,11 @@ std::vector<Request> DecodeRequests(const uint8_t* data, size_t size) {
     }
     r.op = static_cast<OpType>(op);
     r.name = in.GetString();
-    r.dtype = CheckedDataType(in.GetI32());
-    r.shape = in.GetI64Vector();
-    r.reduce_op = CheckedReduceOp(in.GetI32());
-    r.prescale = in.GetF64();
-    r.postscale = in.GetF64();
-    r.root_rank = in.GetI32();
-    r.device = in.GetI32();
-    r.splits = in.GetI64Vector();
-    r.group_id = in.GetI64();
-    r.group_size = in.GetI32();
+    if (IsControlOp(r.op)) {
+      GetControlRequest(in, r.control);
+    } else {
+      GetTensorRequest(in, r);
+    }
     requests.push_back(std::move(r));
   }
   if (!in.done()) throw TransportError("malformed message: trailing bytes");
@@ -129,19 +222,11 @@ void EncodeResponses(const std::vector<Response>& responses, WireWriter& out) {
     out.PutI32(static_cast<int32_t>(r.type));
     out.PutI64(static_cast<int64_t>(r.names.size()));
     for (const auto& name : r.names) out.PutString(name);
-    out.PutI32(static_cast<int32_t>(r.dtype));
-    out.PutI32(static_cast<int32_t>(r.reduce_op));
-    out.PutF64(r.prescale);
-    out.PutF64(r.postscale);
-    out.PutI32(r.root_rank);
-    out.PutI32(r.device);
-    out.PutI64Vector(r.first_dims);
-    out.PutI64Vector(r.shape);
-    out.PutI64Vector(r.tensor_sizes);
-    out.PutI64(r.total_bytes);
-    out.PutI64(r.group_id);
-    out.PutI32(r.group_size);
-    out.PutString(r.error_message);
+    if (IsControlResponse(r.type)) {
+      PutControlResponse(r.control, out);
+    } else {
+      PutTensorResponse(r, out);
+    }
   }
 }
 
@@ -160,19 +245,11 @@ std::vector<Response> DecodeResponses(const uint8_t* data, size_t size) {
     int64_t names = in.GetI64();
     if (names < 0 || names > kMaxListItems) throw TransportError("malformed message: bad names");
     for (int64_t j = 0; j < names; ++j) r.names.push_back(in.GetString());
-    r.dtype = CheckedDataType(in.GetI32());
-    r.reduce_op = CheckedReduceOp(in.GetI32());
-    r.prescale = in.GetF64();
-    r.postscale = in.GetF64();
-    r.root_rank = in.GetI32();
-    r.device = in.GetI32();
-    r.first_dims = in.GetI64Vector();
-    r.shape = in.GetI64Vector();
-    r.tensor_sizes = in.GetI64Vector();
-    r.total_bytes = in.GetI64();
-    r.group_id = in.GetI64();
-    r.group_size = in.GetI32();
-    r.error_message = in.GetString();
+    if (IsControlResponse(r.type)) {
+      GetControlResponse(in, r.control);
+    } else {
+      GetTensorResponse(in, r);
+    }
     responses.push_back(std::move(r));
   }
   if (!in.done()) throw TransportError("malformed message: trailing bytes");

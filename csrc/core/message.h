@@ -1,5 +1,11 @@
 // What ranks tell the coordinator (Request) and what it tells them back (Response),
 // and their wire format. The decoder checks every length against the bytes it was given.
+//
+// Two kinds of message share the negotiation, so that every rank applies them at the same
+// point in the order of operations: collectives over a tensor, and control operations (join,
+// add/remove_process_set; IsControlOp). A control operation carries a ControlRequest /
+// ControlResponse and none of the tensor fields; on the wire it is written as its own record
+// after the common header (rank or names, op), never as a tensor with fields put to other use.
 #pragma once
 
 #include <cstdint>
@@ -9,6 +15,23 @@
 #include "../common/common.h"
 
 namespace horovodlike {
+
+// Join: nothing. add_process_set: the new set's ranks. remove_process_set: the set's id.
+struct ControlRequest {
+  std::vector<int32_t> ranks;
+  int32_t process_set_id = -1;
+  bool operator==(const ControlRequest& other) const {
+    return ranks == other.ranks && process_set_id == other.process_set_id;
+  }
+};
+
+// Join: the last rank to join. add_process_set: the agreed ranks (the id is given out by each
+// rank's process-set table, in the same order everywhere). remove_process_set: the set's id.
+struct ControlResponse {
+  std::vector<int32_t> ranks;
+  int32_t process_set_id = -1;
+  int32_t last_joined_rank = -1;
+};
 
 struct Request {
   int32_t rank = 0;
@@ -21,9 +44,10 @@ struct Request {
   double postscale = 1.0;
   int32_t root_rank = 0;
   int32_t device = -1;  // -1: host memory
-  std::vector<int64_t> splits;  // alltoall: rows sent to each rank; add_process_set: its ranks
+  std::vector<int64_t> splits;  // alltoall: rows sent to each rank
   int64_t group_id = 0;         // grouped ops: members share an id (0: not grouped)
   int32_t group_size = 0;
+  ControlRequest control;       // control operations only (IsControlOp(op))
 
   // True when the two requests ask for the same collective with the same parameters.
   bool SameParameters(const Request& other) const;
@@ -42,15 +66,16 @@ struct Response {
   double postscale = 1.0;
   int32_t root_rank = 0;
   int32_t device = -1;
-  // allgather: each rank's first dimension; alltoall: the n x n matrix of rows rank i sends
-  // to rank j (row-major); join: the last rank to join; add/remove_process_set: the set's ranks.
-  std::vector<int64_t> first_dims;
+  std::vector<int64_t> first_dims;  // allgather: each rank's first dimension
+  // alltoall: the n x n matrix of rows rank i sends to rank j (row-major)
+  std::vector<int64_t> alltoall_rows;
   std::vector<int64_t> shape;         // a single tensor's shape (all ranks agree on it)
   std::vector<int64_t> tensor_sizes;  // allreduce: elements of each tensor in `names`
   int64_t total_bytes = 0;            // allreduce: bytes of all its tensors, for fusion
   int64_t group_id = 0;   // members of a grouped call run together, fused
   int32_t group_size = 0;
   std::string error_message;
+  ControlResponse control;  // kJoin, kAddProcessSet, kRemoveProcessSet only
 };
 
 class WireWriter {

@@ -16,8 +16,9 @@ ProcessSetTable::ProcessSetTable(Link& transport, const Config& config, TensorQu
   for (int r = 0; r < transport.size(); ++r) global->ranks.push_back(r);
   global->controller = std::make_unique<Controller>(transport_, config_,
                                                     /*carries_parameters=*/true);
-  global->executor = std::make_unique<Executor>(transport_, ProviderTable::ForJob(transport_),
-                                                queue_, handles_, timeline_, 0, on_change_);
+  global->executor = std::make_unique<Executor>(
+      transport_, ProviderTable::ForJob(transport_, config_.cpu_operations), queue_, handles_,
+      timeline_, 0, on_change_);
   sets_[0] = std::move(global);
 }
 

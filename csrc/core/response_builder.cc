@@ -171,7 +171,8 @@ Response BuildGather(Agreement& a) {
   } else {
     response.type = Response::Type::kAlltoall;
     for (const Request* r : a.requests()) {
-      response.first_dims.insert(response.first_dims.end(), r->splits.begin(), r->splits.end());
+      response.alltoall_rows.insert(response.alltoall_rows.end(), r->splits.begin(),
+                                    r->splits.end());
     }
   }
   return response;
@@ -185,11 +186,20 @@ Response BuildBroadcast(Agreement& a) {
   return a.response();
 }
 
+// Control operations: every rank must ask for the same change.
 Response BuildProcessSetChange(Agreement& a) {
-  auto members = [](const Request& r) { return ShapeString(r.splits); };
-  if (!a.AllSame(members)) return a.Mismatch("process set ranks", members);
+  auto members = [](const Request& r) {
+    if (r.op == OpType::kRemoveProcessSet) return std::to_string(r.control.process_set_id);
+    return ShapeString(std::vector<int64_t>(r.control.ranks.begin(), r.control.ranks.end()));
+  };
+  if (!a.AllSame(members)) {
+    return a.Mismatch(a.first().op == OpType::kRemoveProcessSet ? "process set ids"
+                                                                 : "process set ranks",
+                      members);
+  }
   a.response().type = static_cast<Response::Type>(a.first().op);
-  a.response().first_dims = a.first().splits;
+  a.response().control.ranks = a.first().control.ranks;
+  a.response().control.process_set_id = a.first().control.process_set_id;
   return a.response();
 }
 

@@ -177,6 +177,10 @@ void Runtime::Close() {
 }
 
 int64_t Runtime::Enqueue(EnqueueArgs args) {
+  if (IsControlOp(args.op)) {
+    throw InvalidArgument(std::string(OpTypeName(args.op)) +
+                          " is a control operation, not a collective over a tensor");
+  }
   CheckTensorArgs(args);
   std::vector<int> members;
   if (!process_sets_.Ranks(args.process_set, &members)) {
@@ -185,7 +189,6 @@ int64_t Runtime::Enqueue(EnqueueArgs args) {
   }
   CheckSetArgs(args, members, config_.rank);
 
-  int64_t handle = handles_.Create();
   TensorEntry entry;
   entry.request.rank = config_.rank;
   entry.request.op = args.op;
@@ -203,19 +206,36 @@ int64_t Runtime::Enqueue(EnqueueArgs args) {
   entry.process_set_id = args.process_set;
   entry.input = args.input;
   entry.output = args.output;
+  return Submit(std::move(entry), handles_.Create());
+}
+
+int64_t Runtime::EnqueueControl(OpType op, std::string name, ControlRequest control) {
+  if (!IsControlOp(op)) {
+    throw InvalidArgument(std::string(OpTypeName(op)) + " is a collective, not a control "
+                          "operation");
+  }
+  if (name.empty()) throw InvalidArgument(std::string(OpTypeName(op)) + " needs a name");
+  TensorEntry entry;
+  entry.request.rank = config_.rank;
+  entry.request.op = op;
+  entry.request.name = std::move(name);
+  entry.request.control = std::move(control);
+  entry.process_set_id = 0;  // control operations run on the global set
+  return Submit(std::move(entry), handles_.Create());
+}
+
+int64_t Runtime::Submit(TensorEntry entry, int64_t handle) {
   entry.handle = handles_.Get(handle);
-  {
-    std::lock_guard<std::mutex> lock(stop_mutex_);
-    if (stopped_) {
-      handles_.Complete(entry.handle, stop_status_);
-      return handle;
-    }
-    try {
-      queue_.Add(std::move(entry));
-    } catch (...) {
-      handles_.Release(handle);
-      throw;
-    }
+  std::lock_guard<std::mutex> lock(stop_mutex_);
+  if (stopped_) {
+    handles_.Complete(entry.handle, stop_status_);
+    return handle;
+  }
+  try {
+    queue_.Add(std::move(entry));
+  } catch (...) {
+    handles_.Release(handle);
+    throw;
   }
   return handle;
 }
@@ -275,11 +295,12 @@ std::vector<int> Runtime::ProcessSetRanks(int id) {
 }
 
 int64_t Runtime::ChangeProcessSets(const Response& response) {
-  std::vector<int> ranks(response.first_dims.begin(), response.first_dims.end());
-  if (response.type == Response::Type::kAddProcessSet) return process_sets_.Add(ranks);
-  const int id = ranks.empty() ? -1 : ranks[0];
-  process_sets_.Remove(id);
-  return id;
+  if (response.type == Response::Type::kAddProcessSet) {
+    return process_sets_.Add(std::vector<int>(response.control.ranks.begin(),
+                                              response.control.ranks.end()));
+  }
+  process_sets_.Remove(response.control.process_set_id);
+  return response.control.process_set_id;
 }
 
 void Runtime::StartTimeline(const std::string& path, bool mark_cycles) {

@@ -37,7 +37,11 @@ class Runtime {
 
   const Config& config() const { return config_; }
   // Checks the arguments (InvalidArgument) and queues the work; returns a handle at once.
+  // Collectives over a tensor only; join and process-set changes go to EnqueueControl.
   int64_t Enqueue(EnqueueArgs args);
+  // A control operation (join, add/remove_process_set) on the global set, ordered with the
+  // collectives; its handle reports the last rank to join or the set's id.
+  int64_t EnqueueControl(OpType op, std::string name, ControlRequest control);
   HandleTable& handles() { return handles_; }
   // Point-to-point between two ranks of a process set (`message.peer` a global rank); checks
   // that both ranks are in the set, then hands over to PointToPoint.
@@ -91,6 +95,8 @@ class Runtime {
   void Stop(StatusCode code, const std::string& cause, int origin, const char* kind,
             bool internal);
   int64_t ChangeProcessSets(const Response& response);
+  // Queues an entry whose handle is `handle` (or completes it at once when the loop stopped).
+  int64_t Submit(TensorEntry entry, int64_t handle);
   void FailEverything(StatusCode code, const std::string& message);
 
   Config config_;

@@ -1,4 +1,5 @@
-// What a caller hands the runtime for one collective (Runtime::Enqueue).
+// What a caller hands the runtime for one collective over a tensor (Runtime::Enqueue;
+// control operations go to Runtime::EnqueueControl).
 #pragma once
 
 #include <cstdint>
@@ -22,7 +23,7 @@ struct EnqueueArgs {
   int root_rank = 0;
   int device = -1;
   int process_set = 0;
-  std::vector<int64_t> splits;  // alltoall: rows per destination; add_process_set: ranks
+  std::vector<int64_t> splits;  // alltoall: rows per destination
   int64_t group_id = 0;
   int group_size = 0;
 };

@@ -1,8 +1,6 @@
 #include "connect.h"
 
 #include <atomic>
-#include <cctype>
-#include <cstdlib>
 #include <string>
 
 #include "../common/env_config.h"
@@ -28,14 +26,11 @@ constexpr bool kMpiBuilt =
     false;
 #endif
 
-// HOROVOD_CPU_OPERATIONS (else HOROVOD_CONTROLLER, which horovodrun sets too), lower case;
-// by default MPI in a job started by mpirun, else TCP.
+// HOROVOD_CPU_OPERATIONS, else HOROVOD_CONTROLLER (horovodrun sets both; under mpirun a job may
+// ask for tcp or gloo this way); by default MPI in a job started by mpirun, else TCP.
 std::string RequestedBackend(const Config& config) {
-  const char* value = std::getenv("HOROVOD_CPU_OPERATIONS");
-  if (value == nullptr || value[0] == '\0') value = std::getenv("HOROVOD_CONTROLLER");
-  std::string name = value != nullptr ? value : "";
-  for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  if (!name.empty()) return name;
+  if (!config.cpu_operations.empty()) return config.cpu_operations;
+  if (!config.controller.empty()) return config.controller;
   // Without MPI built in, a job started by horovodlikerun --mpi still has the launcher's
   // rendezvous server and can use TCP.
   if (config.launched_by_mpirun && (kMpiBuilt || config.rendezvous_addr.empty())) return "mpi";
@@ -81,8 +76,8 @@ std::unique_ptr<Link> ConnectLink(Config& config, int generation) {
     // TCP only).
     transport = PerPeerLink::Connect(config, generation);
   } else {
-    throw InvalidArgument("HOROVOD_CPU_OPERATIONS='" + backend +
-                          "' is not one of tcp, mpi, gloo");
+    // Config::FromEnvironment accepts no other name.
+    throw InvalidArgument("unknown transport '" + backend + "'");
   }
   if (config.hierarchical_allreduce && backend != "tcp" && config.rank == 0) {
     HVDL_LOG(kWarning, "HOROVOD_HIERARCHICAL_ALLREDUCE applies to the built-in transport only; "

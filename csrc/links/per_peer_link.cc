@@ -3,7 +3,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cstdlib>
 #include <fstream>
 #include <string>
 
@@ -16,32 +15,17 @@ namespace {
 
 constexpr uint32_t kMaxIdentityBytes = 512;
 
-bool ShmDisabled() {
-  const char* v = std::getenv("HOROVOD_SHM_DISABLE");
-  if (v == nullptr || v[0] == '\0') return false;
-  std::string s(v);
-  return !(s == "0" || s == "false" || s == "False" || s == "FALSE");
-}
-
-double PeerTimeoutSeconds() {
-  const char* v = std::getenv("HOROVOD_PEER_TIMEOUT_SECONDS");
-  if (v == nullptr || v[0] == '\0') return 300.0;
-  double seconds = std::strtod(v, nullptr);
-  return seconds > 0 ? seconds : 300.0;  // the TCP transport has rejected bad values already
-}
-
 // Ranks share memory when the launcher placed them on the same host (HOROVOD_HOSTNAME: the
 // layout the user gave, which local_rank/cross_rank follow too) and they really can: the same
 // kernel (boot id), the same /dev/shm (device and inode of the mount), the same host name.
-std::string HostIdentity() {
+std::string HostIdentity(const std::string& launcher_host) {
   std::string boot_id;
   std::ifstream("/proc/sys/kernel/random/boot_id") >> boot_id;
   struct stat st {};
   if (boot_id.empty() || ::stat("/dev/shm", &st) != 0) return "";
   char host[256] = {0};
   ::gethostname(host, sizeof(host) - 1);
-  const char* launcher_host = std::getenv("HOROVOD_HOSTNAME");
-  return std::string(launcher_host != nullptr ? launcher_host : "") + "/" + boot_id + "/" +
+  return launcher_host + "/" + boot_id + "/" +
          std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino) + "/" + host;
 }
 
@@ -53,7 +37,7 @@ std::unique_ptr<Link> PerPeerLink::Connect(const Config& config, int generation)
   if (size == 1) return tcp;
 
   // Every rank tells every other its host identity (empty: shared memory disabled here).
-  const std::string mine = ShmDisabled() ? "" : HostIdentity();
+  const std::string mine = config.shm_disabled ? "" : HostIdentity(config.launcher_hostname);
   const uint32_t length = static_cast<uint32_t>(std::min<size_t>(mine.size(), kMaxIdentityBytes));
   for (int peer = 0; peer < size; ++peer) {
     if (peer == me) continue;
@@ -78,7 +62,12 @@ std::unique_ptr<Link> PerPeerLink::Connect(const Config& config, int generation)
     ShmLink::Options options;
     options.secret = config.secret_key;
     options.generation = generation;
-    options.peer_timeout_seconds = PeerTimeoutSeconds();
+    options.peer_timeout_seconds = config.peer_timeout_seconds;
+    options.channel_bytes = config.shm_channel_bytes;
+    options.chunk_bytes = config.shm_chunk_bytes;
+    options.small_bytes = config.shm_small_bytes;
+    options.spin_us = config.shm_spin_us;
+    options.spin_given = config.shm_spin_given;
     shm = ShmLink::Connect(*tcp, group, options);
     if (shm) {
       HVDL_LOG(kDebug, "shared memory with ranks on this host: " << shm->size() << " of "

@@ -191,6 +191,103 @@ PointToPoint::Message P2PMessage(int set_id, int peer, int tag, int dtype,
   return message;
 }
 
+// _core.stats(): counters since init, the tuned parameters in force and the provider runs.
+py::dict Stats() {
+  auto runtime = Runtime::Get();
+  auto s = runtime->stats();
+  py::dict d;
+  d["allreduce_collectives"] = s.allreduce_collectives;
+  d["allreduce_tensors"] = s.allreduce_tensors;
+  d["errors"] = s.errors;
+  // The tuned parameters in force on this rank (the same on every rank after each round).
+  auto tuned = runtime->tuned();
+  d["fusion_threshold_bytes"] = tuned.parameters.fusion_threshold_bytes;
+  d["cycle_time_ms"] = tuned.parameters.cycle_time_ms;
+  d["cache_enabled"] = tuned.parameters.cache_enabled;
+  d["parameters_round"] = tuned.round;
+  d["autotune"] = runtime->config().autotune;
+  d["autotune_done"] = runtime->config().autotune && !tuned.parameters.tuning;
+  d["hierarchical_allreduces"] = s.hierarchical_allreduces;
+  d["hierarchical_allgathers"] = s.hierarchical_allgathers;
+  // Runs per provider label since the process started ("SHM_ALLREDUCE", "TCP_RING_ALLREDUCE"):
+  // which algorithm ran, over which link.
+  py::dict runs;
+  for (const auto& [label, count] : ProviderTable::Runs()) runs[py::str(label)] = count;
+  d["provider_runs"] = runs;
+  d["fusion_buffer_bytes"] = s.fusion_buffer_bytes;
+  return d;
+}
+
+// _core.build_info(): what this build has, and what the running job uses.
+py::dict BuildInfo() {
+  py::dict info;
+  info["version"] = HOROVODLIKE_VERSION;
+  info["tcp"] = true;
+  info["shm"] = true;  // shared memory between the ranks of a host: always built
+#ifdef HOROVODLIKE_MPI_FOUND
+  info["mpi"] = true;
+#else
+  info["mpi"] = false;
+#endif
+#ifdef HOROVODLIKE_GLOO_FOUND
+  info["gloo"] = true;
+#else
+  info["gloo"] = false;
+#endif
+  info["nccl"] = false;
+  // HOROVOD_HIERARCHICAL_ALLREDUCE over the built-in transport (always built in).
+  info["hierarchical_allreduce"] = true;
+  info["hierarchical_allgather"] = true;
+  // The transport of the running job ("tcp", "shm", "shm+tcp", "mpi", "gloo"), None before
+  // init().
+  const char* in_use = Runtime::IsInitialized() ? LastLinkName() : nullptr;
+  info["cpu_operations"] = in_use != nullptr ? py::object(py::str(in_use)) : py::none();
+  // The collective providers: what the build has, and what the running job's table chose.
+  auto pairs = [](const std::vector<std::pair<std::string, std::string>>& entries) {
+    py::list list;
+    for (const auto& [op, providers] : entries) list.append(py::make_tuple(op, providers));
+    return list;
+  };
+  // As HOROVOD_CPU_OPERATIONS would have them (a bad value is init()'s to report).
+  std::string cpu_operations;
+  try {
+    cpu_operations = CpuOperationsFromEnvironment();
+  } catch (const InvalidArgument&) {
+  }
+  info["providers"] = pairs(ProviderTable::Available(cpu_operations));
+  info["providers_in_use"] = Runtime::IsInitialized()
+                                 ? py::object(pairs(ProviderTable::ForRunningJob()))
+                                 : py::none();
+  return info;
+}
+
+void DefineConstants(py::module_& m) {
+  // The numbering of the core, the one source of these constants for the Python layers
+  // (horovodlike/common/constants.py): dtypes, reduce ops and collectives by name.
+  py::dict dtypes, reduce_ops, ops;
+  py::list floating;
+  for (int code = 0; code < kNumDataTypes; ++code) {
+    const auto dtype = static_cast<DataType>(code);
+    dtypes[DataTypeName(dtype)] = code;
+    if (IsFloatingPoint(dtype)) floating.append(DataTypeName(dtype));
+  }
+  for (int code = 0; code < kNumReduceOps; ++code) {
+    reduce_ops[ReduceOpName(static_cast<ReduceOp>(code))] = code;
+  }
+  for (int code = 0; code < kNumOpTypes; ++code) {
+    ops[OpTypeName(static_cast<OpType>(code))] = code;
+  }
+  m.attr("DTYPES") = dtypes;
+  m.attr("FLOATING_DTYPES") = py::tuple(floating);
+  m.attr("REDUCE_OPS") = reduce_ops;
+  m.attr("OPS") = ops;
+  m.attr("STATUS_OK") = static_cast<int>(StatusCode::kOk);
+  m.attr("STATUS_INVALID_ARGUMENT") = static_cast<int>(StatusCode::kInvalidArgument);
+  m.attr("STATUS_MISMATCH") = static_cast<int>(StatusCode::kMismatch);
+  m.attr("STATUS_INTERNAL") = static_cast<int>(StatusCode::kInternal);
+  m.attr("STATUS_SHUTDOWN") = static_cast<int>(StatusCode::kShutdown);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
@@ -211,6 +308,18 @@ PYBIND11_MODULE(_core, m) {
         py::arg("device") = -1, py::arg("process_set") = 0,
         py::arg("splits") = std::vector<int64_t>(), py::arg("group_id") = 0,
         py::arg("group_size") = 0);
+  // Join and process-set changes: control operations, with their own arguments (no tensor).
+  m.def("enqueue_control", [](int op, const std::string& name, std::vector<int32_t> ranks,
+                              int process_set_id) {
+    if (op < 0 || op >= kNumOpTypes) {
+      throw InvalidArgument("unknown operation " + std::to_string(op));
+    }
+    ControlRequest control;
+    control.ranks = std::move(ranks);
+    control.process_set_id = process_set_id;
+    return Runtime::Get()->EnqueueControl(static_cast<OpType>(op), name, std::move(control));
+  }, py::arg("op"), py::arg("name"), py::arg("ranks") = std::vector<int32_t>(),
+     py::arg("process_set_id") = -1);
   m.def("wait", &WaitCall, py::arg("handle"),
         "Blocks (without the GIL, waking every 100 ms for Python's signal handlers) until the "
         "handle is done; returns (status code, message).");
@@ -253,91 +362,9 @@ PYBIND11_MODULE(_core, m) {
   });
   m.def("process_set_ranks", [](int id) { return Runtime::Get()->ProcessSetRanks(id); });
   m.def("process_set_ids", [] { return Runtime::Get()->ProcessSetIds(); });
-  m.def("stats", [] {
-    auto runtime = Runtime::Get();
-    auto s = runtime->stats();
-    py::dict d;
-    d["allreduce_collectives"] = s.allreduce_collectives;
-    d["allreduce_tensors"] = s.allreduce_tensors;
-    d["errors"] = s.errors;
-    // The tuned parameters in force on this rank (the same on every rank after each round).
-    auto tuned = runtime->tuned();
-    d["fusion_threshold_bytes"] = tuned.parameters.fusion_threshold_bytes;
-    d["cycle_time_ms"] = tuned.parameters.cycle_time_ms;
-    d["cache_enabled"] = tuned.parameters.cache_enabled;
-    d["parameters_round"] = tuned.round;
-    d["autotune"] = runtime->config().autotune;
-    d["autotune_done"] = runtime->config().autotune && !tuned.parameters.tuning;
-    d["hierarchical_allreduces"] = s.hierarchical_allreduces;
-    d["hierarchical_allgathers"] = s.hierarchical_allgathers;
-    // Runs per provider label since the process started ("SHM_ALLREDUCE", "TCP_RING_ALLREDUCE"):
-    // which algorithm ran, over which link.
-    py::dict runs;
-    for (const auto& [label, count] : ProviderTable::Runs()) runs[py::str(label)] = count;
-    d["provider_runs"] = runs;
-    d["fusion_buffer_bytes"] = s.fusion_buffer_bytes;
-    return d;
-  });
-  m.def("build_info", [] {
-    py::dict info;
-    info["version"] = HOROVODLIKE_VERSION;
-    info["tcp"] = true;
-    info["shm"] = true;  // shared memory between the ranks of a host: always built
-#ifdef HOROVODLIKE_MPI_FOUND
-    info["mpi"] = true;
-#else
-    info["mpi"] = false;
-#endif
-#ifdef HOROVODLIKE_GLOO_FOUND
-    info["gloo"] = true;
-#else
-    info["gloo"] = false;
-#endif
-    info["nccl"] = false;
-    // HOROVOD_HIERARCHICAL_ALLREDUCE over the built-in transport (always built in).
-    info["hierarchical_allreduce"] = true;
-    info["hierarchical_allgather"] = true;
-    // The transport of the running job ("tcp", "shm", "shm+tcp", "mpi", "gloo"), None before
-    // init().
-    const char* in_use = Runtime::IsInitialized() ? LastLinkName() : nullptr;
-    info["cpu_operations"] = in_use != nullptr ? py::object(py::str(in_use)) : py::none();
-    // The collective providers: what the build has, and what the running job's table chose.
-    auto pairs = [](const std::vector<std::pair<std::string, std::string>>& entries) {
-      py::list list;
-      for (const auto& [op, providers] : entries) list.append(py::make_tuple(op, providers));
-      return list;
-    };
-    info["providers"] = pairs(ProviderTable::Available());
-    info["providers_in_use"] = Runtime::IsInitialized()
-                                   ? py::object(pairs(ProviderTable::ForRunningJob()))
-                                   : py::none();
-    return info;
-  });
-  // The numbering of the core, the one source of these constants for the Python layers
-  // (horovodlike/common/constants.py): dtypes, reduce ops and collectives by name.
-  py::dict dtypes, reduce_ops, ops;
-  py::list floating;
-  for (int code = 0; code < kNumDataTypes; ++code) {
-    const auto dtype = static_cast<DataType>(code);
-    dtypes[DataTypeName(dtype)] = code;
-    if (IsFloatingPoint(dtype)) floating.append(DataTypeName(dtype));
-  }
-  for (int code = 0; code < kNumReduceOps; ++code) {
-    reduce_ops[ReduceOpName(static_cast<ReduceOp>(code))] = code;
-  }
-  for (int code = 0; code < kNumOpTypes; ++code) {
-    ops[OpTypeName(static_cast<OpType>(code))] = code;
-  }
-  m.attr("DTYPES") = dtypes;
-  m.attr("FLOATING_DTYPES") = py::tuple(floating);
-  m.attr("REDUCE_OPS") = reduce_ops;
-  m.attr("OPS") = ops;
-  m.attr("STATUS_OK") = static_cast<int>(StatusCode::kOk);
-  m.attr("STATUS_INVALID_ARGUMENT") = static_cast<int>(StatusCode::kInvalidArgument);
-  m.attr("STATUS_MISMATCH") = static_cast<int>(StatusCode::kMismatch);
-  m.attr("STATUS_INTERNAL") = static_cast<int>(StatusCode::kInternal);
-  m.attr("STATUS_SHUTDOWN") = static_cast<int>(StatusCode::kShutdown);
-
+  m.def("stats", &Stats);
+  m.def("build_info", &BuildInfo);
+  DefineConstants(m);
 
   // Test-only entry points live in their own submodule (testing.cc).
   DefineTestingModule(m);

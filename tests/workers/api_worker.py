@@ -155,7 +155,8 @@ scattered = hvd.grouped_reducescatter([torch.ones(size * 2, 2) * (rank + 1),
 check(torch.all(scattered[0] == float(sum(r + 1 for r in range(size)))).item(), "grouped rs 0")
 check(scattered[1].tolist() == [float(rank * size)], f"grouped rs 1 {scattered[1].tolist()}")
 
-# Gradients, against their definition (the sum of all ranks' losses).
+# Gradients: alltoall and allreduce against their definition (the sum of all ranks' losses);
+# reducescatter with Horovod's rule.
 x = torch.arange(size * 2, dtype=torch.float64).reshape(size * 2, 1).requires_grad_()
 y, _ = hvd.alltoall(x, splits=[2] * size, name="grad.a2a")
 (y * (rank + 1)).sum().backward()
@@ -165,7 +166,8 @@ check(torch.equal(x.grad, want), f"alltoall gradient {x.grad.reshape(-1).tolist(
 z = torch.ones(size * 2, 3, dtype=torch.float64, requires_grad=True)
 out = hvd.reducescatter(z, op=hvd.Average, name="grad.rs")
 (out * (rank + 1)).sum().backward()
-want = torch.tensor([[(j + 1) / size] * 3 for j in range(size) for _ in range(2)],
+# Horovod's rule: the gathered incoming gradients (times the set's size for Sum only).
+want = torch.tensor([[float(j + 1)] * 3 for j in range(size) for _ in range(2)],
                     dtype=torch.float64)
 check(torch.allclose(z.grad, want), f"reducescatter gradient {z.grad[:, 0].tolist()}")
 g = [torch.ones(2, dtype=torch.float64, requires_grad=True) for _ in range(2)]

@@ -8,7 +8,7 @@ from reference import FLOAT_DTYPES, check, expected_reduce, rank_input  # noqa: 
 TORCH_DTYPES = {
     "uint8": torch.uint8, "int8": torch.int8, "int16": torch.int16, "int32": torch.int32,
     "int64": torch.int64, "float16": torch.float16, "bfloat16": torch.bfloat16,
-    "float32": torch.float32, "float64": torch.float64, "bool": torch.bool,
+    "float32": torch.float32, "float64": torch.float64, "bool": torch.bool, "uint16": torch.uint16,
 }
 def to_torch(values, dtype):
     return torch.from_numpy(values).to(TORCH_DTYPES[dtype])

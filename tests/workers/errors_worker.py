@@ -118,4 +118,18 @@ if pair.included():
     out = hvd.allreduce(torch.tensor([float(rank)]), op=hvd.Sum, name="pair", process_set=pair)
     check(out.item() == 1.0, "allreduce on the static set wrong")
 expect_raise(ValueError, lambda: hvd.add_process_set([0]), "HOROVOD_DYNAMIC_PROCESS_SETS")
+# Join and process-set changes are control operations with their own message: the tensor entry
+# point refuses them, and ranks asking for different changes get a mismatch naming the ranks.
+from horovodlike import _core  # noqa: E402
+expect_raise(ValueError, lambda: _core.enqueue(_core.OPS["join"], "join", 0, 0, 0, [0]),
+             "control operation")
+handle = _core.enqueue_control(_core.OPS["add_process_set"], "ctl.mismatch",
+                               ranks=[0, 1] if rank == 0 else [0, 2])
+code, message = _core.wait(handle)
+_core.release(handle)
+check(code == _core.STATUS_MISMATCH and "process set ranks" in message and "[0, 1]" in message
+      and "[0, 2]" in message, f"process-set change mismatch: {code} {message}")
+check(sorted(_core.process_set_ids()) == [0, 1], f"a refused change added a set: "
+      f"{_core.process_set_ids()}")
+works("control")
 print(f"rank {rank}: errors OK", flush=True)

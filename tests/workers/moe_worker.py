@@ -1,6 +1,6 @@
 """horovodlike.torch.moe.MoE against a single-process mixture of experts with the same gate
 and experts, written as a plain loop over tokens: outputs, input/gate/expert gradients, the
-balance loss and dropped-token counts; top-1 without drops, top-2 with drops, uneven token
+balance loss and dropped-token counts; top-1 and top-2, each with and without drops, uneven token
 counts per rank; and bad input refused before anything is sent."""
 
 import math
@@ -77,7 +77,7 @@ def run(top_k, capacity_factor, expect_drops):
             mine = out.detach(), aux.detach()
     total.backward()
 
-    what = f"top_k={top_k}"
+    what = f"top_k={top_k} capacity_factor={capacity_factor}"
     close(y.detach(), mine[0], f"{what} output")
     close(moe.aux_loss.detach(), mine[1], f"{what} aux loss")
     close(x.grad, ref_xs[rank].grad, f"{what} input gradient")
@@ -85,7 +85,7 @@ def run(top_k, capacity_factor, expect_drops):
                                              f"expected {drops[rank]}")
     check((sum(drops) > 0) == expect_drops, f"{what}: drops {drops}")
     # The gate is replicated: the sum of the ranks' gradients is the dense gradient.
-    gate_grad = hvd.allreduce(moe.gate.weight.grad, op=hvd.Sum, name=f"gate.{top_k}")
+    gate_grad = hvd.allreduce(moe.gate.weight.grad, op=hvd.Sum, name=f"gate.{top_k}.{capacity_factor}")
     close(gate_grad, gate.weight.grad, f"{what} gate gradient")
     for local, e in enumerate(moe.expert_indices):
         for p, q in zip(moe.experts[local].parameters(), experts[e].parameters()):
@@ -94,7 +94,10 @@ def run(top_k, capacity_factor, expect_drops):
             close(got, expected, f"{what} expert {e} gradient")
 
 
+# Each top_k with a capacity that takes every token and with one that drops some.
 run(top_k=1, capacity_factor=float(EXPERTS), expect_drops=False)
+run(top_k=1, capacity_factor=0.5, expect_drops=True)
+run(top_k=2, capacity_factor=float(EXPERTS), expect_drops=False)
 run(top_k=2, capacity_factor=0.5, expect_drops=True)
 
 

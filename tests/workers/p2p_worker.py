@@ -186,11 +186,68 @@ def interrupted_wait():
         hvd.send(torch.full((2,), 5.0), 0, tag=11)
 
 
-if mode == "correctness":
+def autograd_chain():
+    """A model split over every rank by hand: rank r applies tanh(h @ W_r) and passes h on with
+    send_differentiable / recv_differentiable; the last rank's loss backpropagates through
+    every rank. Gradients equal one process's, twice in a row on the same tag."""
+    torch.manual_seed(3)
+    weights = [torch.randn(3, 3, dtype=torch.float64) for _ in range(size)]
+    x_ref = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)
+    w_ref = [w.clone().requires_grad_() for w in weights]
+    h = x_ref
+    for w in w_ref:
+        h = torch.tanh(h @ w)
+    (h ** 2).sum().backward()
+    for _ in range(2):
+        w = weights[rank].clone().requires_grad_()
+        x = x_ref.detach().clone().requires_grad_()
+        h = x if rank == 0 else hvd.recv_differentiable(rank - 1, tag=31)
+        check(h.requires_grad and h.dtype == torch.float64, "the received tensor is in the graph")
+        h = torch.tanh(h @ w)
+        if rank == size - 1:
+            (h ** 2).sum().backward()
+        else:
+            hvd.send_differentiable(h, rank + 1, tag=31).backward()
+        check(torch.allclose(w.grad, w_ref[rank].grad, rtol=1e-10),
+              f"weight gradient {w.grad} != {w_ref[rank].grad}")
+        if rank == 0:
+            check(torch.allclose(x.grad, x_ref.grad, rtol=1e-10), "input gradient")
+    expect_error(TypeError, ["floating-point"],
+                 lambda: hvd.send_differentiable(torch.ones(2, dtype=torch.int32), 1 - rank % 2))
+
+
+def beside_collectives():
+    """Messages in flight while collectives run over the job's transport: neither holds up the
+    other, and both give the right values."""
+    peer = 1 - rank if rank < 2 else None
+    if peer is None:
+        hvd.allreduce(torch.ones(1), op=hvd.Sum, name="beside.0")
+        hvd.allreduce(torch.ones(1 << 16), op=hvd.Sum, name="beside.1")
+        return
+    work = hvd.isend(torch.full((1 << 16,), float(rank)), peer, tag=21)
+    small = hvd.allreduce(torch.ones(1), op=hvd.Sum, name="beside.0")
+    out = hvd.irecv(torch.zeros(1 << 16), peer, tag=21).wait()
+    big = hvd.allreduce(torch.ones(1 << 16), op=hvd.Sum, name="beside.1")
+    work.wait()
+    check(torch.equal(out, torch.full((1 << 16,), float(peer))), f"beside collectives: {out[:3]}")
+    check(small.item() == size and torch.all(big == size), "collectives beside p2p")
+
+
+if mode == "transport":
+    # The job's collectives go over the transport the launcher was asked for; point-to-point
+    # works beside it.
+    from horovodlike.common.basics import build_info
+    ring_exchange()
+    ordering_and_tags()
+    beside_collectives()
+    hvd.barrier()
+    print(f"rank {rank}: transport={build_info()['cpu_operations']} p2p OK", flush=True)
+elif mode == "correctness":
     pair = hvd.add_process_set([0, 1])
     ring_exchange()
     ordering_and_tags()
     process_sets_and_numpy(pair)
+    autograd_chain()
     hvd.barrier()
     print(f"rank {rank}: p2p OK", flush=True)
 elif mode == "errors":

@@ -26,21 +26,25 @@ y.sum().backward()
 check(torch.allclose(x.grad, torch.ones(6, dtype=torch.float64)),
       f"allreduce Average gradient wrong: {x.grad}")
 
+# allgather and broadcast follow Horovod's rules: the gradient is the average over ranks of the
+# incoming gradients (rows of this rank for allgather; on the root only for broadcast). Each
+# rank weighs its loss by rank + 1, so an average differs from a sum.
+mean_weight = sum(r + 1 for r in range(size)) / size
 rows = rank + 1
 g = torch.ones(rows, 2, dtype=torch.float64, requires_grad=True)
 gathered = hvd.allgather(g, name="ag.gather")
 total = sum(r + 1 for r in range(size))
 weights = torch.arange(total * 2, dtype=torch.float64).reshape(total, 2)
-(gathered * weights).sum().backward()
+(gathered * weights * (rank + 1)).sum().backward()
 start = sum(r + 1 for r in range(rank))
-check(torch.allclose(g.grad, size * weights[start:start + rows]),
+check(torch.allclose(g.grad, mean_weight * weights[start:start + rows]),
       f"allgather gradient wrong: {g.grad}")
 
 b = torch.full((3,), float(rank), dtype=torch.float64, requires_grad=True)
 out = hvd.broadcast(b, root_rank=size - 1, name="ag.bcast")
 check(torch.all(out == size - 1).item(), "broadcast forward wrong")
 (out * (rank + 1)).sum().backward()
-want = float(sum(r + 1 for r in range(size))) if rank == size - 1 else 0.0
+want = mean_weight if rank == size - 1 else 0.0
 check(torch.allclose(b.grad, torch.full((3,), want, dtype=torch.float64)),
       f"broadcast gradient wrong: {b.grad}")
 

@@ -2,6 +2,7 @@
 // MPI link. Compiled only when CMake finds MPI.
 #include "mpi_allreduce.h"
 
+#include <cstdint>
 #include <cstring>
 #include <mutex>
 #include <vector>
@@ -10,12 +11,6 @@
 
 namespace horovodlike {
 namespace {
-
-// MPI's allreduce is used up to this size, where latency rules and its algorithms take fewer
-// steps than the ring's 2(n - 1). Above it the ring over point-to-point, which overlaps the
-// reduction with the transfer, was 2-3x faster at 16-64 MiB (Open MPI 4.1.4, 2 ranks, shared
-// memory; benchmarks/ should refine this).
-constexpr size_t kMaxBytes = size_t{256} << 10;
 
 // User ops reducing float16 and bfloat16 with our kernels, created once per process (MPI frees
 // them at MPI_Finalize), indexed by HalfOpIndex().
@@ -80,7 +75,12 @@ bool MpiTypeAndOp(DataType dtype, ReduceOp op, MPI_Datatype* type, MPI_Op* mpi_o
 
 }  // namespace
 
-MpiAllreduce::MpiAllreduce(MpiLink& link) : link_(link) {
+// By default MPI's allreduce is used up to kSmallMessageBytes, where latency rules and its
+// algorithms take fewer steps than the ring's 2(n - 1). Above it the ring over point-to-point,
+// which overlaps the reduction with the transfer, was 2-3x faster at 16-64 MiB (Open MPI 4.1.4,
+// 2 ranks, shared memory; benchmarks/ should refine this).
+MpiAllreduce::MpiAllreduce(MpiLink& link, bool every_size)
+    : link_(link), max_bytes_(every_size ? SIZE_MAX : kSmallMessageBytes) {
   std::call_once(g_half_ops_once, [] {
     CreateHalfOps<DataType::kFloat16>();
     CreateHalfOps<DataType::kBFloat16>();
@@ -90,7 +90,7 @@ MpiAllreduce::MpiAllreduce(MpiLink& link) : link_(link) {
 bool MpiAllreduce::Supports(size_t count, DataType dtype, ReduceOp op) const {
   MPI_Datatype type;
   MPI_Op mpi_op;
-  return count * DataTypeSize(dtype) <= kMaxBytes && MpiTypeAndOp(dtype, op, &type, &mpi_op);
+  return count * DataTypeSize(dtype) <= max_bytes_ && MpiTypeAndOp(dtype, op, &type, &mpi_op);
 }
 
 void MpiAllreduce::Run(void* buf, size_t count, DataType dtype, ReduceOp op, double scale) {

@@ -83,7 +83,7 @@ void MakeMpiSymbolsGlobal() {
 }
 
 // Returns whether MPI allows calls from several threads at once.
-bool EnsureMpiInitialized() {
+bool EnsureMpiInitialized(bool threads_disabled) {
   std::lock_guard<std::mutex> lock(g_mpi_mutex);
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);
@@ -99,9 +99,8 @@ bool EnsureMpiInitialized() {
     // tells the peers at once only when MPI allows concurrent calls.
     // HOROVOD_MPI_THREADS_DISABLE=1 (--mpi-threads-disable) asks for the least that works:
     // one thread at a time.
-    const char* disable = std::getenv("HOROVOD_MPI_THREADS_DISABLE");
-    const bool threads = disable == nullptr || std::string(disable) == "0" || *disable == '\0';
-    if (MPI_Init_thread(nullptr, nullptr, threads ? MPI_THREAD_MULTIPLE : MPI_THREAD_SERIALIZED,
+    if (MPI_Init_thread(nullptr, nullptr,
+                        threads_disabled ? MPI_THREAD_SERIALIZED : MPI_THREAD_MULTIPLE,
                         &provided) != MPI_SUCCESS) {
       throw TransportError("MPI_Init_thread failed");
     }
@@ -148,7 +147,7 @@ std::unique_ptr<MpiLink> MpiLink::Connect(Config& config) {
                           std::to_string(config.size) + " was not started by mpirun");
   }
   const double timeout_seconds = config.peer_timeout_seconds;
-  const bool threads_multiple = EnsureMpiInitialized();
+  const bool threads_multiple = EnsureMpiInitialized(config.mpi_threads_disabled);
 
   MPI_Comm comm = MPI_COMM_NULL;
   if (MPI_Comm_dup(MPI_COMM_WORLD, &comm) != MPI_SUCCESS) {

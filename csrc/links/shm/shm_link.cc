@@ -31,30 +31,11 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Defaults, tuned on a 2-core machine (see the README's Performance section). A member of the
-// group takes the creator's values from the segment header, so these agree on every rank.
-constexpr size_t kDefaultChannelBytes = 1 << 20;
-constexpr size_t kDefaultChunkBytes = 1 << 20;
-constexpr size_t kDefaultSmallBytes = 64 << 10;
-// Longest busy-wait before sleeping (see WaitUntil), and when a spinner checks whether other
-// threads wait for a core.
-constexpr size_t kDefaultSpinMicroseconds = 2000;
+// When a spinner (see WaitUntil) checks whether other threads wait for a core.
 constexpr auto kFirstLoadCheck = std::chrono::microseconds(2);
 constexpr auto kLoadCheckInterval = std::chrono::microseconds(50);
 // A sleeper wakes this often to check that its peers are alive.
 constexpr int kSleepSliceMs = 10;
-
-size_t EnvBytes(const char* name, size_t fallback, size_t lo, size_t hi) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || v[0] == '\0') return fallback;
-  char* end = nullptr;
-  unsigned long long parsed = std::strtoull(v, &end, 10);
-  if (*end != '\0' || parsed < lo || parsed > hi) {
-    throw InvalidArgument(std::string(name) + "='" + v + "' must be a number of bytes from " +
-                          std::to_string(lo) + " to " + std::to_string(hi));
-  }
-  return static_cast<size_t>(parsed);
-}
 
 size_t FloorPowerOfTwo(size_t n) {
   size_t p = 1;
@@ -137,138 +118,160 @@ struct Offer {
   char name[128];
 };
 
+struct Geometry {
+  size_t channel, chunk, small;
+};
+
+// The geometry asked for, fitted to the number of ranks: the channels shrink with the number of
+// pairs and the staging with the number of ranks, so that big hosts stay within a modest
+// /dev/shm (Docker's default is 64 MiB).
+Geometry FitGeometry(const ShmLink::Options& options, size_t ranks) {
+  Geometry g;
+  g.channel = FloorPowerOfTwo(std::max<size_t>(
+      8 << 10, std::min(options.channel_bytes, (size_t{32} << 20) / (ranks * (ranks - 1)))));
+  g.chunk = shm::RoundUp(std::min(options.chunk_bytes,
+                                  std::max<size_t>(64 << 10, (size_t{16} << 20) / (2 * ranks))),
+                         shm::kPage);
+  g.small = std::min(options.small_bytes, g.chunk);
+  return g;
+}
+
+// This process's pid and start time, which peers check it by, into its control block.
+void RecordThisProcess(shm::RankControl* control) {
+  char state;
+  uint64_t start_time = 0;
+  ReadProcessStat(::getpid(), &state, &start_time);
+  control->pid = ::getpid();
+  control->start_time = start_time;
+}
+
+// Leader: creates and initialises the segment; returns the offer for the members (ok = 0 when
+// it could not, and the ranks of this host use TCP).
+Offer CreateSegment(const ShmLink::Options& options, int leader, size_t ranks,
+                    ShmSegment* segment) {
+  Offer offer{};
+  try {
+    const Geometry g = FitGeometry(options, ranks);
+    shm::Layout layout(ranks, g.channel, g.chunk);
+    uint64_t nonce = 0;
+    RandomBytes(&nonce, sizeof(nonce));
+    const std::string name = SegmentName(options.secret, options.generation, leader);
+    *segment = ShmSegment::Create(name, layout.total);
+    auto* header = reinterpret_cast<shm::SegmentHeader*>(segment->data());
+    header->nonce = nonce;
+    header->ranks = static_cast<uint32_t>(ranks);
+    header->channel_bytes = g.channel;
+    header->chunk_bytes = g.chunk;
+    header->small_bytes = g.small;
+    header->total_bytes = layout.total;
+    RecordThisProcess(reinterpret_cast<shm::RankControl*>(segment->data() + layout.controls));
+    header->magic.store(shm::kMagic, std::memory_order_release);
+    offer.ok = 1;
+    offer.ranks = static_cast<uint32_t>(ranks);
+    offer.nonce = nonce;
+    offer.total_bytes = layout.total;
+    std::snprintf(offer.name, sizeof(offer.name), "%s", name.c_str());
+  } catch (const std::exception& e) {
+    HVDL_LOG(kWarning, "shared memory for the ranks of this host is unavailable (" << e.what()
+                       << "); they use TCP instead");
+    *segment = ShmSegment();
+    offer = Offer{};
+  }
+  return offer;
+}
+
+// Leader: sends the offer, collects whether every member mapped the segment, checks that they
+// share this rank's pid namespace, and tells them the outcome, which it returns.
+bool LeadAgreement(Link& bootstrap, const std::vector<int>& group, const Offer& offer,
+                   ShmSegment& segment) {
+  const size_t ranks = group.size();
+  for (size_t i = 1; i < ranks; ++i) bootstrap.send(group[i], &offer, sizeof(offer));
+  uint8_t all_ok = offer.ok ? 1 : 0;
+  for (size_t i = 1; i < ranks; ++i) {
+    uint8_t ok = 0;
+    bootstrap.recv(group[i], &ok, sizeof(ok));
+    all_ok &= ok;
+  }
+  // Every member has mapped it (or given up): the name is no longer needed.
+  segment.Unlink();
+  if (all_ok) {
+    // Members wrote their pid before acknowledging; check that this rank sees the same
+    // processes (same pid namespace), or liveness checks would be wrong.
+    auto* controls = reinterpret_cast<shm::RankControl*>(segment.data() +
+                                                         shm::Layout(ranks, 0, 0).controls);
+    for (size_t i = 1; i < ranks; ++i) {
+      if (!ProcessAlive(controls[i].pid, controls[i].start_time)) {
+        HVDL_LOG(kWarning, "rank " << group[i] << " runs in another pid namespace; the ranks "
+                           "of this host use TCP instead of shared memory");
+        all_ok = 0;
+      }
+    }
+  }
+  for (size_t i = 1; i < ranks; ++i) bootstrap.send(group[i], &all_ok, sizeof(all_ok));
+  return all_ok != 0;
+}
+
+// Member `index`: maps the leader's segment and checks that it is the one offered; returns
+// whether it could.
+bool MapOffer(Offer& offer, size_t ranks, int leader, int index, ShmSegment* segment) {
+  if (!offer.ok) return false;
+  offer.name[sizeof(offer.name) - 1] = '\0';
+  try {
+    *segment = ShmSegment::Open(offer.name, offer.total_bytes);
+    auto* header = reinterpret_cast<shm::SegmentHeader*>(segment->data());
+    shm::Layout layout(ranks, header->channel_bytes, header->chunk_bytes);
+    if (header->magic.load(std::memory_order_acquire) != shm::kMagic ||
+        header->nonce != offer.nonce || header->ranks != ranks ||
+        layout.total != offer.total_bytes) {
+      throw TransportError("the segment is not the one rank " + std::to_string(leader) +
+                           " created");
+    }
+    auto* controls = reinterpret_cast<shm::RankControl*>(segment->data() + layout.controls);
+    if (!ProcessAlive(controls[0].pid, controls[0].start_time)) {
+      throw TransportError("rank " + std::to_string(leader) + " runs in another pid namespace");
+    }
+    RecordThisProcess(&controls[index]);
+    return true;
+  } catch (const std::exception& e) {
+    HVDL_LOG(kWarning, "cannot map the shared memory of this host's ranks (" << e.what()
+                       << "); they use TCP instead");
+    *segment = ShmSegment();
+    return false;
+  }
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------- set-up
 
-std::unique_ptr<ShmLink> ShmLink::Connect(Link& bootstrap,
-                                                    const std::vector<int>& group,
-                                                    const Options& options) {
+std::unique_ptr<ShmLink> ShmLink::Connect(Link& bootstrap, const std::vector<int>& group,
+                                          const Options& options) {
   const int me = bootstrap.rank();
   const int leader = group.at(0);
   const auto index = static_cast<int>(std::find(group.begin(), group.end(), me) - group.begin());
   const size_t ranks = group.size();
   if (ranks < 2 || ranks > shm::kMaxRanks || index >= static_cast<int>(ranks)) return nullptr;
-
-  // Tuning knobs (see the README's Performance section), checked on every rank before any
-  // message so that a bad value fails init() everywhere alike. Only the creator's geometry
-  // counts: the members read it from the segment.
-  size_t channel = EnvBytes("HOROVOD_SHM_CHANNEL_BYTES", kDefaultChannelBytes, 4096,
-                            size_t{1} << 30);
-  size_t chunk = EnvBytes("HOROVOD_SHM_CHUNK_BYTES", kDefaultChunkBytes, 4096, size_t{1} << 30);
-  size_t small = EnvBytes("HOROVOD_SHM_SMALL_BYTES", kDefaultSmallBytes, 0, size_t{1} << 30);
-  const int64_t spin_us = static_cast<int64_t>(
-      EnvBytes("HOROVOD_SHM_SPIN_US", kDefaultSpinMicroseconds, 0, 1000000));
-  // The channels shrink with the number of pairs and the staging with the number of ranks, so
-  // that big hosts stay within a modest /dev/shm (Docker's default is 64 MiB).
-  channel = FloorPowerOfTwo(std::max<size_t>(
-      8 << 10, std::min(channel, (size_t{32} << 20) / (ranks * (ranks - 1)))));
-  chunk = shm::RoundUp(std::min(chunk, std::max<size_t>(64 << 10, (size_t{16} << 20) /
-                                                                      (2 * ranks))),
-                       shm::kPage);
-  small = std::min(small, chunk);
-
+  // Only the leader's geometry counts (see the README's Performance section for the knobs):
+  // the members read it from the segment.
   ShmSegment segment;
-  Offer offer{};
-  uint8_t my_ok = 0;
   if (me == leader) {
-    try {
-      shm::Layout layout(ranks, channel, chunk);
-      uint64_t nonce = 0;
-      RandomBytes(&nonce, sizeof(nonce));
-      const std::string name = SegmentName(options.secret, options.generation, leader);
-      segment = ShmSegment::Create(name, layout.total);
-      auto* header = reinterpret_cast<shm::SegmentHeader*>(segment.data());
-      header->nonce = nonce;
-      header->ranks = static_cast<uint32_t>(ranks);
-      header->channel_bytes = channel;
-      header->chunk_bytes = chunk;
-      header->small_bytes = small;
-      header->total_bytes = layout.total;
-      auto* mine = reinterpret_cast<shm::RankControl*>(segment.data() + layout.controls);
-      char state;
-      uint64_t start_time = 0;
-      ReadProcessStat(::getpid(), &state, &start_time);
-      mine->pid = ::getpid();
-      mine->start_time = start_time;
-      header->magic.store(shm::kMagic, std::memory_order_release);
-      offer.ok = 1;
-      offer.ranks = static_cast<uint32_t>(ranks);
-      offer.nonce = nonce;
-      offer.total_bytes = layout.total;
-      std::snprintf(offer.name, sizeof(offer.name), "%s", name.c_str());
-      my_ok = 1;
-    } catch (const std::exception& e) {
-      HVDL_LOG(kWarning, "shared memory for the ranks of this host is unavailable (" << e.what()
-                         << "); they use TCP instead");
-      segment = ShmSegment();
-      offer = Offer{};
-    }
-    for (size_t i = 1; i < ranks; ++i) bootstrap.send(group[i], &offer, sizeof(offer));
-    uint8_t all_ok = my_ok;
-    for (size_t i = 1; i < ranks; ++i) {
-      uint8_t ok = 0;
-      bootstrap.recv(group[i], &ok, sizeof(ok));
-      all_ok &= ok;
-    }
-    // Every member has mapped it (or given up): the name is no longer needed.
-    segment.Unlink();
-    if (all_ok) {
-      // Members wrote their pid before acknowledging; check that this rank sees the same
-      // processes (same pid namespace), or liveness checks would be wrong.
-      auto* controls = reinterpret_cast<shm::RankControl*>(segment.data() +
-                                                           shm::Layout(ranks, 0, 0).controls);
-      for (size_t i = 1; i < ranks; ++i) {
-        if (!ProcessAlive(controls[i].pid, controls[i].start_time)) {
-          HVDL_LOG(kWarning, "rank " << group[i] << " runs in another pid namespace; the ranks "
-                             "of this host use TCP instead of shared memory");
-          all_ok = 0;
-        }
-      }
-    }
-    for (size_t i = 1; i < ranks; ++i) bootstrap.send(group[i], &all_ok, sizeof(all_ok));
-    if (!all_ok) return nullptr;
+    const Offer offer = CreateSegment(options, leader, ranks, &segment);
+    if (!LeadAgreement(bootstrap, group, offer, segment)) return nullptr;
   } else {
+    Offer offer{};
     bootstrap.recv(leader, &offer, sizeof(offer));
-    if (offer.ok) {
-      offer.name[sizeof(offer.name) - 1] = '\0';
-      try {
-        segment = ShmSegment::Open(offer.name, offer.total_bytes);
-        auto* header = reinterpret_cast<shm::SegmentHeader*>(segment.data());
-        shm::Layout layout(ranks, header->channel_bytes, header->chunk_bytes);
-        if (header->magic.load(std::memory_order_acquire) != shm::kMagic ||
-            header->nonce != offer.nonce || header->ranks != ranks ||
-            layout.total != offer.total_bytes) {
-          throw TransportError("the segment is not the one rank " + std::to_string(leader) +
-                               " created");
-        }
-        auto* controls = reinterpret_cast<shm::RankControl*>(segment.data() + layout.controls);
-        if (!ProcessAlive(controls[0].pid, controls[0].start_time)) {
-          throw TransportError("rank " + std::to_string(leader) + " runs in another pid namespace");
-        }
-        char state;
-        uint64_t start_time = 0;
-        ReadProcessStat(::getpid(), &state, &start_time);
-        controls[index].pid = ::getpid();
-        controls[index].start_time = start_time;
-        my_ok = 1;
-      } catch (const std::exception& e) {
-        HVDL_LOG(kWarning, "cannot map the shared memory of this host's ranks (" << e.what()
-                           << "); they use TCP instead");
-        segment = ShmSegment();
-      }
-    }
+    const uint8_t my_ok = MapOffer(offer, ranks, leader, index, &segment) ? 1 : 0;
     bootstrap.send(leader, &my_ok, sizeof(my_ok));
     uint8_t all_ok = 0;
     bootstrap.recv(leader, &all_ok, sizeof(all_ok));
     if (!all_ok) return nullptr;
   }
   return std::unique_ptr<ShmLink>(
-      new ShmLink(std::move(segment), group, index, options, spin_us));
+      new ShmLink(std::move(segment), group, index, options));
 }
 
 ShmLink::ShmLink(ShmSegment segment, std::vector<int> members, int index,
-                           const Options& options, int64_t spin_us)
+                           const Options& options)
     : segment_(std::move(segment)), members_(std::move(members)), index_(index),
       peer_timeout_(static_cast<int64_t>(options.peer_timeout_seconds * 1000)) {
   const auto* header = reinterpret_cast<const shm::SegmentHeader*>(segment_.data());
@@ -280,8 +283,7 @@ ShmLink::ShmLink(ShmSegment segment, std::vector<int> members, int index,
   // Spinning only pays while every rank of the host has a core to itself; with more ranks than
   // cores a spinner would steal the time of the rank it waits for.
   const bool oversubscribed = static_cast<int>(members_.size()) > UsableCpus();
-  max_spin_ns_ = oversubscribed && std::getenv("HOROVOD_SHM_SPIN_US") == nullptr ? 0
-                                                                                : 1000 * spin_us;
+  max_spin_ns_ = oversubscribed && !options.spin_given ? 0 : 1000 * options.spin_us;
   // Runnable threads on the machine, for WaitUntil.
   loadavg_fd_ = ::open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
   cpus_ = UsableCpus();

@@ -34,6 +34,12 @@ class ShmLink : public Link {
     std::string secret;          // the job's secret; a hash of it names the segment
     int generation = 0;          // init() count: a re-init gets a fresh segment
     double peer_timeout_seconds = 300;
+    // Geometry asked for (the creator's counts; Config's shm_* fields say what each is).
+    size_t channel_bytes = 1 << 20;
+    size_t chunk_bytes = 1 << 20;
+    size_t small_bytes = 64 << 10;
+    int64_t spin_us = 2000;
+    bool spin_given = false;  // spin even with more ranks than cores
   };
 
   // Maps one segment shared by `group` (job ranks on this host, ascending, this rank included),
@@ -72,8 +78,7 @@ class ShmLink : public Link {
   void CheckUsable() const;
 
  private:
-  ShmLink(ShmSegment segment, std::vector<int> members, int index, const Options& options,
-               int64_t spin_us);
+  ShmLink(ShmSegment segment, std::vector<int> members, int index, const Options& options);
 
   shm::RankControl& control(int r) const;
   shm::ChannelControl& channel(int from, int to) const;

@@ -68,8 +68,10 @@ def any_rank_true(flag, name):
     """True on every rank when ``flag`` is true on any rank (an allreduce with Max)."""
     import numpy as np
     from horovodlike import _core
+    from horovodlike.common.constants import ALLREDUCE, DTYPES, Max
     value = np.array([1 if flag else 0], dtype=np.int32)
-    handle = _core.enqueue(0, name, value.ctypes.data, value.ctypes.data, 3, [1], reduce_op=3)
+    handle = _core.enqueue(ALLREDUCE, name, value.ctypes.data, value.ctypes.data,
+                           DTYPES["int32"], [1], reduce_op=Max)
     try:
         code, message = _core.wait(handle)
     except BaseException:

@@ -338,6 +338,6 @@ def join():
     """Declares that this rank has no more data. Until every rank has joined, the others'
     allreduces go on with this rank contributing zeros. Returns the last rank to join."""
     empty = np.empty(0, dtype=np.uint8)
-    handle = _enqueue(JOIN, "join", empty, None, global_process_set, (0, 0))
+    handle = Handle(_core.enqueue_control(JOIN, "join"), JOIN, empty, None, "join")
     handle.wait()
     return int(handle.extra[0])

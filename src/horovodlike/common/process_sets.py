@@ -60,8 +60,8 @@ global_process_set = ProcessSet([])
 global_process_set.process_set_id = 0
 
 
-def _run(op, name, ranks):
-    handle = _core.enqueue(op, name, 0, 0, 0, [0], splits=ranks)
+def _run(op, name, **change):
+    handle = _core.enqueue_control(op, name, **change)
     code, message = _core.wait(handle)
     try:
         if code == _core.STATUS_INVALID_ARGUMENT:
@@ -78,7 +78,7 @@ def _run(op, name, ranks):
 def _register(process_set):
     ranks = process_set.ranks
     name = "process_set.add." + "-".join(map(str, ranks))
-    process_set.process_set_id = _run(_OP_ADD, name, ranks)
+    process_set.process_set_id = _run(_OP_ADD, name, ranks=ranks)
     return process_set
 
 
@@ -109,7 +109,7 @@ def remove_process_set(process_set):
     if process_set.process_set_id in (None, 0):
         return False
     _run(_OP_REMOVE, f"process_set.remove.{process_set.process_set_id}",
-         [process_set.process_set_id])
+         process_set_id=process_set.process_set_id)
     process_set._invalidate()
     return True
 

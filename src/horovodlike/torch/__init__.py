@@ -27,8 +27,8 @@ from horovodlike.torch.mpi_ops import (Average, Sum, Min, Max, Product, Adasum,
                                        alltoall, alltoall_async,
                                        reducescatter, reducescatter_async, grouped_reducescatter,
                                        grouped_reducescatter_async,
-                                       sparse_allreduce_async,
                                        synchronize, poll, barrier, join)
+from horovodlike.torch.sparse_ops import sparse_allreduce_async
 from horovodlike.torch.functions import (broadcast_parameters, broadcast_optimizer_state,
                                          broadcast_object, allgather_object)
 from horovodlike.torch.optimizer import DistributedOptimizer
@@ -38,4 +38,5 @@ from horovodlike.torch.zero_redundancy_optimizer import ZeroRedundancyOptimizer
 from horovodlike.torch.planner import plan
 from horovodlike.torch import elastic
 from horovodlike.torch.p2p import (send, recv, isend, irecv, irecv_any, send_async, recv_async,
-                                   P2POp, batch_isend_irecv)
+                                   P2POp, batch_isend_irecv, send_differentiable,
+                                   recv_differentiable)

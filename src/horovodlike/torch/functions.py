@@ -61,7 +61,12 @@ def _fill_tensors(value, tensors):
 
 def broadcast_optimizer_state(optimizer, root_rank):
     """Makes every rank's optimizer state (hyper-parameters and per-parameter state) equal to
-    root_rank's. The structure travels pickled; the tensors travel as tensors."""
+    root_rank's. The structure travels pickled; the tensors travel as tensors.
+
+    As in Horovod, an optimizer without state yet gets it first from one step on zero
+    gradients, so that every parameter that requires a gradient has one (zeros) and its state
+    afterwards; the parameters themselves are left as they were."""
+    _create_state(optimizer)
     own = []
     structure = _strip_tensors(optimizer.state_dict(), own)
     structure = broadcast_object(structure, root_rank, name="broadcast_optimizer_state.structure")
@@ -77,6 +82,29 @@ def broadcast_optimizer_state(optimizer, root_rank):
         synchronize(handle)
     if basics.rank() != root_rank:
         optimizer.load_state_dict(_fill_tensors(structure, tensors))
+
+
+def _create_state(optimizer):
+    if optimizer.state_dict()["state"]:
+        return
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    for p in params:
+        if p.requires_grad and p.grad is None:
+            p.grad = torch.zeros_like(p)
+    kept = [p.detach().clone() for p in params]
+    # A DistributedOptimizer is a subclass of the wrapped optimizer's class: step with the
+    # wrapped class's own step(), which communicates nothing.
+    plain = super(type(optimizer), optimizer) if hasattr(optimizer, "_horovodlike_setup") \
+        else optimizer
+    try:
+        plain.step()
+    except (RuntimeError, TypeError, ValueError):
+        # An optimizer that cannot step on zero dense gradients (LBFGS wants a closure,
+        # SparseAdam sparse gradients) keeps no state; root's state, if any, still arrives.
+        pass
+    with torch.no_grad():
+        for p, value in zip(params, kept):
+            p.copy_(value)
 
 
 def _strip_tensors_meta(value, out):

@@ -31,11 +31,18 @@ _lock = threading.Lock()
 _handle_map = {}  # handle -> (result, objects to keep alive, op)
 _name_counters = {}
 _group_ids = itertools.count(1)
+# (process set id, name) -> handle, until the handle is synchronized: as in Horovod, a second
+# collective under a name still in flight is an error, raised at once on the rank that made it
+# (the core's own check misses it when the first one has already run but not been waited on).
+_names_in_flight = {}
+_key_of_handle = {}
 
 
 def _restart_auto_names():
     with _lock:
         _name_counters.clear()
+        _names_in_flight.clear()
+        _key_of_handle.clear()
 
 
 basics.register_init_hook(_restart_auto_names)
@@ -83,11 +90,19 @@ def _resolve_op(average, op, what):
 
 def _enqueue(op, name, tensor, output, result, keep, process_set, **kwargs):
     """Queues the collective; synchronize() will return ``result`` (or the core's output)."""
+    key = (set_id(process_set), name)
+    with _lock:
+        if key in _names_in_flight:
+            raise ValueError(f"a collective named '{name}' is already in flight (its handle "
+                             "has not been synchronized); synchronize it first or give each "
+                             "concurrent operation a unique name")
     handle = _core.enqueue(op, name, tensor.data_ptr(), 0 if output is None else output.data_ptr(),
                            _DTYPES[tensor.dtype], list(tensor.shape), device=_device(tensor),
                            process_set=set_id(process_set), **kwargs)
     with _lock:
         _handle_map[handle] = (result, keep, op)
+        _names_in_flight[key] = handle
+        _key_of_handle[handle] = key
     return handle
 
 
@@ -245,11 +260,12 @@ def allgather_async(tensor, name=None, process_set=global_process_set, _group=(0
 
 
 def _slice_own_rows(grad, first_dims, process_set):
-    """This rank's rows of the summed gradient of a gather."""
-    summed = allreduce(grad.contiguous(), op=Sum, process_set=process_set)
+    """Horovod's allgather gradient: the average over the set of the incoming gradient, then
+    this rank's rows of it."""
+    averaged = allreduce(grad.contiguous(), op=Average, process_set=process_set)
     me = set_ranks(process_set).index(basics.rank())
     start = sum(first_dims[:me])
-    return summed[start:start + first_dims[me]]
+    return averaged[start:start + first_dims[me]]
 
 
 class _AllgatherFunction(torch.autograd.Function):
@@ -262,7 +278,6 @@ class _AllgatherFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output):
-        # d(sum of all ranks' losses)/d(my rows) = sum over ranks of the gradient at my rows.
         return _slice_own_rows(grad_output, ctx.first_dims, ctx.process_set), None, None
 
 
@@ -342,11 +357,12 @@ class _BroadcastFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output):
-        # Only the root's input reaches the outputs: it gets the sum of all ranks' gradients.
-        summed = allreduce(grad_output.contiguous(), op=Sum, process_set=ctx.process_set)
+        # Horovod's rule: the average of the incoming gradients, kept on the root (the only
+        # input that reaches the outputs) and zero on every other rank.
+        averaged = allreduce(grad_output.contiguous(), op=Average, process_set=ctx.process_set)
         if basics.rank() != ctx.root_rank:
-            summed = torch.zeros_like(summed)
-        return summed, None, None, None
+            averaged = torch.zeros_like(averaged)
+        return averaged, None, None, None
 
 
 def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
@@ -412,6 +428,10 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
 
 def _check_reducescatter_op(op, name):
     op = Average if op is None else op
+    if op == Adasum:
+        # RuntimeError, as Horovod raises: Adasum combines whole tensors, not scattered parts.
+        raise NotImplementedError(f"reducescatter '{name}': op=hvd.Adasum is not supported; "
+                                  "use hvd.Sum or hvd.Average")
     if op not in (Average, Sum, Min, Max, Product):
         raise ValueError(f"reducescatter '{name}': unknown reduce op {op!r}")
     return op
@@ -433,8 +453,10 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
 
 
 def _reducescatter_grad(grad, op, pre, post, process_set):
+    """Horovod's rule: every rank's gradient gathered back to full size, times the set's size
+    for Sum (and times the scale factors the forward applied)."""
     gathered = allgather(grad.contiguous(), process_set=process_set)
-    scale = pre * post / (len(set_ranks(process_set)) if op == Average else 1.0)
+    scale = pre * post * (len(set_ranks(process_set)) if op == Sum else 1.0)
     return gathered * scale if scale != 1.0 else gathered
 
 
@@ -499,55 +521,31 @@ def grouped_reducescatter(tensors, name=None, compression=None, op=Average,
     return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, pairs)]
 
 
-# ---------------------------------------------------------------------------------- sparse
-
-class _SparseHandle:
-    """Allgathers of a sparse tensor's indices and values; synchronize() sums them up."""
-
-    def __init__(self, indices_handle, values_handle, size, op, set_size):
-        self.parts = (indices_handle, values_handle)
-        self.size, self.op, self.set_size = size, op, set_size
-
-
-def sparse_allreduce_async(tensor, name=None, op=Average, process_set=global_process_set):
-    """Starts the reduction of a sparse COO tensor by gathering every rank's indices and values
-    (only Sum and Average); synchronize() returns the coalesced sparse result."""
-    name = name or _auto_name("sparse_allreduce")
-    if not isinstance(tensor, torch.Tensor) or not tensor.is_sparse:
-        raise TypeError(f"sparse_allreduce '{name}': expected a sparse COO tensor")
-    if op not in (Average, Sum):
-        raise ValueError(f"sparse_allreduce '{name}': only hvd.Average and hvd.Sum are defined")
-    tensor = tensor.coalesce()
-    indices = allgather_async(tensor.indices().t().contiguous(), f"{name}.indices", process_set)
-    values = allgather_async(tensor.values().contiguous(), f"{name}.values", process_set)
-    return _SparseHandle(indices, values, tensor.size(), op, len(set_ranks(process_set)))
-
-
 # ---------------------------------------------------------------------------------- handles
 
 def poll(handle):
     """True when the operation behind ``handle`` has finished (synchronize() will not block)."""
     if isinstance(handle, _GroupHandle):
         return all(_core.poll(h) for h in handle.handles)
-    if isinstance(handle, _SparseHandle):
-        return all(_core.poll(h) for h in handle.parts)
+    if hasattr(handle, "parts"):  # a sparse allreduce (sparse_ops.py)
+        return all(poll(h) for h in handle.parts)
     return _core.poll(handle)
 
 
 def _synchronize(handle, want_extra=False):
     if isinstance(handle, _GroupHandle):
         return [_synchronize(h, want_extra) for h in handle.handles]
-    if isinstance(handle, _SparseHandle):
-        indices, values = (_synchronize(h) for h in handle.parts)
-        summed = torch.sparse_coo_tensor(indices.t(), values, handle.size,
-                                         check_invariants=True).coalesce()
-        return summed / handle.set_size if handle.op == Average else summed
+    if hasattr(handle, "parts"):  # a sparse allreduce (sparse_ops.py)
+        return handle.combine(*(_synchronize(h) for h in handle.parts))
     with _lock:
         if handle not in _handle_map:
             raise ValueError(f"unknown handle {handle}: it was already synchronized")
     code, message = _core.wait(handle)
     with _lock:
         result, keep, op = _handle_map.pop(handle)
+        key = _key_of_handle.pop(handle, None)
+        if _names_in_flight.get(key) == handle:
+            del _names_in_flight[key]
     extra = None
     try:
         if code != _core.STATUS_OK:
@@ -585,7 +583,7 @@ def barrier(process_set=global_process_set):
 def join(device=-1):
     """Declares that this rank has no more data. Until every rank has joined, the others'
     allreduces go on with this rank contributing zeros. Returns the last rank to join."""
-    handle = _core.enqueue(_OP_JOIN, "join", 0, 0, _DTYPES[torch.uint8], [0])
+    handle = _core.enqueue_control(_OP_JOIN, "join")
     with _lock:
         _handle_map[handle] = (None, (), _OP_JOIN)
     return _synchronize(handle)

@@ -6,6 +6,8 @@ layers overlaps computation of early ones; step() waits for the outstanding allr
 applies the wrapped optimizer's update.
 """
 
+import warnings
+
 import torch
 
 from horovodlike.common import elastic as _elastic
@@ -14,8 +16,8 @@ from horovodlike.torch.adasum_optimizer import _DistributedAdasumOptimizer
 from horovodlike.torch.compression import Compression
 from horovodlike.torch.optimizer_common import discard, parameter_names, too_many_passes
 from horovodlike.torch.mpi_ops import (Average, Sum, Adasum, allreduce_async_,
-                                       grouped_allreduce_async_, sparse_allreduce_async,
-                                       synchronize)
+                                       grouped_allreduce_async_, synchronize)
+from horovodlike.torch.sparse_ops import sparse_allreduce_async
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -40,6 +42,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         params = [p for group in self.param_groups for p in group["params"]]
         self._params = params
         self._names = parameter_names(params, named_parameters)
+        self._parameter_names = self._names  # Horovod's attribute name, read by its tests
+        self._synchronized = False  # synchronize() ran and no gradient has been produced since
         self._group_of = self._make_groups(params, groups)
         self._handles = {}      # param or group index -> (handle, [(param, compressed, ctx)])
         self._ready = {}        # group index -> params whose gradient is ready
@@ -92,11 +96,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """The tensor to reduce for p's gradient: densified or compressed as configured."""
         if p.grad is None:
             p.grad = torch.zeros_like(p)
-        if p.grad.is_sparse and self._sparse_as_dense:
-            p.grad = p.grad.to_dense()
-        if p.grad.is_sparse:
+        if p.grad.is_sparse and not self._sparse_as_dense:
             return p.grad, None
-        compressed, ctx = self._compression.compress(p.grad)
+        # sparse_as_dense: reduce a dense copy; the gradient goes back sparse (as in Horovod),
+        # so optimizers that want sparse gradients (SparseAdam) still get them.
+        grad = p.grad.to_dense() if p.grad.is_sparse else p.grad
+        compressed, ctx = self._compression.compress(grad)
         return compressed.contiguous(), ctx
 
     def _start_allreduce(self, p):
@@ -134,6 +139,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return ("group", group) in self._handles or p in self._ready.get(group, ())
 
     def _grad_ready(self, p):
+        self._synchronized = False
         if self._pending(p):
             raise too_many_passes(self._names[p], self.backward_passes_per_step)
         self._passes_left[p] -= 1
@@ -158,6 +164,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                         p.grad = output
                         continue
                     reduced = self._compression.decompress(compressed, ctx)
+                    if p.grad.is_sparse:
+                        p.grad = reduced.to_sparse()
+                        continue
                     if reduced.data_ptr() != p.grad.data_ptr():
                         p.grad.copy_(reduced)
         finally:
@@ -168,6 +177,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._ready.clear()
             for p in self._passes_left:
                 self._passes_left[p] = self.backward_passes_per_step
+        self._synchronized = True
 
     def skip_synchronize(self):
         """Context manager: step() inside it does not synchronize (call synchronize() first)."""
@@ -184,7 +194,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def step(self, closure=None):
         if self._should_synchronize:
+            if self._synchronized:
+                warnings.warn("optimizer.step() called without optimizer.skip_synchronize() "
+                              "context after optimizer.synchronize(): the gradients are "
+                              "reduced a second time. Call step() inside "
+                              "`with optimizer.skip_synchronize():` after synchronize().")
             self.synchronize()
+        self._synchronized = False
         return super(self.__class__, self).step(closure)
 
     def zero_grad(self, set_to_none=True):

@@ -12,7 +12,8 @@ send returns once its bytes are written, and the receiving rank keeps a message 
 matches it, so two ranks may both send before they receive. Tensors are CPU tensors; a receive
 checks that the dtype and number of elements are the sender's: a mismatch raises
 ``TensorMismatchError`` naming both ranks on the receiver, and on the sender at its pending or
-next operation with that peer.
+next operation with that peer. ``send_differentiable`` / ``recv_differentiable`` are the autograd
+pair: the gradient of what was received flows back to the sender during the backward pass.
 """
 
 import torch
@@ -106,6 +107,60 @@ def recv(tensor, src, tag=0, process_set=global_process_set):
 
 send_async = isend
 recv_async = irecv
+
+
+class _SendFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, dst, tag, process_set):
+        ctx.peer, ctx.tag, ctx.process_set = dst, tag, process_set
+        ctx.shape, ctx.dtype = tensor.shape, tensor.dtype
+        send(tensor, dst, tag, process_set)
+        return tensor.new_zeros(())
+
+    @staticmethod
+    def backward(ctx, _):
+        grad = torch.zeros(ctx.shape, dtype=ctx.dtype)
+        recv(grad, ctx.peer, ctx.tag, ctx.process_set)
+        return grad, None, None, None
+
+
+class _RecvFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, anchor, src, tag, process_set):
+        ctx.peer, ctx.tag, ctx.process_set = src, tag, process_set
+        return irecv_any(src, tag, process_set).wait()
+
+    @staticmethod
+    def backward(ctx, grad):
+        send(grad.contiguous(), ctx.peer, ctx.tag, ctx.process_set)
+        return None, None, None, None
+
+
+def send_differentiable(tensor, dst, tag=0, process_set=global_process_set):
+    """Sends ``tensor`` to ``dst`` as part of the autograd graph, for models split over ranks
+    by hand. Returns a 0-d zero "token": backpropagating through it (``token.backward()``, or
+    adding it to this rank's loss) waits for the gradient that ``dst``'s matching
+    ``recv_differentiable`` sends back, and carries it into ``tensor``'s graph. The gradient
+    travels back on the same tag."""
+    what = "send_differentiable"
+    _check_tensor(tensor, what)
+    dst = core.check_peer(dst, process_set, what, "dst")
+    tag = core.check_tag(tag, f"{what} to rank {dst}")
+    if not tensor.is_floating_point():
+        raise TypeError(f"{what}: a gradient needs a floating-point tensor, got "
+                        f"{str(tensor.dtype).replace('torch.', '')}; use send")
+    return _SendFunction.apply(tensor, dst, tag, process_set)
+
+
+def recv_differentiable(src, tag=0, process_set=global_process_set):
+    """Receives from ``src`` what its ``send_differentiable`` sent (the sender decides dtype and
+    shape); the result requires grad, and its gradient goes back to ``src`` during this rank's
+    backward pass."""
+    what = "recv_differentiable"
+    src = core.check_peer(src, process_set, what, "src")
+    tag = core.check_tag(tag, f"{what} from rank {src}")
+    anchor = torch.zeros(0, requires_grad=True)  # makes the output part of the graph
+    return _RecvFunction.apply(anchor, src, tag, process_set)
 
 
 class P2POp:
