@@ -8,7 +8,9 @@ q x q mesh (P = q^2), with the seed's scheme (allgather activations, reduce-scat
 outputs, weights stay) and with SUMMA (allgather activations and weights). Every collective the
 layers issue is recorded and its bytes sent per rank counted with the ring algorithms the core
 runs (allreduce 2(p-1)/p n, allgather (p-1)/p of the output, reducescatter (p-1)/p of the
-input); then the median step time is measured. Beside them: the seed's per-device formulas
+input), and measured on the wire: the job runs over TCP and each rank reads the kernel's count
+of the bytes its sockets sent (wire_bytes.py) around one more forward and backward pass; then
+the median step time is measured. Beside them: the seed's per-device formulas
 for the pair's forward pass, 2(P-1)bsh/P for 1D and 2bs[e(x-1)+h(y-1)]/xy for 2D (fp32).
 """
 
@@ -21,6 +23,9 @@ import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from wire_bytes import tcp_bytes_sent  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BS, H, E = 72, 576, 2304
@@ -85,10 +90,25 @@ def worker(mode, steps, out):
         elapsed = max(hvd.allgather_object(time.perf_counter() - start))
         if step >= 2:
             times.append(elapsed)
+    # One more pass, untimed, measured on the wire: the kernel's count of what this rank's
+    # sockets sent, with pauses so that each pass's last sends have left before the reading.
+    settle = 0.2
     hvd.barrier()
+    time.sleep(settle)
+    idle_start = tcp_bytes_sent()
+    time.sleep(settle)
+    before = tcp_bytes_sent()
+    y = second(F.gelu(first(inputs.requires_grad_())))
+    time.sleep(settle)
+    after_forward = tcp_bytes_sent()
+    y.pow(2).mean().backward()
+    time.sleep(settle)
+    after_backward = tcp_bytes_sent()
+    wire = hvd.allgather_object((before - idle_start, after_forward - before,
+                                 after_backward - after_forward))
     if hvd.rank() == 0:
         with open(out, "w") as f:
-            json.dump([forward_bytes, backward_bytes, statistics.median(times)], f)
+            json.dump([forward_bytes, backward_bytes, statistics.median(times), wire], f)
     hvd.shutdown()
 
 
@@ -102,14 +122,20 @@ def main():
     args = parser.parse_args()
     if args.worker:
         return worker(args.worker, args.steps, args.out)
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    # Every byte over TCP, so that the kernel's socket counters see all of it.
+    env = dict(os.environ, OMP_NUM_THREADS="1", HOROVOD_SHM_DISABLE="1")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.join(REPO, "src"),
                                                       env.get("PYTHONPATH")]))
     raw = {"load_before": os.getloadavg(), "cores": os.cpu_count(), "rows": []}
     print(f"activation ({BS}, {H}), weights ({H}, {E}) and ({E}, {H}), fp32; KiB sent per rank "
-          "for one forward and one backward pass of the pair\n")
-    print(f"{'P':>3} {'layout':<11} {'forward':>9} {'backward':>9} {'seed fwd':>9} "
-          f"{'step ms':>8}")
+          "for one forward and one backward pass of the pair: counted (the collectives the "
+          "layers issue, at the ring's cost), measured on the wire (the kernel's TCP counters, "
+          "mean and max over ranks, negotiation included; idle: what a rank sent in "
+          f"{0.2:.1f} s doing nothing), the seed's formula; job over TCP\n")
+    print(f"{'P':>3} {'layout':<11} {'counted':>17} {'measured fwd':>17} {'measured bwd':>17} "
+          f"{'idle':>5} {'seed fwd':>9} {'step ms':>8}")
+    print(f"{'':>3} {'':<11} {'fwd':>8} {'bwd':>8} {'mean':>8} {'max':>8} {'mean':>8} "
+          f"{'max':>8}")
     for ranks in [int(r) for r in args.ranks.split(",")]:
         q = math.isqrt(ranks)
         for mode in ("1d", "2d", "summa"):
@@ -122,7 +148,7 @@ def main():
                                 "--worker", mode, "--out", out, "--steps", str(args.steps)],
                                env=env, check=True, cwd=REPO, stdout=subprocess.DEVNULL)
                 with open(out) as f:
-                    forward, backward, step = json.load(f)
+                    forward, backward, step, wire = json.load(f)
             if mode == "1d":
                 seed = 2 * (ranks - 1) * BS * H / ranks * 4
             elif mode == "summa":
@@ -130,11 +156,17 @@ def main():
             else:
                 seed = 2 * BS * (E * (q - 1) + H * (q - 1)) / (q * q) * 4
             label = {"1d": "1D", "2d": f"2D {q}x{q}", "summa": f"SUMMA {q}x{q}"}[mode]
-            print(f"{ranks:>3} {label:<11} {forward / 1024:>9.1f} {backward / 1024:>9.1f} "
-                  f"{seed / 1024:>9.1f} {step * 1e3:>8.2f}", flush=True)
+            idle, wire_fwd, wire_bwd = ([w[i] for w in wire] for i in range(3))
+            kib = lambda v: f"{v / 1024:>8.1f}"  # noqa: E731
+            print(f"{ranks:>3} {label:<11} {kib(forward)} {kib(backward)} "
+                  f"{kib(statistics.mean(wire_fwd))} {kib(max(wire_fwd))} "
+                  f"{kib(statistics.mean(wire_bwd))} {kib(max(wire_bwd))} "
+                  f"{statistics.mean(idle) / 1024:>5.1f} {seed / 1024:>9.1f} {step * 1e3:>8.2f}",
+                  flush=True)
             raw["rows"].append({"ranks": ranks, "layout": label, "forward_bytes": forward,
                                 "backward_bytes": backward, "seed_forward_bytes": seed,
-                                "step_s": step})
+                                "wire_forward_bytes": wire_fwd, "wire_backward_bytes": wire_bwd,
+                                "wire_idle_bytes": idle, "step_s": step})
     # The seed's formulas beyond what this machine runs: where 2D starts to send less.
     print("\nseed's formulas, forward KiB per rank:")
     for ranks in (4, 9, 16, 25, 36, 49, 64):

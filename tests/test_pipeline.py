@@ -13,8 +13,8 @@ from horovodlike.torch.pipelining.schedules import (BACKWARD, FORWARD, Schedule1
 
 # Several schedules per job: each job pays torch's start-up once.
 @pytest.mark.parametrize("np_, specs", [
-    (2, ["gpipe:1", "1f1b:1", "interleaved:2"]), (3, ["1f1b:1", "gpipe:1"]),
-    (4, ["1f1b:1", "interleaved:2"])])
+    (2, ["gpipe:1", "1f1b:1", "interleaved:2", "interleaved:3"]), (3, ["1f1b:1", "gpipe:1"]),
+    (4, ["1f1b:1", "gpipe:1", "interleaved:2"])])
 def test_pipeline_equals_single_process(np_, specs):
     result = launch(np_, "pipeline_worker.py", "train", *specs)
     assert_all_ranks(result, np_, "pipelines OK")

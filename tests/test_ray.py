@@ -22,6 +22,7 @@ from cluster_reference import launcher_weights  # noqa: E402
 from test_elastic import check_report  # noqa: E402
 
 from horovodlike.ray import ElasticRayExecutor, RayExecutor  # noqa: E402
+from horovodlike.runner.rendezvous_client import RendezvousClient, RendezvousError  # noqa: E402
 
 
 def start_local_ray(num_cpus, **kwargs):
@@ -72,7 +73,21 @@ def test_training_equals_numpy_and_the_launcher(executor, tmp_path):
 
 
 def test_execute_execute_single_and_run_remote_in_rank_order(executor):
-    executor.start(executable_cls=cluster_jobs.Counter, executable_args=[10])
+    executor.start(executable_cls=cluster_jobs.Counter, executable_args=[10],
+                   extra_env_vars={"HVDL_TEST_GREETING": "hi"})
+    # A lambda: os.environ.get itself would carry this process's environment along.
+    assert executor.run(lambda name: os.environ.get(name),
+                        args=["HVDL_TEST_GREETING"]) == ["hi", "hi"]
+    # The job's rendezvous server runs here, in the driver, guarded by a secret of its own
+    # that every worker got and a stranger does not have.
+    rendezvous = executor.run(lambda: [os.environ[f"HOROVOD_{name}"] for name in
+                                       ("RENDEZVOUS_ADDR", "RENDEZVOUS_PORT", "SECRET_KEY")])
+    assert rendezvous[0] == rendezvous[1], rendezvous
+    address, port, secret = rendezvous[0]
+    assert int(port) == executor._server.port and len(secret) == 64, rendezvous
+    RendezvousClient(address, int(port), secret, timeout=10).close()
+    with pytest.raises(RendezvousError, match="refused this job's secret"):
+        RendezvousClient(address, int(port), "0" * 64, timeout=10)
     assert executor.execute(lambda counter: counter.add(1)) == [(0, 11), (1, 12)]
     assert executor.execute(lambda counter: counter.add(2)) == [(0, 13), (1, 16)]
     assert executor.execute_single(lambda counter: counter.value) == 13
@@ -157,6 +172,39 @@ def test_too_few_cpus_is_a_clear_error_within_the_placement_timeout(local_ray):
     assert executor.workers == []
 
 
+def test_use_current_placement_group_places_the_workers_in_the_drivers_group(local_ray):
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    def drive_in_the_current_placement_group(use_current):
+        """A driver that is itself a Ray task inside a placement group (as under Ray Tune);
+        defined here so that Ray ships it by value."""
+        # Short where no group can be placed; long where the actors only have to start.
+        settings = RayExecutor.create_settings(placement_group_timeout_s=60 if use_current
+                                               else 5)
+        executor = RayExecutor(settings, num_workers=2, use_current_placement_group=use_current)
+        try:
+            executor.start()
+            return executor.run(cluster_jobs.placement)
+        except TimeoutError as error:
+            return str(error)
+        finally:
+            executor.shutdown()
+
+    group = placement_group([{"CPU": 1}, {"CPU": 1}], strategy="PACK")
+    ray.get(group.ready(), timeout=60)
+    drive = ray.remote(num_cpus=0)(drive_in_the_current_placement_group).options(
+        scheduling_strategy=PlacementGroupSchedulingStrategy(
+            group, placement_group_capture_child_tasks=True))
+    try:
+        # The group holds both CPUs: the workers fit only in it.
+        results = ray.get(drive.remote(True), timeout=120)
+        assert [(r["rank"], r["sum"]) for r in results] == [(0, 3.0), (1, 3.0)], results
+        assert "could not place 2 workers" in ray.get(drive.remote(False), timeout=120)
+    finally:
+        remove_placement_group(group)
+
+
 def test_bad_arguments_are_refused_before_anything_starts():
     settings = RayExecutor.create_settings()
     with pytest.raises(ValueError, match="either num_workers, or num_hosts"):
@@ -209,12 +257,18 @@ def test_elastic_worker_killed_the_job_finishes_with_the_other(local_ray, tmp_pa
     assert "/1: its Ray actor died" in capfd.readouterr().err
 
 
-def test_elastic_worker_added_by_discovery_joins(local_ray, tmp_path):
+def slots_from_a_file(tmp_path, slots=1, **settings):
+    """Settings whose discovery offers this node with `slots` slots, until the "grow" or
+    "shrink" scenario's rank 0 changes that."""
     node = ray.util.get_node_ip_address()
-    (tmp_path / "hosts.txt").write_text(f"{node}:1\n")
-    settings = ElasticRayExecutor.create_settings(
+    (tmp_path / "hosts.txt").write_text(f"{node}:{slots}\n")
+    return ElasticRayExecutor.create_settings(
         min_num_proc=1, max_num_proc=2, elastic_timeout=60,
-        discovery=FileDiscovery(str(tmp_path / "hosts.txt")))
+        discovery=FileDiscovery(str(tmp_path / "hosts.txt")), **settings)
+
+
+def test_elastic_worker_added_by_discovery_joins(local_ray, tmp_path):
+    settings = slots_from_a_file(tmp_path)
     logged = []
     results = run_elastic(tmp_path, "grow", settings, callbacks=[logged.append],
                           override_discovery=False)
@@ -225,6 +279,27 @@ def test_elastic_worker_added_by_discovery_joins(local_ray, tmp_path):
     check_report(report)
     # Rank 0 sent every step to the callback, before and after the worker joined.
     assert logged == report["steps"]
+
+
+def test_elastic_worker_stopped_when_its_slot_leaves_the_discovery(local_ray, tmp_path, capfd):
+    settings = slots_from_a_file(tmp_path, slots=2)
+    results = run_elastic(tmp_path, "shrink", settings, override_discovery=False)
+    assert len(results) == 1, results
+    report = results[0]
+    sizes = [len(per_rank) for _, per_rank in report["steps"]]
+    assert sizes[0] == 2 and sizes[-1] == 1 and report["size"] == 1, sizes
+    check_report(report)
+    # A node that leaves is no failure: its slot is not retired, no error is reported.
+    err = capfd.readouterr().err
+    assert "retired" not in err and "died" not in err, err
+
+
+def test_elastic_reset_limit_stops_the_job(local_ray, tmp_path):
+    # The worker that joins needs a new round: one reset more than reset_limit=0 allows.
+    settings = slots_from_a_file(tmp_path, reset_limit=0)
+    with pytest.raises(RuntimeError, match=r"the elastic Ray job failed: the job was reset 1 "
+                                           r"times, more than --reset-limit 0"):
+        run_elastic(tmp_path, "grow", settings, override_discovery=False)
 
 
 def _process_exists(pid):

@@ -93,7 +93,7 @@ def test_run_trains_as_numpy_and_the_launcher(spark, tmp_path):
 STAMP = r"\w{3} \w{3} [ \d]\d \d\d:\d\d:\d\d \d{4}"  # time.asctime(), as horovodlikerun's
 
 
-def test_results_and_output_with_the_cores_log_lines_again_and_again(spark):
+def test_results_and_output_with_the_cores_log_lines_again_and_again(spark, capsys):
     for _ in range(2):  # Spark reuses its Python workers: a second job must form anew
         out, err = io.StringIO(), io.StringIO()
         results = horovodlike.spark.run(cluster_jobs.greet, args=("hello",),
@@ -111,9 +111,14 @@ def test_results_and_output_with_the_cores_log_lines_again_and_again(spark):
                      r"memory with ranks on this host: 2 of 2", err.getvalue())):
                 assert re.search(rf"^{pattern}$", text, re.MULTILINE), (pattern, text)
     out = io.StringIO()
-    horovodlike.spark.run(cluster_jobs.greet, args=("plain",), num_proc=2, stdout=out)
+    capsys.readouterr()
+    horovodlike.spark.run(cluster_jobs.greet, args=("plain",), num_proc=2, stdout=out,
+                          verbose=2)
     assert sorted(line for line in out.getvalue().splitlines() if "plain" in line) == \
         ["[0]<stdout>:plain from 0.", "[1]<stdout>:plain from 1."]
+    # verbose=2 says where the job's rendezvous is.
+    assert re.search(r"^horovodlike.spark: 2 ranks, rendezvous at 127\.0\.0\.1:\d+$",
+                     capsys.readouterr().err, re.MULTILINE)
 
 
 def test_a_failing_task_fails_run_naming_its_rank(spark, tmp_path):
@@ -131,6 +136,22 @@ def test_a_failing_task_fails_run_naming_its_rank(spark, tmp_path):
     results = horovodlike.spark.run(cluster_jobs.greet, args=("again",), num_proc=2,
                                     stdout=io.StringIO())
     assert [rank for rank, _ in results] == [0, 1]
+
+
+def test_more_ranks_than_task_slots_fail_within_start_timeout(spark):
+    context = spark.sparkContext
+    context.setJobGroup("the-callers-group", "the caller's jobs")
+    started = time.monotonic()
+    # local[2] has two task slots; a barrier stage of 3 tasks never starts.
+    with pytest.raises(RuntimeError, match=r"only 0 of num_proc=3 Spark tasks were running "
+                                           r"after start_timeout=4 s.*default parallelism "
+                                           r"is 2"):
+        horovodlike.spark.run(cluster_jobs.greet, args=("x",), num_proc=3, start_timeout=4)
+    assert time.monotonic() - started < 40
+    assert context.getLocalProperty("spark.jobGroup.id") == "the-callers-group"
+    context.setLocalProperty("spark.jobGroup.id", None)
+    context.setLocalProperty("spark.job.description", None)
+    assert context.getLocalProperty("spark.jobGroup.id") is None
 
 
 def test_bad_arguments_are_refused_before_anything_starts(spark):

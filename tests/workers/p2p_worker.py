@@ -110,8 +110,10 @@ def bad_input(pair):
     expect_error(ValueError, ["dst", str(size), "not a rank of this job"],
                  lambda: hvd.send(x, size, tag=0))
     expect_error(ValueError, ["dst", "this rank itself"], lambda: hvd.send(x, rank))
-    expect_error(ValueError, ["tag -1", "2**31 - 1"], lambda: hvd.send(x, peer, tag=-1))
-    expect_error(ValueError, ["irecv from rank", "tag -3"], lambda: hvd.recv(x, peer, tag=-3))
+    expect_error(ValueError, [f"rank {rank}: isend to rank {peer}: tag -1", "2**31 - 1"],
+                 lambda: hvd.send(x, peer, tag=-1))
+    expect_error(ValueError, [f"rank {rank}: irecv from rank {peer}: tag -3"],
+                 lambda: hvd.recv(x, peer, tag=-3))
     expect_error(TypeError, ["dst must be an int"], lambda: hvd.isend(x, 1.0))
     expect_error(TypeError, ["dtype complex64"],
                  lambda: hvd.send(torch.zeros(2, dtype=torch.complex64), peer))

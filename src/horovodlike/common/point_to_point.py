@@ -50,8 +50,9 @@ def check_tag(tag, what):
     if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)):
         raise TypeError(f"{what}: tag must be an int, got {tag!r}")
     if not 0 <= int(tag) <= MAX_TAG:
-        raise ValueError(f"{what}: tag {int(tag)} is out of range; tags are integers from 0 to "
-                         f"2**31 - 1")
+        # Named with both ranks: `what` names the peer.
+        raise ValueError(f"rank {basics.rank()}: {what}: tag {int(tag)} is out of range; tags "
+                         "are integers from 0 to 2**31 - 1")
     return int(tag)
 
 

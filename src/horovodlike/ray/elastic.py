@@ -87,6 +87,7 @@ class RayWorkerProcess:
         self._actor = None
         self._code: int | None = None
         self._done = threading.Event()
+        self._stopped = False  # by the driver, through signal_group
 
     @property
     def rank(self) -> int:
@@ -109,7 +110,8 @@ class RayWorkerProcess:
             self.result = ray.get(future)
             code = 0
         except ray.exceptions.RayActorError as error:
-            console.message(f"worker {worker}: its Ray actor died ({_first_line(error)})")
+            if not self._stopped:  # the driver stopped it (its node left, the job ended)
+                console.message(f"worker {worker}: its Ray actor died ({_first_line(error)})")
             code = 1
         except Exception as error:  # the training function raised
             cause = getattr(error, "cause", None) or error
@@ -131,6 +133,7 @@ class RayWorkerProcess:
     def signal_group(self, signum: int) -> None:
         import ray
         if self._actor is not None and signum in (signal.SIGTERM, signal.SIGKILL):
+            self._stopped = True
             ray.kill(self._actor, no_restart=True)
 
     def join_output(self, timeout: float) -> None:
@@ -209,9 +212,9 @@ class ElasticRayExecutor:
     def run(self, worker_fn: Callable[[], Any], callbacks: list | None = None) -> list:
         """worker_fn() on every worker of the elastic job until the last round's workers have
         all returned; their results in rank order. `callbacks`: callables, each called here on
-        every value the workers send with ray_logger.log() while they run. Raises RuntimeError when the job fails
-        (fewer than min_num_proc workers for elastic_timeout, the reset limit, a failure of
-        every worker)."""
+        every value the workers send with ray_logger.log() while they run. Raises RuntimeError
+        saying why the job stopped (fewer than min_num_proc workers for elastic_timeout, more
+        resets than reset_limit, a worker no round could go on without)."""
         import ray
         callbacks = check_callbacks(callbacks)
         if self._server is None:
@@ -252,8 +255,8 @@ class ElasticRayExecutor:
                                verbose=bool(settings.verbose and settings.verbose > 1))
         code = self._run_driver(driver, relay)
         if code != 0:
-            raise RuntimeError(f"the elastic Ray job failed (exit code {code}); see the "
-                               "driver's messages above")
+            raise RuntimeError(f"the elastic Ray job failed: "
+                               f"{driver.stop_reason or f'exit code {code}'}")
         return [process.result for process in driver.last_round_processes]
 
     @staticmethod

@@ -190,8 +190,15 @@ class RayExecutor:
                         index, bundle_count))).remote()
                 for index in range(self.num_workers)]
             self.workers = actors  # so that shutdown() finds them if what follows fails
-            nodes = ray.get([actor.node.remote() for actor in actors],
-                            timeout=self.settings.placement_group_timeout_s)
+            try:
+                nodes = ray.get([actor.node.remote() for actor in actors],
+                                timeout=self.settings.placement_group_timeout_s)
+            except ray.exceptions.GetTimeoutError:
+                raise TimeoutError(
+                    f"the {self.num_workers} worker actors did not start within "
+                    f"placement_group_timeout_s={self.settings.placement_group_timeout_s:g} s "
+                    "although their placement group was ready; is the cluster overloaded?"
+                ) from None
             self.nodes = nodes
             labels = node_labels([(node["node_id"], node["address"]) for node in nodes])
             assignments = assign_by_host(labels)

@@ -91,6 +91,9 @@ class ElasticDriver:
         self._round: Round | None = None
         self._hosts_version = 0
         self._short_since: float | None = None
+        # Why the job stopped (the driver's last word), for an API that raises instead of
+        # printing: ElasticRayExecutor.run, spark.run_elastic.
+        self.stop_reason: str | None = None
 
     @property
     def last_round_processes(self) -> list:
@@ -129,19 +132,22 @@ class ElasticDriver:
             if isinstance(event, RankExited):
                 self._on_exit(self._workers[event.rank], event.returncode)
             elif event is not None:
-                self._console.message(f"received {signal.Signals(event).name}; "
-                                      "stopping the job")
+                self._give_up(f"received {signal.Signals(event).name}; stopping the job")
                 return 128 + event
             if time.monotonic() >= next_discovery:
                 try:
                     self._apply_discovery(self._discover())
                 except HostError as error:
-                    self._console.message(f"{error}; stopping the job")
+                    self._give_up(f"{error}; stopping the job")
                     return 1
                 next_discovery = time.monotonic() + DISCOVERY_INTERVAL_S
             verdict = self._check_progress()
             if verdict is not None:
                 return verdict
+
+    def _give_up(self, reason: str) -> None:
+        self.stop_reason = reason
+        self._console.message(reason)
 
     # ------------------------------------------------------------------ workers
     def _on_exit(self, worker: Worker, returncode: int) -> None:
@@ -206,7 +212,7 @@ class ElasticDriver:
         if len(running) < self._min_np:
             self._short_since = self._short_since or time.monotonic()
             if time.monotonic() - self._short_since > self._timeout_s:
-                self._console.message(
+                self._give_up(
                     f"only {len(running)} workers left, fewer than --min-np {self._min_np}, "
                     f"for {self._timeout_s:g} s; stopping the job")
                 return 1
@@ -223,8 +229,8 @@ class ElasticDriver:
             for worker in workers:
                 self._server.put(f"elastic/assign/{worker.id}/{worker.attempt}",
                                  f"stop,reset-limit-{self._reset_limit}-reached")
-            self._console.message(f"the job was reset {number} times, more than --reset-limit "
-                                  f"{self._reset_limit}; stopping the job")
+            self._give_up(f"the job was reset {number} times, more than --reset-limit "
+                          f"{self._reset_limit}; stopping the job")
             return 1
         ordered = sorted(workers, key=lambda w: (self._host_order.index(w.slot[0]), w.slot[1]))
         hosts = [h for h in self._host_order if any(w.slot[0] == h for w in ordered)]
@@ -249,9 +255,9 @@ class ElasticDriver:
         if self._round is None or failed:
             worst = failed[0] if failed else (self._workers[0] if self._workers else None)
             if worst is None:
-                self._console.message("the host discovery script offered no slots")
+                self._give_up("the host discovery script offered no slots")
                 return 1
             what, code = describe_exit(worst.exit_code)
-            self._console.message(f"worker {worst.id} {what}; no round could go on without it")
+            self._give_up(f"worker {worst.id} {what}; no round could go on without it")
             return code or 1
         return 0

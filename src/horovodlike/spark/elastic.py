@@ -125,7 +125,8 @@ def run_elastic(fn, args=(), kwargs={}, num_proc=None, min_num_proc=None, max_nu
     Starts with the slots that are up, goes on with at least min_num_proc workers, retires the
     slot of a worker that fails. Returns the results of the last round's workers in rank order.
     The workers' output is printed here as run() prints the ranks', each line labelled with
-    the rank the worker started as."""
+    its worker's number (workers are numbered in start order, as horovodlikerun's elastic
+    output prefixes are)."""
     import cloudpickle
     context = active_spark_context()
     num_proc = check_num_proc(num_proc, context)
@@ -193,7 +194,7 @@ def run_elastic(fn, args=(), kwargs={}, num_proc=None, min_num_proc=None, max_nu
     if "error" in outcome:
         raise RuntimeError(f"the Spark tasks of run_elastic failed: {outcome['error']}")
     if code != 0:
-        raise RuntimeError(f"the elastic Spark job failed (exit code {code}); see the "
-                           "driver's messages above")
+        raise RuntimeError(f"the elastic Spark job failed: "
+                           f"{driver.stop_reason or f'exit code {code}'}")
     results = {worker: result for worker, _, result in outcome.get("results", [])}
     return [results.get(worker) for worker in members]

@@ -10,6 +10,7 @@ import sys
 from horovodlike.runner import network
 from horovodlike.runner.cluster_job import start_rendezvous
 from horovodlike.spark.output import OutputForwarder
+from horovodlike.spark.start_watch import StartWatch
 from horovodlike.spark.task import FAILURE_PREFIX, barrier_task, decode_failure
 
 DEFAULT_START_TIMEOUT_S = 600.0
@@ -79,7 +80,10 @@ def run(fn, args=(), kwargs={}, num_proc=None, start_timeout=None, extra_mpi_arg
     prefix_output_with_timestamp, its time (`stdout`/`stderr`: where to, default this
     process's). A rank that raises fails the job:
     RuntimeError names it. `env`: variables set for the ranks. `executable` is accepted for
-    Horovod's signature; the ranks run in Spark's Python workers."""
+    Horovod's signature; the ranks run in Spark's Python workers. Raises RuntimeError when
+    the num_proc tasks are not all running within start_timeout (default
+    HOROVOD_SPARK_START_TIMEOUT, else 600 s), which is also how long the ranks have to find
+    each other in hvd.init()."""
     context = active_spark_context()
     num_proc = check_num_proc(num_proc, context)
     interface = check_options(use_mpi, extra_mpi_args, nics)
@@ -93,14 +97,16 @@ def run(fn, args=(), kwargs={}, num_proc=None, start_timeout=None, extra_mpi_arg
                   f"{job.rendezvous_addr}:{job.rendezvous_port}", file=sys.stderr)
         task = barrier_task(fn, tuple(args), dict(kwargs), job, env,
                             prefix_output_with_timestamp)
-        context.setJobDescription(f"horovodlike.spark.run ({num_proc} ranks)")
         forwarder = OutputForwarder(server, stdout, stderr)
         forwarder.start()
+        watch = StartWatch(context, server, num_proc, timeout,
+                           f"horovodlike.spark.run ({num_proc} ranks)")
         try:
-            ranks = (context.parallelize(range(num_proc), num_proc).barrier()
-                     .mapPartitions(task).collect())
+            with watch:
+                ranks = (context.parallelize(range(num_proc), num_proc).barrier()
+                         .mapPartitions(task).collect())
         except Exception as error:
-            raise RuntimeError(describe_failure(server, error)) from error
+            raise RuntimeError(watch.message or describe_failure(server, error)) from error
         finally:
             forwarder.stop()  # every task sent its last lines before it ended
     finally:

@@ -15,6 +15,7 @@ from horovodlike.runner.environment import JobSettings, horovod_environment
 from horovodlike.spark.output import CapturedOutput, OutputSender
 
 FAILURE_PREFIX = "spark/failure/"
+STARTED_PREFIX = "spark/started/"  # a task that runs: the driver's start_timeout check
 _MAX_REPORT_CHARS = 1500  # the rendezvous protocol's lines are at most 4 KiB
 
 
@@ -37,6 +38,7 @@ def barrier_task(fn, args, kwargs, job: JobSettings, env: dict | None,
     def run_rank(_):
         from pyspark import BarrierTaskContext
         context = BarrierTaskContext.get()
+        _put(job, f"{STARTED_PREFIX}{context.partitionId()}", "1")
         hosts = [info.address.rsplit(":", 1)[0] for info in context.getTaskInfos()]
         assignment = assign_by_host(hosts)[context.partitionId()]
         saved_env = dict(os.environ)
@@ -75,11 +77,17 @@ def _stop_runtime() -> None:
 
 
 def _report_failure(job: JobSettings, rank: int, host: str, error: BaseException) -> None:
+    # If this fails, the driver still learns from Spark that the task failed.
+    _put(job, f"{FAILURE_PREFIX}{rank}", encode_failure(host, error))
+
+
+def _put(job: JobSettings, key: str, value: str) -> None:
+    """Tells the driver's rendezvous server something, best effort."""
     from horovodlike.runner.rendezvous_client import RendezvousClient, RendezvousError
     try:
         client = RendezvousClient(job.rendezvous_addr, job.rendezvous_port, job.secret_key,
                                   timeout=10.0)
-        client.put(f"{FAILURE_PREFIX}{rank}", encode_failure(host, error))
+        client.put(key, value)
         client.close()
     except (RendezvousError, OSError):
-        pass  # the driver still learns from Spark that the task failed
+        pass
