@@ -89,6 +89,15 @@ def test_bad_input():
         plan(torch.nn.Linear(2, 2), torch.zeros(4, 2), 2, link=LINK, verbose=False)
     with pytest.raises(ValueError, match="no link given"):
         plan(torch.nn.Sequential(torch.nn.Linear(2, 2)), torch.zeros(4, 2), 2, verbose=False)
+    profile = layers([0.001] * 2, 1024, 1024)
+    with pytest.raises(ValueError, match="world_size must be a positive int, got 0"):
+        run(profile, 0)
+    with pytest.raises(ValueError, match="sample_input must be a tensor"):
+        plan(None, [1, 2], 2, link=LINK, layers=profile, verbose=False)
+    with pytest.raises(ValueError, match="hosts 'a:2,b:1' must give every host the same"):
+        run(profile, 3, hosts="a:2,b:1")
+    with pytest.raises(ValueError, match="hosts 'a:1,b:1' must give every host the same"):
+        run(profile, 4, hosts="a:1,b:1")
 
 
 def test_plan_in_a_job_builds_the_mesh():

@@ -65,8 +65,10 @@ def test_every_tensor_has_its_row_with_negotiation_and_operation(tmp_path):
     events = read_trace(trace)
     assert trace.read_text().rstrip().endswith("]")  # closed cleanly by shutdown()
     rows = rows_of(events)
-    expected = {"solo": "ALLREDUCE", "fused.0": "ALLREDUCE", "fused.1": "ALLREDUCE",
-                "fused.2": "ALLREDUCE", "gathered": "ALLGATHER", "broadcasted": "BROADCAST"}
+    # Rows are titled "<op>.<name>", as Horovod titles them.
+    expected = {"allreduce.solo": "ALLREDUCE", "allreduce.fused.0": "ALLREDUCE",
+                "allreduce.fused.1": "ALLREDUCE", "allreduce.fused.2": "ALLREDUCE",
+                "allgather.gathered": "ALLGATHER", "broadcast.broadcasted": "BROADCAST"}
     assert set(rows) == set(expected), sorted(rows)
     for name, op in expected.items():
         top = [p for depth, p in phases(rows[name]) if depth == 0]
@@ -76,14 +78,14 @@ def test_every_tensor_has_its_row_with_negotiation_and_operation(tmp_path):
         assert nested, (name, phases(rows[name]))
     for i in range(3):
         assert {"MEMCPY_IN_FUSION_BUFFER", "MEMCPY_OUT_FUSION_BUFFER"} <= \
-            {p for _, p in phases(rows[f"fused.{i}"])}
-    assert any(p.endswith("_ALLREDUCE") for _, p in phases(rows["solo"]))
-    assert ("MEMCPY_IN_FUSION_BUFFER" not in {p for _, p in phases(rows["solo"])})
+            {p for _, p in phases(rows[f"allreduce.fused.{i}"])}
+    assert any(p.endswith("_ALLREDUCE") for _, p in phases(rows["allreduce.solo"]))
+    assert ("MEMCPY_IN_FUSION_BUFFER" not in {p for _, p in phases(rows["allreduce.solo"])})
     # The ring's label names the link it ran over (SHM_, TCP_, GLOO_, MPI_RING_ALLGATHER).
     assert any(depth == 1 and p.endswith("_RING_ALLGATHER")
-               for depth, p in phases(rows["gathered"]))
+               for depth, p in phases(rows["allgather.gathered"]))
     assert any(depth == 1 and p.endswith("_CHAIN_BROADCAST")
-               for depth, p in phases(rows["broadcasted"]))
+               for depth, p in phases(rows["broadcast.broadcasted"]))
     assert not any(e["ph"] == "i" for e in events)  # no cycle marks unless asked
 
 
@@ -107,12 +109,12 @@ def test_start_and_stop_at_run_time(tmp_path):
                                                           "second.rank0.json"]
     first = read_trace(tmp_path / "first.rank0.json")
     rows = rows_of(first)
-    assert set(rows) == {"during_first"}
-    assert [p for d, p in phases(rows["during_first"]) if d == 0] == \
+    assert set(rows) == {"allreduce.during_first"}
+    assert [p for d, p in phases(rows["allreduce.during_first"]) if d == 0] == \
         ["NEGOTIATE_ALLREDUCE", "ALLREDUCE"] * 2
     assert not any(e["ph"] == "i" for e in first)
     second = read_trace(tmp_path / "second.rank0.json")
-    assert set(rows_of(second)) == {"during_second"}
+    assert set(rows_of(second)) == {"allreduce.during_second"}
     assert any(e["ph"] == "i" and e["name"] == "CYCLE_START" for e in second)
 
 

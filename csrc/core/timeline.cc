@@ -48,6 +48,27 @@ const char* OperationLabel(Response::Type type) {
   return "OPERATION";
 }
 
+// The lower-case operation ("allreduce") of a label ("NEGOTIATE_ALLREDUCE", "ALLREDUCE"), for
+// row titles; "" for an error, whose row keeps the bare tensor name. The labels are literals,
+// so the results are kept in a fixed table.
+const char* RowPrefix(const char* label) {
+  static const struct {
+    const char* label;
+    const char* prefix;
+  } kPrefixes[] = {
+      {"ALLREDUCE", "allreduce"},         {"ALLGATHER", "allgather"},
+      {"BROADCAST", "broadcast"},         {"BARRIER", "barrier"},
+      {"ALLTOALL", "alltoall"},           {"REDUCESCATTER", "reducescatter"},
+      {"JOIN", "join"},                   {"ADD_PROCESS_SET", "add_process_set"},
+      {"REMOVE_PROCESS_SET", "remove_process_set"},
+  };
+  const char* op = std::strncmp(label, "NEGOTIATE_", 10) == 0 ? label + 10 : label;
+  for (const auto& entry : kPrefixes) {
+    if (std::strcmp(op, entry.label) == 0) return entry.prefix;
+  }
+  return "";
+}
+
 // Tensor names are user text: quotes, backslashes and control characters would break the JSON.
 void AppendEscaped(std::string& out, const std::string& text) {
   for (unsigned char c : text) {
@@ -94,6 +115,7 @@ void Timeline::Start(const std::string& path, bool mark_cycles) {
     origin_ = std::chrono::steady_clock::now();
     mark_cycles_ = mark_cycles;
     stopping_ = false;
+    operation_ended_ = false;
     recording_ = true;
     if (mark_cycles) {
       Event names_cycles;
@@ -142,15 +164,22 @@ void Timeline::Wake() {
   if (pending_.size() == kWakeWriterAt) wake_.notify_one();
 }
 
-Timeline::Row& Timeline::RowOf(const std::string& name) {
+Timeline::Row& Timeline::RowOf(const std::string& name, const char* op) {
   auto it = rows_.find(name);
   if (it != rows_.end()) return it->second;
   it = rows_.emplace(name, Row{}).first;
   it->second.id = static_cast<int>(rows_.size());
+  // Horovod's rows read "allreduce.grad.w" (its torch layer names tensors so, and its tests
+  // look for that); names that already start with the operation (unnamed collectives'
+  // "allreduce.noname.3") keep it once.
+  const std::string prefix = std::string(op) + ".";
+  it->second.title = (op[0] == '\0' || name.compare(0, prefix.size(), prefix) == 0)
+                         ? name
+                         : prefix + name;
   Event names_row;
   names_row.phase = 'M';
   names_row.row = it->second.id;
-  names_row.name = &it->first;
+  names_row.name = &it->second.title;
   pending_.push_back(names_row);
   return it->second;
 }
@@ -180,7 +209,7 @@ void Timeline::End(Row& row, int64_t micros) {
 void Timeline::RecordNegotiateStart(const std::string& name, OpType op) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!recording_) return;
-  Row& row = RowOf(name);
+  Row& row = RowOf(name, RowPrefix(NegotiateLabel(op)));
   if (row.negotiating) return;
   row.negotiating = true;
   Begin(row, NegotiateLabel(op), Now());
@@ -202,7 +231,7 @@ void Timeline::RecordOperationStart(const Response* const* parts, size_t count) 
   current_.clear();
   const char* label = OperationLabel(parts[0]->type);
   for (size_t i = 0; i < count; ++i) {
-    Row& row = RowOf(parts[i]->names.at(0));
+    Row& row = RowOf(parts[i]->names.at(0), RowPrefix(label));
     // Normally ended when the round released it; a recording started in between has none.
     if (row.negotiating) {
       row.negotiating = false;
@@ -216,13 +245,20 @@ void Timeline::RecordOperationStart(const Response* const* parts, size_t count) 
 }
 
 void Timeline::RecordOperationEnd() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (!recording_) return;
-  const int64_t now = Now();
-  for (Row* row : current_) {
-    while (row->open > 0) End(*row, now);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!recording_) return;
+    const int64_t now = Now();
+    for (Row* row : current_) {
+      while (row->open > 0) End(*row, now);
+    }
+    current_.clear();
+    operation_ended_ = true;
   }
-  current_.clear();
+  // Horovod's users (and its tests) read the file a moment after a collective returns: the
+  // writer writes each finished operation at once instead of at its next interval. Waking it
+  // costs the loop one notify per collective, and only while recording.
+  wake_.notify_one();
 }
 
 void Timeline::RecordActivity(const char* label) {
@@ -255,8 +291,10 @@ void Timeline::WriterLoop() {
     bool stopping;
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      wake_.wait_for(lock, kFlushInterval,
-                     [this] { return stopping_ || pending_.size() >= kWakeWriterAt; });
+      wake_.wait_for(lock, kFlushInterval, [this] {
+        return stopping_ || operation_ended_ || pending_.size() >= kWakeWriterAt;
+      });
+      operation_ended_ = false;
       // The background thread goes on with the other buffer (its storage kept) at once.
       pending_.swap(writing_);
       stopping = stopping_;

@@ -74,6 +74,7 @@ class Timeline {
     int id = 0;
     int open = 0;  // begin events not yet ended: the row's stack of phases
     bool negotiating = false;
+    std::string title;  // what the trace calls the row: "<op>.<tensor name>", as Horovod does
   };
   // One trace event. 'M': the row's name (from `name`); 'B'/'E': a phase begins or ends;
   // 'i': a cycle marker.
@@ -82,7 +83,7 @@ class Timeline {
     int row = 0;
     char phase = 'B';
     const char* label = nullptr;
-    const std::string* name = nullptr;  // the key of the row in rows_, stable until Stop
+    const std::string* name = nullptr;  // a row's title in rows_, stable until Stop
   };
 
   void StopLocked();  // the caller holds control_mutex_
@@ -93,7 +94,8 @@ class Timeline {
   void RecordActivity(const char* label);  // null: end the innermost activity
   void RecordCycleStart();
   // Helpers for the Record* functions; the caller holds mutex_ and has checked recording_.
-  Row& RowOf(const std::string& name);
+  // `op`: the operation's name in lower case, which titles a row that does not exist yet.
+  Row& RowOf(const std::string& name, const char* op);
   void Begin(Row& row, const char* label, int64_t micros);
   void End(Row& row, int64_t micros);
   int64_t Now() const;
@@ -110,6 +112,7 @@ class Timeline {
   bool recording_ = false;
   bool stopping_ = false;
   bool mark_cycles_ = false;
+  bool operation_ended_ = false;  // wakes the writer: a finished collective reaches the file soon
   std::vector<Event> pending_;
   // Rows by tensor name. Nodes of an unordered_map keep their address on rehash, so events
   // may point at the keys while the writer formats them outside the lock.

@@ -2,7 +2,7 @@
 duplicate names raising while in flight, reducescatter refusing Adasum, the optimizer's
 parameter names, the warning for step() after synchronize(), optimizer state with parameters
 that have no gradient, sparse gradients through DistributedOptimizer, and collectives other
-than allreduce started after another rank joined."""
+than allreduce started after another rank joined; init(process_sets=...) refusing duplicates."""
 
 import warnings
 
@@ -25,6 +25,17 @@ def raises(kind, fn, *words):
         return
     raise AssertionError(f"{kind.__name__} not raised")
 
+
+# init(process_sets=...) with a set given twice (in another order) raises before registering
+# any; the runtime stays up and init() with a corrected list registers them, numbered in order.
+ids = hvd.mpi_ops._basics._get_process_set_ids_and_ranks  # where Horovod's tests find it
+raises(ValueError, lambda: hvd.init(process_sets=[hvd.ProcessSet([0]), [1, 0], [0]]),
+       "process sets 0 and 2", "[0]")
+check(ids() == {0: list(range(size))}, f"a set stayed registered: {ids()}")
+first_only, second_only = hvd.ProcessSet([0]), hvd.ProcessSet([1])
+hvd.init(process_sets=[first_only, second_only])
+check(ids() == {0: list(range(size)), 1: [0], 2: [1]} and second_only.process_set_id == 2,
+      f"process sets after a corrected init(): {ids()}")
 
 # sparse_allreduce_async: synchronize(handle) and handle() both give the average, as a
 # sparse tensor equal to the allreduce of the dense tensors.

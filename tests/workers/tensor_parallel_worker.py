@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 
 import horovodlike.torch as hvd
-from horovodlike.torch.parallel import (ColumnParallelLinear, RowParallelLinear,
-                                        VocabParallelEmbedding)
+from horovodlike.torch.parallel import (ColumnParallelLinear, ParallelEmbedding,
+                                        RowParallelLinear, VocabParallelEmbedding)
 from common import check
 
 hvd.init()
@@ -130,6 +130,8 @@ if mode == "layers":
                  f"{2 * size + 1} is not divisible by the {size} ranks")
     expect_error(lambda: RowParallelLinear(2 * size + 1, 4), "in_features")
     expect_error(lambda: VocabParallelEmbedding(2 * size + 1, 4), "num_embeddings")
+    # ParallelEmbedding, the short name, builds the same split: num_embeddings/N rows.
+    check(tuple(ParallelEmbedding(2 * size, 3).weight.shape) == (2, 3), "ParallelEmbedding")
     print(f"rank {rank}: tensor parallel layers OK", flush=True)
 
 

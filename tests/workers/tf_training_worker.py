@@ -227,6 +227,31 @@ check(hvd.util._executing_eagerly() and not tf.function(hvd.util._executing_eage
       "hvd.util._executing_eagerly wrong")
 works("broadcast_global_variables")
 
+# DistributedOptimizer around a TensorFlow 1 optimizer: compute_gradients reduces over the ranks
+# (a registered local variable keeps its own gradient, divided by the size), in a session.
+with tf.Graph().as_default():
+    coeff = np.arange(1.0, 4.0)
+    shared_w = tf.compat.v1.get_variable("shared_w", initializer=np.zeros(3), use_resource=False)
+    local_w = tf.compat.v1.get_variable("local_w", initializer=np.zeros(3))
+    loss = tf.reduce_sum((shared_w + local_w) * (coeff * (rank + 1)))
+    for op, want_shared in ((hvd.Average, coeff * (size + 1) / 2),
+                            (hvd.Sum, coeff * size * (size + 1) / 2)):
+        opt = hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.5), op=op)
+        opt.register_local_var(local_w)
+        grads = opt.compute_gradients(loss, var_list=[shared_w, local_w])
+        step = opt.apply_gradients(grads)
+        with tf.compat.v1.Session() as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            session.run(step)
+            got_shared, got_local = session.run([shared_w, local_w])
+        check(np.allclose(got_shared, -0.5 * want_shared), f"TF1 optimizer {op}: {got_shared}")
+        check(np.allclose(got_local, -0.5 * coeff * (rank + 1) / size),
+              f"TF1 optimizer local variable: {got_local}")
+expect(ValueError, lambda: hvd.DistributedOptimizer(
+    tf.compat.v1.train.GradientDescentOptimizer(0.1), backward_passes_per_step=2),
+    "backward_passes_per_step", "GradientDescentOptimizer")
+works("tf1_optimizer")
+
 # ---- bad input raises before anything is sent, eagerly and when a tf.function is traced
 for mode, wrap in (("eager", lambda f: f), ("graph", lambda f: tf.function(f, autograph=False))):
     expect(TypeError, wrap(lambda: hvd.allreduce(tf.ones(2, tf.complex64), name="cx")), "cx",
@@ -268,6 +293,6 @@ expect(ValueError, lambda: hvd.DistributedGradientTape(tf.GradientTape(), op=hvd
                                                        gradient_predivide_factor=2.0), "Average")
 expect(ValueError, lambda: hvd.DistributedGradientTape(tf.GradientTape(), op=hvd.Sum,
                                                        gradient_predivide_factor=2.0), "Average")
-expect(TypeError, lambda: hvd.DistributedOptimizer(object()), "Keras optimizer")
+expect(TypeError, lambda: hvd.DistributedOptimizer(object()), "Keras optimizer", "object")
 works("end")
 print(f"rank {rank}: tensorflow training and errors OK", flush=True)

@@ -47,9 +47,10 @@ def init(comm=None, process_sets=None):
         _pin_background_thread()
     from horovodlike.common import process_sets as _sets
     _sets.global_process_set.ranks = list(range(_core.size()))
-    for process_set in process_sets or []:
-        if not isinstance(process_set, _sets.ProcessSet):
-            process_set = _sets.ProcessSet(process_set)
+    process_sets = [ps if isinstance(ps, _sets.ProcessSet) else _sets.ProcessSet(ps)
+                    for ps in process_sets or []]
+    _check_no_duplicates(process_sets)
+    for process_set in process_sets:
         if process_set.ranks == list(range(_core.size())):
             process_set.process_set_id = 0  # the global set itself
         else:
@@ -57,6 +58,25 @@ def init(comm=None, process_sets=None):
     if not _atexit_registered:
         atexit.register(_core.shutdown)
         _atexit_registered = True
+
+
+def _check_no_duplicates(process_sets):
+    """As in Horovod, init(process_sets=...) with two sets of the same ranks (in any order) is a
+    ValueError, raised before any set is registered; the runtime stays initialized, so init()
+    may be called again with a corrected list."""
+    seen = {}
+    for position, process_set in enumerate(process_sets):
+        key = tuple(process_set.ranks)
+        if key in seen:
+            raise ValueError(f"init(process_sets=...): process sets {seen[key]} and {position} of "
+                             f"the list both hold ranks {list(key)}; pass each set once")
+        seen[key] = position
+
+
+def _get_process_set_ids_and_ranks():
+    """{process set id: its global ranks} for every registered set, the global set (0)
+    included; at Horovod's path (``hvd.mpi_ops._basics``), which its tests call."""
+    return {ps_id: list(_core.process_set_ranks(ps_id)) for ps_id in _core.process_set_ids()}
 
 
 def _pin_background_thread():

@@ -69,13 +69,21 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
                          backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
                          average_aggregated_gradients=False, num_groups=0, groups=None,
                          process_set=global_process_set, scale_local_gradients=True):
-    """Wraps a Keras 3 optimizer (see horovodlike.keras.DistributedOptimizer). TensorFlow 1
-    optimizers (tf.compat.v1.train) are not supported: use DistributedGradientTape."""
+    """Wraps a Keras 3 optimizer (see horovodlike.keras.DistributedOptimizer), or a TensorFlow 1
+    optimizer (tf.compat.v1.train.Optimizer), whose compute_gradients then returns gradients
+    reduced over the ranks of the process set."""
+    import tensorflow as tf
+    if isinstance(optimizer, tf.compat.v1.train.Optimizer):
+        from horovodlike.tensorflow.legacy_optimizer import legacy_distributed_optimizer
+        return legacy_distributed_optimizer(
+            optimizer, name, use_locking, device_dense, device_sparse, compression,
+            sparse_as_dense, backward_passes_per_step, op, gradient_predivide_factor,
+            average_aggregated_gradients, groups if groups is not None else (num_groups or None),
+            process_set, scale_local_gradients)
     import keras
     if not isinstance(optimizer, keras.optimizers.Optimizer):
-        raise TypeError(f"DistributedOptimizer expects a Keras optimizer, got "
-                        f"{type(optimizer).__name__}; TensorFlow 1 optimizers are not supported, "
-                        "use hvd.DistributedGradientTape in a custom training loop")
+        raise TypeError(f"DistributedOptimizer expects a Keras optimizer or a "
+                        f"tf.compat.v1.train.Optimizer, got {type(optimizer).__name__}")
     from horovodlike.keras.optimizer import DistributedOptimizer as keras_optimizer
     return keras_optimizer(optimizer, name=name, device_dense=device_dense,
                            device_sparse=device_sparse, compression=compression,

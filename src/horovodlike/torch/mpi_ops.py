@@ -11,6 +11,7 @@ import torch
 
 from horovodlike import _core
 from horovodlike.common import basics
+from horovodlike.common import basics as _basics  # Horovod's name; its tests call hvd.mpi_ops._basics
 from horovodlike.common.constants import (ALLGATHER as _OP_ALLGATHER,
                                           ALLREDUCE as _OP_ALLREDUCE,
                                           ALLTOALL as _OP_ALLTOALL,

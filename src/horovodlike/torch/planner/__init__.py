@@ -91,7 +91,13 @@ def plan(model, sample_input, world_size, hosts=None, link=None, inter_host_link
     Inside a job of ``world_size`` ranks rank 0's measurements are used by every rank and the
     best layout's ProcessMesh is built (``Plan.mesh``). Prints the table when ``verbose``.
     """
+    import torch
     from horovodlike.common import basics
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"plan: world_size must be a positive int, got {world_size!r}")
+    if not isinstance(sample_input, torch.Tensor) or sample_input.dim() == 0:
+        raise ValueError("plan: sample_input must be a tensor whose first dimension is the "
+                         f"global batch, got {getattr(sample_input, 'shape', sample_input)!r}")
     in_job = basics.is_initialized() and basics.size() > 1
     if layers is None:
         layers = profile_layers(model, sample_input)
