@@ -61,6 +61,16 @@ KNOWN_FAILURES = {
         "test_broadcast_global_variables_callback_with_local_vars":
             "calls variable.ref() on Keras 3 variables (model.variables), which have no ref",
     },
+    "test_tensorflow_process_sets.py": {
+        "test_horovod_reducescatter_grad_cpu_process_sets":
+            "checks a float16 gradient's error (exactly 0.0) with assertLess(err, 1e-08); NumPy "
+            "2 compares a float16 scalar with a Python float in float16 (NEP 50), where 1e-08 "
+            "is 0.0, so 0.0 < 0.0 fails (the float32 and float64 cases pass)",
+    },
+    "test_tensorflow2_keras_process_sets.py": {
+        "test_process_set_optimizer": "its Optimizer subclass calls super().__init__ without "
+                                      "learning_rate, which Keras 3 requires",
+    },
 }
 
 # Private Horovod helpers that the suites import, and where the stand-ins come from.
