@@ -56,6 +56,11 @@ ENVIRONMENT = [
     (["-H", "localhost", "--slots-per-host", "2"], {"HOROVOD_LOCAL_SIZE": "2"}),
     (["--blacklist-cooldown-range", "5", "10"], {}),
     (["--binding-args", "--bind-to core"], {}),
+    (["--log-without-timestamp"], {"HOROVOD_LOG_HIDE_TIME": "1"}),
+    (["--log-hide-timestamp"], {"HOROVOD_LOG_HIDE_TIME": "1"}),
+    (["--no-log-hide-timestamp"], {"HOROVOD_LOG_HIDE_TIME": "0"}),
+    (["--no-mpi-threads-disable"], {"HOROVOD_MPI_THREADS_DISABLE": "0"}),
+    (["--no-timeline-mark-cycles"], {"HOROVOD_TIMELINE_MARK_CYCLES": "0"}),
 ]
 
 # flag -> the one line it prints (flags with no meaning here)
@@ -66,7 +71,70 @@ NOTICES = {
     "--blacklist-cooldown-range": "--blacklist-cooldown-range has no effect",
     "--binding-args": "--binding-args applies to mpirun (--mpi)",
     "--mpi-threads-disable": "--mpi-threads-disable applies to the MPI transport",
+    "--log-hide-timestamp": "--log-hide-timestamp is deprecated (Horovod replaced it with "
+                            "--log-without-timestamp)",
+    "--no-log-hide-timestamp": "--no-log-hide-timestamp is deprecated (Horovod replaced it with "
+                               "--log-with-timestamp)",
 }
+
+# Every option string of Horovod 0.28.1's horovodrun, with a value where it takes one.
+HOROVODRUN_OPTIONS = {
+    "-v": None, "--version": None, "-np": "2", "--num-proc": "2", "-cb": None,
+    "--check-build": None, "--disable-cache": [], "--start-timeout": ["30"],
+    "--network-interfaces": ["lo"], "--network-interface": ["lo"],
+    "--output-filename": ["out"], "--verbose": [], "--config-file": None,
+    "-p": ["22"], "--ssh-port": ["22"], "-i": None, "--ssh-identity-file": None,
+    "--fusion-threshold-mb": ["32"], "--cycle-time-ms": ["2"], "--cache-capacity": ["512"],
+    "--hierarchical-allreduce": [], "--no-hierarchical-allreduce": [],
+    "--hierarchical-allgather": [], "--no-hierarchical-allgather": [], "--autotune": [],
+    "--no-autotune": [], "--autotune-log-file": ["tune.csv"],
+    "--autotune-warmup-samples": ["3"], "--autotune-steps-per-sample": ["10"],
+    "--autotune-bayes-opt-max-samples": ["20"], "--autotune-gaussian-process-noise": ["0.8"],
+    "--min-np": ["2"], "--min-num-proc": ["2"], "--max-np": ["4"], "--max-num-proc": ["4"],
+    "--slots-per-host": ["2"], "--elastic-timeout": ["600"], "--reset-limit": ["3"],
+    "--blacklist-cooldown-range": ["60", "300"], "--timeline-filename": ["timeline.json"],
+    "--timeline-mark-cycles": ["--timeline-filename", "timeline.json"],
+    "--no-timeline-mark-cycles": [], "--no-stall-check": [], "--stall-check": [],
+    "--stall-check-warning-time-seconds": ["60"], "--stall-check-shutdown-time-seconds": ["0"],
+    "--mpi-threads-disable": [], "--no-mpi-threads-disable": [],
+    "--mpi-args": ["--tag-output --report-bindings", "--mpi"], "--tcp": [], "--binding-args": ["--bind-to none"],
+    "--num-nccl-streams": ["1"], "--thread-affinity": ["0"], "--gloo-timeout-seconds": ["30"],
+    "--log-level": ["WARNING"], "--log-with-timestamp": [], "--log-without-timestamp": [],
+    "-prefix-timestamp": [], "--prefix-output-with-timestamp": [], "--log-hide-timestamp": [],
+    "--no-log-hide-timestamp": [], "-H": ["localhost:2"], "--hosts": ["localhost:2"],
+    "-hostfile": None, "--hostfile": None, "--host-discovery-script": None, "--gloo": [],
+    "--mpi": [], "--jsrun": [], "-h": None, "--help": None,
+}
+
+
+def test_every_horovodrun_option_is_accepted():
+    """Parsed and validated as the launcher does before starting anything (the flags that exit
+    at once or need a file are started for real by the tests around this one)."""
+    from horovodlike.runner import horovodrun_options, launch as launcher
+    parser = launcher.make_parser()
+    known = {option for action in parser._actions for option in action.option_strings}
+    assert sorted(set(HOROVODRUN_OPTIONS) - known) == []
+    assert len(HOROVODRUN_OPTIONS) == 71
+    for option, value in HOROVODRUN_OPTIONS.items():
+        if value is None:
+            continue
+        if option in ("--network-interfaces", "--network-interface"):
+            value = [launcher.network.interface_names()[0]]
+        words = ["-np", "2", option, *value, "python", "-c", "pass"]
+        args = parser.parse_args(words)
+        args.notices = []
+        if args.use_jsrun:
+            args.use_mpi = True
+        launcher._validate(args, parser)
+        horovodrun_options.collect_notices(args)
+
+
+def test_jsrun_starts_the_ranks_as_mpi_does():
+    pytest.importorskip("mpi4py")
+    result = launch(["--jsrun"], "init")
+    assert all(seen["mpi"] for seen in rank_reports(result).values()), result.stdout
+    said = notices(result)
+    assert sum("--jsrun: jsrun is IBM LSF's launcher" in line for line in said) == 1, said
 
 
 @pytest.mark.parametrize("flags, expected", ENVIRONMENT, ids=[" ".join(f) for f, _ in ENVIRONMENT])
@@ -128,8 +196,9 @@ def test_config_file_errors_name_what_to_fix(tmp_path, text, error):
     assert result.returncode == 2 and error in result.stderr, result.stderr
 
 
-def test_prefix_output_with_timestamp():
-    result = launch(["--prefix-output-with-timestamp"])
+@pytest.mark.parametrize("flag", ["--prefix-output-with-timestamp", "-prefix-timestamp"])
+def test_prefix_output_with_timestamp(flag):
+    result = launch([flag])
     rank_reports(result)
     stamped = re.compile(r"^\w{3} \w{3} [ \d]\d \d\d:\d\d:\d\d \d{4}\[[01]\]<stdout>:rank ")
     lines = [line for line in result.stdout.splitlines() if "<stdout>:rank " in line]

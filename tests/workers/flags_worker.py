@@ -13,7 +13,7 @@ NAMES = ["HOROVOD_STALL_CHECK_DISABLE", "HOROVOD_STALL_CHECK_TIME_SECONDS",
          "HOROVOD_THREAD_AFFINITY", "HOROVOD_NUM_NCCL_STREAMS", "HOROVOD_TORUS_ALLREDUCE",
          "HOROVOD_GLOO_IFACE", "HOROVOD_CYCLE_TIME", "HOROVOD_FUSION_THRESHOLD",
          "HOROVOD_CACHE_CAPACITY", "HOROVOD_LOG_LEVEL", "HOROVOD_TIMELINE", "HOROVOD_ELASTIC",
-         "HOROVOD_LOCAL_SIZE", "HOROVOD_CPU_OPERATIONS"]
+         "HOROVOD_LOCAL_SIZE", "HOROVOD_CPU_OPERATIONS", "HOROVOD_TIMELINE_MARK_CYCLES"]
 
 
 def cpus_of(task="self"):
@@ -33,6 +33,7 @@ if mode in ("init", "stall"):
     from horovodlike.common import basics
     from horovodlike.common import numpy_ops as ops
     basics.init()
+    seen["mpi"] = basics.mpi_enabled()
     for task in os.listdir("/proc/self/task"):
         with open(f"/proc/self/task/{task}/comm") as f:
             if f.read().strip() == "hvdl-loop":

@@ -10,6 +10,22 @@ import argparse
 from horovodlike.runner.environment import format_number
 
 
+def _deprecated(replacement: str):
+    """An argparse action storing its const and warning, as horovodrun does, that the flag has
+    been replaced."""
+    class Deprecated(argparse.Action):
+        def __init__(self, option_strings, dest, const=None, help=None, **_):
+            super().__init__(option_strings, dest, nargs=0, const=const, help=help)
+
+        def __call__(self, parser, namespace, values, option_string=None):
+            namespace.notices_early = getattr(namespace, "notices_early", []) + [
+                f"{option_string} is deprecated (Horovod replaced it with {replacement}); it "
+                f"works as {replacement}"]
+            setattr(namespace, self.dest, self.const)
+
+    return Deprecated
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config-file", dest="config_file",
                         help="YAML file of settings (params, autotune, timeline, stall_check, "
@@ -21,8 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--slots-per-host", "--slots", dest="slots_per_host", type=int,
                         help="slots of a host given without ':N' in -H or the hostfile "
                              "(default 1)")
-    parser.add_argument("--prefix-output-with-timestamp", dest="prefix_output_with_timestamp",
-                        action="store_true", help="start every output line with the time")
+    parser.add_argument("-prefix-timestamp", "--prefix-output-with-timestamp",
+                        dest="prefix_output_with_timestamp", action="store_true",
+                        help="start every output line with the time")
 
     stall = parser.add_argument_group("stall check")
     checks = stall.add_mutually_exclusive_group()
@@ -42,8 +59,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "(HOROVOD_STALL_SHUTDOWN_TIME_SECONDS, default 0: never)")
 
     logging = parser.add_argument_group("logging")
-    logging.add_argument("--log-with-timestamp", dest="log_with_timestamp", action="store_true",
-                         help="the core's log lines carry the time (HOROVOD_LOG_HIDE_TIME=0)")
+    stamps = logging.add_mutually_exclusive_group()
+    stamps.add_argument("--log-with-timestamp", dest="log_with_timestamp", action="store_const",
+                        const=True, help="the core's log lines carry the time "
+                                         "(HOROVOD_LOG_HIDE_TIME=0)")
+    stamps.add_argument("--log-without-timestamp", dest="log_with_timestamp",
+                        action="store_const", const=False,
+                        help="the core's log lines without the time (HOROVOD_LOG_HIDE_TIME=1)")
+    # Horovod's older spellings of the two, kept by horovodrun with a deprecation warning.
+    stamps.add_argument("--log-hide-timestamp", dest="log_with_timestamp",
+                        action=_deprecated("--log-without-timestamp"), const=False,
+                        help=argparse.SUPPRESS)
+    stamps.add_argument("--no-log-hide-timestamp", dest="log_with_timestamp",
+                        action=_deprecated("--log-with-timestamp"), const=True,
+                        help=argparse.SUPPRESS)
 
     library = parser.add_argument_group("library options")
     library.add_argument("--tcp", dest="tcp_flag", action="store_true",
@@ -51,10 +80,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     library.add_argument("--gloo-timeout-seconds", dest="gloo_timeout_seconds", type=float,
                          help="seconds a Gloo operation may wait for a peer "
                               "(HOROVOD_GLOO_TIMEOUT_SECONDS)")
-    library.add_argument("--mpi-threads-disable", dest="mpi_threads_disable",
-                         action="store_true",
+    threads = library.add_mutually_exclusive_group()
+    threads.add_argument("--mpi-threads-disable", dest="mpi_threads_disable",
+                         action="store_const", const=True,
                          help="initialize MPI without multi-threading support "
                               "(HOROVOD_MPI_THREADS_DISABLE=1)")
+    threads.add_argument("--no-mpi-threads-disable", dest="mpi_threads_disable",
+                         action="store_const", const=False,
+                         help="initialize MPI with multi-threading support, even when the "
+                              "environment or the config file says otherwise "
+                              "(HOROVOD_MPI_THREADS_DISABLE=0)")
     library.add_argument("--no-autotune", dest="no_autotune", action="store_true",
                          help="no autotuning, even if the config file asks for it "
                               "(HOROVOD_AUTOTUNE=0)")
@@ -215,14 +250,14 @@ def environment(args) -> dict[str, str]:
     if args.stall_check_shutdown_time_seconds is not None:
         env["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"] = format_number(
             args.stall_check_shutdown_time_seconds)
-    if args.log_with_timestamp:
-        env["HOROVOD_LOG_HIDE_TIME"] = "0"
+    if args.log_with_timestamp is not None:
+        env["HOROVOD_LOG_HIDE_TIME"] = "0" if args.log_with_timestamp else "1"
     if args.tcp_flag:
         env["NCCL_IB_DISABLE"] = "1"
     if args.gloo_timeout_seconds is not None:
         env["HOROVOD_GLOO_TIMEOUT_SECONDS"] = format_number(args.gloo_timeout_seconds)
-    if args.mpi_threads_disable:
-        env["HOROVOD_MPI_THREADS_DISABLE"] = "1"
+    if args.mpi_threads_disable is not None:
+        env["HOROVOD_MPI_THREADS_DISABLE"] = "1" if args.mpi_threads_disable else "0"
     if args.no_autotune:
         env["HOROVOD_AUTOTUNE"] = "0"
     if args.thread_affinity is not None:
@@ -232,11 +267,18 @@ def environment(args) -> dict[str, str]:
         env["HOROVOD_NUM_NCCL_STREAMS"] = str(args.num_nccl_streams)
     if args.torus_allreduce:
         env["HOROVOD_TORUS_ALLREDUCE"] = "1"
+    if args.timeline_mark_cycles is False:
+        env["HOROVOD_TIMELINE_MARK_CYCLES"] = "0"
     return env
 
 
 def collect_notices(args) -> None:
     """Flags accepted for compatibility that change nothing in this build."""
+    args.notices.extend(getattr(args, "notices_early", []))
+    if getattr(args, "use_jsrun", False):
+        args.notices.append("--jsrun: jsrun is IBM LSF's launcher, which this build does not "
+                            "use; the ranks start with mpirun and the MPI transport, as with "
+                            "--mpi")
     if args.tcp_flag:
         args.notices.append("--tcp: ranks talk over TCP already (sets NCCL_IB_DISABLE=1, which "
                             "matters only to NCCL)")

@@ -92,6 +92,8 @@ def make_parser() -> argparse.ArgumentParser:
                           help="communicate over Gloo (HOROVOD_CPU_OPERATIONS=gloo)")
     backends.add_argument("--mpi", dest="use_mpi", action="store_true",
                           help="start the ranks with Open MPI's mpirun and communicate over MPI")
+    backends.add_argument("--jsrun", dest="use_jsrun", action="store_true",
+                          help="Horovod's LSF launcher: here the same as --mpi (says so once)")
     controller.add_argument("--mpi-args", dest="mpi_args",
                             help="extra arguments for mpirun, as one quoted string")
 
@@ -151,10 +153,15 @@ def make_parser() -> argparse.ArgumentParser:
     timeline = parser.add_argument_group("timeline (a Chrome trace of every tensor's phases)")
     timeline.add_argument("--timeline-filename", dest="timeline_filename",
                           help="file rank 0 writes the timeline to (HOROVOD_TIMELINE)")
-    timeline.add_argument("--timeline-mark-cycles", dest="timeline_mark_cycles",
-                          action="store_true",
-                          help="mark the background loop's cycles in the timeline "
-                               "(HOROVOD_TIMELINE_MARK_CYCLES=1)")
+    cycles = timeline.add_mutually_exclusive_group()
+    cycles.add_argument("--timeline-mark-cycles", dest="timeline_mark_cycles",
+                        action="store_const", const=True,
+                        help="mark the background loop's cycles in the timeline "
+                             "(HOROVOD_TIMELINE_MARK_CYCLES=1)")
+    cycles.add_argument("--no-timeline-mark-cycles", dest="timeline_mark_cycles",
+                        action="store_const", const=False,
+                        help="no cycle marks, even when the environment or the config file "
+                             "asks for them (HOROVOD_TIMELINE_MARK_CYCLES=0)")
 
     elastic = parser.add_argument_group(
         "elastic training (on when --host-discovery-script, --min-np or --max-np is given)")
@@ -285,7 +292,7 @@ def _job_settings(args, address: str, port: int, secret: str, timeout: float) ->
                        hierarchical_allreduce=args.hierarchical_allreduce,
                        hierarchical_allgather=args.hierarchical_allgather,
                        timeline_filename=args.timeline_filename,
-                       timeline_mark_cycles=args.timeline_mark_cycles,
+                       timeline_mark_cycles=bool(args.timeline_mark_cycles),
                        extra_env=tuple(horovodrun_options.environment(args).items()))
 
 
@@ -299,6 +306,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.check_build:
         return check_build()
     args.notices = []
+    if args.use_jsrun:
+        args.use_mpi = True  # Horovod's --jsrun launches with the MPI controller
     horovodrun_options.apply_config_file(args, parser, argv)
     _validate(args, parser)
     horovodrun_options.collect_notices(args)
