@@ -1,7 +1,7 @@
 """Data parallel (DistributedOptimizer) against ZeroRedundancyOptimizer, for a model whose
 gradients are large: step time, bytes sent per rank, optimizer state and peak memory per rank.
 
-    python benchmarks/zero.py [--np 4] [--width 1024] [--steps 10]
+    python benchmarks/zero.py [--np 4] [--width 1024] [--steps 10] [--json results.json]
 
 Both train the same MLP with Adam on the same data, one thread per rank. Bytes sent per rank
 are counted from the collectives each issues, with the ring algorithms the core runs (allreduce
@@ -59,8 +59,10 @@ def worker(kind, width, steps, out):
     everyone = hvd.allgather_object((state_bytes, peak))
     if hvd.rank() == 0:
         with open(out, "w") as f:
-            json.dump({"step_s": statistics.median(times), "sent": sent,
+            json.dump({"step_s": statistics.median(times), "step_s_all": times, "sent": sent,
                        "state": max(s for s, _ in everyone), "peak": max(p for _, p in everyone),
+                       "state_per_rank": [s for s, _ in everyone],
+                       "peak_per_rank": [p for _, p in everyone],
                        "parameters": parameter_bytes}, f)
     hvd.shutdown()
 
@@ -72,6 +74,7 @@ def main():
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--worker")
     parser.add_argument("--out")
+    parser.add_argument("--json", help="writes the raw figures of both runs here")
     args = parser.parse_args()
     if args.worker:
         return worker(args.worker, args.width, args.steps, args.out)
@@ -79,7 +82,7 @@ def main():
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.join(REPO, "src"),
                                                       env.get("PYTHONPATH")]))
     mib = 1 << 20
-    rows = []
+    rows, loads = [], [os.getloadavg()]
     for kind, label in (("dp", "data parallel"), ("zero", "ZeRO")):
         with tempfile.TemporaryDirectory() as tmp:
             out = os.path.join(tmp, "result.json")
@@ -90,6 +93,7 @@ def main():
                            stdout=subprocess.DEVNULL)
             with open(out) as f:
                 rows.append((label, json.load(f)))
+        loads.append(os.getloadavg())
     print(f"{args.np} ranks, 4 x Linear({args.width}, {args.width}) "
           f"({rows[0][1]['parameters'] / mib:.1f} MiB of parameters), Adam, batch 32 per rank\n")
     print(f"{'':<14} {'step ms':>8} {'sent/rank MiB':>14} {'Adam state/rank MiB':>20} "
@@ -97,6 +101,13 @@ def main():
     for label, r in rows:
         print(f"{label:<14} {r['step_s'] * 1e3:>8.1f} {r['sent'] / mib:>14.1f} "
               f"{r['state'] / mib:>20.1f} {r['peak'] / mib:>13.0f}")
+    print(f"\nload average (1, 5, 15 min) before: {' '.join(f'{v:.1f}' for v in loads[0])}, "
+          f"after: {' '.join(f'{v:.1f}' for v in loads[-1])}; {os.cpu_count()} cores")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"command": sys.argv, "np": args.np, "width": args.width,
+                       "steps": args.steps, "load_average": loads,
+                       "results": dict(rows)}, f, indent=1)
 
 
 if __name__ == "__main__":
