@@ -1,5 +1,5 @@
-// horovodlike._core: the only file that includes pybind11. Frameworks hand raw pointers here;
-// nothing in the core knows a framework type.
+// horovodlike._core; csrc/python/ is the only folder that includes pybind11. Frameworks hand
+// raw pointers here; nothing in the core knows a framework type.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
