@@ -77,7 +77,11 @@ def worker_horovodlike(args):
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
     rates = train(args, model, optimizer, hvd.rank(), hvd.size())
     if hvd.rank() == 0:
-        _write(args.out, rates, model)
+        from horovodlike import _core
+        stats = _core.stats()
+        _write(args.out, rates, model, {k: stats[k] for k in (
+            "fusion_threshold_bytes", "cycle_time_ms", "cache_enabled", "autotune",
+            "autotune_done")})
     hvd.shutdown()
 
 
@@ -110,11 +114,11 @@ def worker_nosync(args):
 WORKERS = {"horovodlike": worker_horovodlike, "ddp": worker_ddp, "nosync": worker_nosync}
 
 
-def _write(path, rates, model):
+def _write(path, rates, model, settings=None):
     params = list(model.parameters())
     with open(path, "w") as f:
         json.dump({"rates": rates, "tensors": len(params),
-                   "parameters": sum(p.numel() for p in params)}, f)
+                   "parameters": sum(p.numel() for p in params), "settings": settings}, f)
 
 
 def _free_port() -> int:
@@ -123,7 +127,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_job(kind, args, worker_args):
+def run_job(kind, args, worker_args, launcher_args=()):
+    """One job; `launcher_args`: extra horovodlikerun flags for the horovodlike job."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_")}
     env["OMP_NUM_THREADS"] = "1"
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"),
@@ -134,7 +139,8 @@ def run_job(kind, args, worker_args):
         tail = ["--worker", kind, "--out", out] + worker_args
         if kind == "horovodlike":
             procs = [subprocess.Popen([sys.executable, "-m", "horovodlike.runner.launch", "-np",
-                                       str(args.np), sys.executable, me] + tail, env=env,
+                                       str(args.np), *launcher_args, sys.executable, me] + tail,
+                                      env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)]
         else:
             env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
