@@ -285,7 +285,7 @@ def test_an_abandoned_mpi_collective_is_released_once_it_completes(tmp_path):
                  "allreduce: ring_allreduce (over gloo)", marks=needs_gloo),
 ])
 def test_cpu_operations_choose_the_providers(operations, flags, ran, check_build):
-    env = {"HOROVOD_CPU_OPERATIONS": operations}
+    env = {"HOROVOD_CPU_OPERATIONS": operations.upper()}  # as Horovod's documentation writes it
     result = launch(2, "transport_worker.py", "links", launcher_args=flags, env=env,
                     transport="tcp")
     assert_all_ranks(result, 2, "links OK")
