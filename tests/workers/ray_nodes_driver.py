@@ -1,9 +1,12 @@
-"""Driver of a job on a Ray cluster of two nodes started on this machine
-(ray.cluster_utils.Cluster, under RAY_TMPDIR): RayExecutor with 2 hosts x 2 workers; prints
-each rank's placement as JSON."""
+"""Driver of jobs on a Ray cluster of two nodes started on this machine
+(ray.cluster_utils.Cluster, under RAY_TMPDIR): RayExecutor with 2 hosts x 2 workers, whose
+placement it prints as JSON (RESULT line); then, with the path of examples/ray_digits.py and
+its arguments, that example run as a script that joins this cluster through RAY_ADDRESS, its
+output and exit code printed (EXAMPLE lines)."""
 
 import json
 import os
+import subprocess
 import sys
 
 import ray
@@ -38,6 +41,13 @@ try:
     finally:
         executor.shutdown()
     print("RESULT " + json.dumps({"ranks": results, "nodes": len(set(node_ids))}), flush=True)
+    if len(sys.argv) > 1:
+        example = subprocess.run([sys.executable] + sys.argv[1:], capture_output=True,
+                                 text=True, timeout=300,
+                                 env={**os.environ, "RAY_ADDRESS": cluster.address})
+        for line in (example.stdout + example.stderr).splitlines():
+            print(f"EXAMPLE {line}")
+        print(f"EXAMPLE exit code {example.returncode}", flush=True)
 finally:
     ray.shutdown()
     cluster.shutdown()
