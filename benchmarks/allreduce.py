@@ -12,6 +12,9 @@ faster). Libraries run in turns (--repeat rounds, each library once a round) and
 the rounds is reported, so that load from other processes on the machine hits all of them alike.
 MPI runs twice, its ranks bound to cores and unbound (`--bind-to none`); the "MPI" column is the
 better of the two at each size (both are printed; the JSON says which won where).
+"copy-floor" is the machine's memory-bandwidth floor measured in the same run: every rank copies
+a buffer of the size once, all ranks at once (an allreduce reads every input and writes every
+output at least once); its ratio to horovodlike's time is the fraction of the floor reached.
 mpi4py and matplotlib come with `pip install 'horovodlike[bench]'`.
 """
 
@@ -69,6 +72,17 @@ def _time_loop(allreduce, warmup, timed):
         allreduce()
         samples.append(clock() - start)
     return samples
+
+
+def own_session():
+    """Puts this rank in a session of its own. With the kernel's autogroup scheduling
+    (/proc/sys/kernel/sched_autogroup_enabled), a loaded machine shares CPU time between
+    sessions first: horovodlike's launcher starts each rank in a new session, so ranks left in
+    the benchmark's session would share one session's part between them and lose to it."""
+    try:
+        os.setsid()
+    except OSError:
+        pass  # already the leader of a session or process group (the launcher's ranks)
 
 
 def _check(value, expected, what):
@@ -173,7 +187,31 @@ def worker_horovod(args):
     hvd.shutdown()
 
 
+def worker_copy(args):
+    """The memory-bandwidth floor: every rank copies a buffer of the size into another, all ranks
+    at once (they start together through marker files). An allreduce has to read every rank's
+    input and write every rank's output at least once: the same traffic as this copy."""
+    import numpy as np
+    rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    folder = os.path.dirname(args.out)
+    results = {}
+    for nbytes in args.sizes:
+        src = np.full(nbytes // 4, rank + 1, dtype=np.float32)
+        dst = np.zeros_like(src)
+        np.copyto(dst, src)
+        _check(float(dst[-1]), rank + 1, f"copy {nbytes} B")
+        marker = os.path.join(folder, f"ready.{nbytes}.{{}}")
+        open(marker.format(rank), "w").close()
+        while not all(os.path.exists(marker.format(r)) for r in range(size)):
+            time.sleep(0.001)
+        warmup, timed = iterations(nbytes, args.iter_scale)
+        results[nbytes] = _time_loop(lambda: np.copyto(dst, src), warmup, timed)
+    if rank == 0:
+        _write(args.out, results, {"what": "each rank copies its buffer once, all at once"})
+
+
 WORKERS = {"horovodlike": worker_horovodlike, "mpi": worker_mpi, "gloo": worker_gloo,
+           "copy": worker_copy,
            "horovod": worker_horovod}
 
 
@@ -251,6 +289,8 @@ def libraries(np_: int, wanted: set[str]) -> tuple[list[Library], list[str]]:
         found.append(Library("torch-gloo", "gloo", None))
     else:
         skipped.append("torch.distributed Gloo: torch is not installed")
+    # Started as torch-gloo's ranks are (RANK, WORLD_SIZE), but needs only NumPy.
+    found.append(Library("copy-floor", "copy", None))
     if _module_available("horovod.torch") and shutil.which("horovodrun"):
         found.append(Library("Horovod", "horovod",
                              [shutil.which("horovodrun"), "-np", str(np_), py, me]))
@@ -314,6 +354,7 @@ def main():
     sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
     if args.worker:
         args.sizes = sizes
+        own_session()
         WORKERS[args.worker](args)
         return
 

@@ -22,3 +22,12 @@ run $R/autotune.txt $PY benchmarks/autotune.py --np 2 --thresholds 1,16,64 --cyc
     --steps 5 --windows 3 --steps-per-sample 3 --max-samples 8 --repeat 2 --json $R/autotune.json
 run $R/allreduce-np2-mpi-bindings.txt $PY benchmarks/allreduce.py --np 2 --sizes 4K,64K,1M,64M \
     --repeat 2 --only hvdl-shm,MPI,torch-gloo --json $R/allreduce-np2-mpi-bindings.json
+for np in 2 4; do
+  run $R/allreduce-np$np-64M-floor.txt $PY benchmarks/allreduce.py --np $np --sizes 64M --repeat 3 \
+      --only hvdl-shm,MPI,copy-floor --json $R/allreduce-np$np-64M-floor.json
+done
+mkdir -p $R/train_step-trace
+run $R/train_step-np2.txt $PY benchmarks/train_step.py --np 2 --only horovodlike,nosync --windows 3 \
+    --repeat 3 --trace-dir $R/train_step-trace --json $R/train_step-np2.json
+run $R/train_step_timeline.txt $PY benchmarks/timeline_plot.py $R/train_step-trace \
+    --png $R/train_step_timeline.png

@@ -76,6 +76,8 @@ def worker_horovodlike(args):
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
     rates = train(args, model, optimizer, hvd.rank(), hvd.size())
+    if args.trace_dir:
+        trace_steps(args, model, optimizer, hvd)
     if hvd.rank() == 0:
         from horovodlike import _core
         stats = _core.stats()
@@ -83,6 +85,38 @@ def worker_horovodlike(args):
             "fusion_threshold_bytes", "cycle_time_ms", "cache_enabled", "autotune",
             "autotune_done")})
     hvd.shutdown()
+
+
+def trace_steps(args, model, optimizer, hvd, steps=3):
+    """A few more steps with the timeline recording (rank 0 writes it) and each phase's start
+    and end on rank 0, in microseconds since the recording began (the timeline's own clock:
+    both are CLOCK_MONOTONIC)."""
+    import torch
+    generator = torch.Generator().manual_seed(99)
+    x = torch.randn(args.batch_size, WIDTHS[0], generator=generator)
+    y = torch.randint(0, CLASSES, (args.batch_size,), generator=generator)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    before = time.perf_counter()
+    hvd.start_timeline(os.path.join(args.trace_dir, "timeline.json"))
+    origin = (before + time.perf_counter()) / 2
+
+    def now():
+        return (time.perf_counter() - origin) * 1e6
+    spans = []
+    for _ in range(steps):
+        start = now()
+        optimizer.zero_grad()
+        loss = loss_fn(model(x), y)
+        backward = now()
+        loss.backward()
+        backward_end = now()
+        optimizer.step()
+        spans.append({"forward": [start, backward], "backward": [backward, backward_end],
+                      "wait_and_update": [backward_end, now()]})
+    hvd.stop_timeline()
+    if hvd.rank() == 0:
+        with open(os.path.join(args.trace_dir, "steps.json"), "w") as f:
+            json.dump(spans, f)
 
 
 def worker_ddp(args):
@@ -137,6 +171,8 @@ def run_job(kind, args, worker_args, launcher_args=()):
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "result.json")
         tail = ["--worker", kind, "--out", out] + worker_args
+        if kind == "horovodlike" and getattr(args, "trace_dir", None):
+            tail += ["--trace-dir", os.path.abspath(args.trace_dir)]
         if kind == "horovodlike":
             procs = [subprocess.Popen([sys.executable, "-m", "horovodlike.runner.launch", "-np",
                                        str(args.np), *launcher_args, sys.executable, me] + tail,
@@ -171,10 +207,16 @@ def main():
     parser.add_argument("--only", default="", help="comma-separated: horovodlike,ddp,nosync")
     parser.add_argument("--json", help="also write the results to this file")
     parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--trace-dir", help="horovodlike job: after the timed windows, 3 steps "
+                        "with the timeline recording; rank 0 writes timeline.json and steps.json "
+                        "(its forward, backward and wait spans) here, for timeline_plot.py")
     parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from allreduce import own_session
+        own_session()  # as horovodlike's launched ranks are: see allreduce.own_session
         WORKERS[args.worker](args)
         return
 

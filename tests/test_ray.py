@@ -295,9 +295,9 @@ def slots_from_a_file(tmp_path, slots=1, **settings):
     "shrink" scenario's rank 0 changes that."""
     node = ray.util.get_node_ip_address()
     (tmp_path / "hosts.txt").write_text(f"{node}:{slots}\n")
+    options = {"min_num_proc": 1, "max_num_proc": 2, "elastic_timeout": 60, **settings}
     return ElasticRayExecutor.create_settings(
-        min_num_proc=1, max_num_proc=2, elastic_timeout=60,
-        discovery=FileDiscovery(str(tmp_path / "hosts.txt")), **settings)
+        discovery=FileDiscovery(str(tmp_path / "hosts.txt")), **options)
 
 
 def test_elastic_worker_added_by_discovery_joins(local_ray, tmp_path):
@@ -315,7 +315,8 @@ def test_elastic_worker_added_by_discovery_joins(local_ray, tmp_path):
 
 
 def test_elastic_worker_stopped_when_its_slot_leaves_the_discovery(local_ray, tmp_path, capfd):
-    settings = slots_from_a_file(tmp_path, slots=2)
+    # Three slots offered, max_num_proc=2: two workers (a third would wait for a CPU for ever).
+    settings = slots_from_a_file(tmp_path, slots=3)
     results = run_elastic(tmp_path, "shrink", settings, override_discovery=False)
     assert len(results) == 1, results
     report = results[0]
@@ -327,11 +328,19 @@ def test_elastic_worker_stopped_when_its_slot_leaves_the_discovery(local_ray, tm
     assert "retired" not in err and "died" not in err, err
 
 
+def test_elastic_fewer_workers_than_min_num_proc_stops_the_job(local_ray, tmp_path):
+    # One slot offered, min_num_proc=2: the driver waits elastic_timeout for a second one.
+    settings = slots_from_a_file(tmp_path, slots=1, min_num_proc=2, elastic_timeout=5)
+    with pytest.raises(RuntimeError, match=r"the elastic Ray job failed: only 1 workers left, "
+                                           r"fewer than min_num_proc 2, for 5 s"):
+        run_elastic(tmp_path, "grow", settings, override_discovery=False)
+
+
 def test_elastic_reset_limit_stops_the_job(local_ray, tmp_path):
     # The worker that joins needs a new round: one reset more than reset_limit=0 allows.
     settings = slots_from_a_file(tmp_path, reset_limit=0)
     with pytest.raises(RuntimeError, match=r"the elastic Ray job failed: the job was reset 1 "
-                                           r"times, more than --reset-limit 0"):
+                                           r"times, more than reset_limit 0"):
         run_elastic(tmp_path, "grow", settings, override_discovery=False)
 
 
