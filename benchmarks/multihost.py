@@ -39,7 +39,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from allreduce import _check, format_size, iterations, parse_size  # noqa: E402
+from allreduce import _check, format_size, iterations, own_session, parse_size  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ALGORITHMS = ("flat-ring", "hierarchical", "MPI", "Gloo")
@@ -315,6 +315,7 @@ def main():
     sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
     if args.worker:
         args.sizes = sizes
+        own_session()
         WORKERS[args.worker](args)
         return
     host_counts = sorted({int(h) for h in args.hosts.split(",")})

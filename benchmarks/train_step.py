@@ -214,6 +214,9 @@ def main():
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from allreduce import own_session
+        own_session()  # as horovodlike's launched ranks are: see allreduce.own_session
         WORKERS[args.worker](args)
         return
 

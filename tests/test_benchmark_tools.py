@@ -115,3 +115,14 @@ def test_overlap_is_the_union_of_spans_inside_the_window():
     assert timeline_plot.union_length(spans, (0, 100)) == 20 + 10 + 10
     assert timeline_plot.union_length(spans, (8, 35)) == 12 + 5
     assert timeline_plot.union_length(spans, (20, 30)) == 0
+
+
+def test_every_benchmark_rank_gets_a_session_of_its_own():
+    # As the launcher's ranks have: the kernel's autogroup scheduler shares CPU between sessions.
+    code = ("import os, sys; sys.path.insert(0, sys.argv[1]); import allreduce; "
+            "before = os.getsid(0); allreduce.own_session(); allreduce.own_session(); "
+            "print(before, os.getsid(0), os.getpid())")
+    run = subprocess.run([sys.executable, "-c", code, str(REPO / "benchmarks")],
+                         capture_output=True, text=True, check=True)
+    before, after, pid = map(int, run.stdout.split())
+    assert before != pid and after == pid

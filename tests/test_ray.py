@@ -332,7 +332,7 @@ def test_elastic_fewer_workers_than_min_num_proc_stops_the_job(local_ray, tmp_pa
     # One slot offered, min_num_proc=2: the driver waits elastic_timeout for a second one.
     settings = slots_from_a_file(tmp_path, slots=1, min_num_proc=2, elastic_timeout=5)
     with pytest.raises(RuntimeError, match=r"the elastic Ray job failed: only 1 workers left, "
-                                           r"fewer than --min-np 2, for 5 s"):
+                                           r"fewer than min_num_proc 2, for 5 s"):
         run_elastic(tmp_path, "grow", settings, override_discovery=False)
 
 
@@ -340,7 +340,7 @@ def test_elastic_reset_limit_stops_the_job(local_ray, tmp_path):
     # The worker that joins needs a new round: one reset more than reset_limit=0 allows.
     settings = slots_from_a_file(tmp_path, reset_limit=0)
     with pytest.raises(RuntimeError, match=r"the elastic Ray job failed: the job was reset 1 "
-                                           r"times, more than --reset-limit 0"):
+                                           r"times, more than reset_limit 0"):
         run_elastic(tmp_path, "grow", settings, override_discovery=False)
 
 
