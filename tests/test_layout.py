@@ -36,6 +36,13 @@ def test_folders_include_only_the_layers_below_them():
     assert not wrong, "\n".join(wrong)
 
 
+def test_only_python_includes_pybind11():
+    # The core knows no Python: the bindings are csrc/python/'s alone.
+    binders = [str(p.relative_to(CSRC)) for p in sources()
+               if re.search(r"^#include <pybind11/", p.read_text(), re.M)]
+    assert binders and all(b.startswith("python/") for b in binders), binders
+
+
 def test_only_common_reads_the_environment():
     # Links, providers and the runtime take their settings from the Config read at init().
     readers = [str(p.relative_to(CSRC)) for p in sources()
