@@ -10,6 +10,12 @@ float32 allreduce (Sum, in place) per message size, algbw = bytes / time,
 busbw = algbw x 2(N-1)/N, and each peer's time divided by horovodlike's (above 1: horovodlike is
 faster). Libraries run in turns (--repeat rounds, each library once a round) and the median over
 the rounds is reported, so that load from other processes on the machine hits all of them alike.
+MPI runs twice, its ranks bound to cores and unbound (`--bind-to none`); the "MPI" column is the
+better of the two at each size (both are printed; the JSON says which won where).
+"copy-floor" is the machine's memory-bandwidth floor measured in the same run: every rank copies
+a buffer of the size once, all ranks at once (an allreduce reads every input and writes every
+output at least once); its ratio to horovodlike's time is the fraction of the floor reached.
+mpi4py and matplotlib come with `pip install 'horovodlike[bench]'`.
 """
 
 from __future__ import annotations
@@ -66,6 +72,17 @@ def _time_loop(allreduce, warmup, timed):
         allreduce()
         samples.append(clock() - start)
     return samples
+
+
+def own_session():
+    """Puts this rank in a session of its own. With the kernel's autogroup scheduling
+    (/proc/sys/kernel/sched_autogroup_enabled), a loaded machine shares CPU time between
+    sessions first: horovodlike's launcher starts each rank in a new session, so ranks left in
+    the benchmark's session would share one session's part between them and lose to it."""
+    try:
+        os.setsid()
+    except OSError:
+        pass  # already the leader of a session or process group (the launcher's ranks)
 
 
 def _check(value, expected, what):
@@ -170,7 +187,31 @@ def worker_horovod(args):
     hvd.shutdown()
 
 
+def worker_copy(args):
+    """The memory-bandwidth floor: every rank copies a buffer of the size into another, all ranks
+    at once (they start together through marker files). An allreduce has to read every rank's
+    input and write every rank's output at least once: the same traffic as this copy."""
+    import numpy as np
+    rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    folder = os.path.dirname(args.out)
+    results = {}
+    for nbytes in args.sizes:
+        src = np.full(nbytes // 4, rank + 1, dtype=np.float32)
+        dst = np.zeros_like(src)
+        np.copyto(dst, src)
+        _check(float(dst[-1]), rank + 1, f"copy {nbytes} B")
+        marker = os.path.join(folder, f"ready.{nbytes}.{{}}")
+        open(marker.format(rank), "w").close()
+        while not all(os.path.exists(marker.format(r)) for r in range(size)):
+            time.sleep(0.001)
+        warmup, timed = iterations(nbytes, args.iter_scale)
+        results[nbytes] = _time_loop(lambda: np.copyto(dst, src), warmup, timed)
+    if rank == 0:
+        _write(args.out, results, {"what": "each rank copies its buffer once, all at once"})
+
+
 WORKERS = {"horovodlike": worker_horovodlike, "mpi": worker_mpi, "gloo": worker_gloo,
+           "copy": worker_copy,
            "horovod": worker_horovod}
 
 
@@ -237,14 +278,19 @@ def libraries(np_: int, wanted: set[str]) -> tuple[list[Library], list[str]]:
                                      launch + [f"--{backend}", py, me]))
     mpirun = shutil.which("mpirun")
     if mpirun and _module_available("mpi4py"):
-        found.append(Library("MPI", "mpi", [mpirun, "--allow-run-as-root", "--oversubscribe",
-                                            "-np", str(np_), py, me]))
+        # Both bindings: one rank per core is MPI's usual best, but on a machine shared with other
+        # work an unbound rank can move to an idle core; the better one per size is reported.
+        for label, binding in (("MPI bound", "core:overload-allowed"), ("MPI unbound", "none")):
+            found.append(Library(label, "mpi", [mpirun, "--allow-run-as-root", "--oversubscribe",
+                                                "--bind-to", binding, "-np", str(np_), py, me]))
     else:
-        skipped.append("MPI: needs mpirun and mpi4py (pip install mpi4py)")
+        skipped.append("MPI: needs mpirun and mpi4py (pip install 'horovodlike[bench]')")
     if _module_available("torch.distributed"):
         found.append(Library("torch-gloo", "gloo", None))
     else:
         skipped.append("torch.distributed Gloo: torch is not installed")
+    # Started as torch-gloo's ranks are (RANK, WORLD_SIZE), but needs only NumPy.
+    found.append(Library("copy-floor", "copy", None))
     if _module_available("horovod.torch") and shutil.which("horovodrun"):
         found.append(Library("Horovod", "horovod",
                              [shutil.which("horovodrun"), "-np", str(np_), py, me]))
@@ -252,7 +298,8 @@ def libraries(np_: int, wanted: set[str]) -> tuple[list[Library], list[str]]:
         skipped.append("Horovod: not installed (`pip install horovod` does not build against "
                        "this PyTorch)")
     if wanted:
-        found = [lib for lib in found if lib.label in wanted or lib.worker in wanted]
+        found = [lib for lib in found if lib.label in wanted or lib.worker in wanted
+                 or lib.label.split()[0] in wanted]
     return found, skipped
 
 
@@ -307,6 +354,7 @@ def main():
     sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
     if args.worker:
         args.sizes = sizes
+        own_session()
         WORKERS[args.worker](args)
         return
 
@@ -336,19 +384,43 @@ def main():
                   f"{time.time() - start:.1f} s", flush=True)
     table = {label: {n: statistics.median(v) for n, v in per.items() if v}
              for label, per in medians.items()}
+    mpi_choice = best_binding(table, medians, sizes)
+    if mpi_choice:
+        print("MPI: the better binding per size (median over rounds): " + ", ".join(
+            f"{format_size(n)} {mpi_choice[n]}" for n in sizes if n in mpi_choice), flush=True)
     print_table(table, sizes, args.np)
     print_round_ratios(medians, sizes)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"np": args.np, "median_seconds": table, "per_round": medians,
+                       "mpi_binding": mpi_choice, "load_average": os.getloadavg(),
                        "info": infos}, f, indent=1, default=str)
+
+
+def best_binding(table: dict, medians: dict, sizes: list[int]) -> dict:
+    """Adds an "MPI" column with the faster of "MPI bound" and "MPI unbound" per size (their
+    own columns stay); returns which one won at each size."""
+    runs = [label for label in ("MPI bound", "MPI unbound") if table.get(label)]
+    if not runs:
+        return {}
+    choice, best, rounds = {}, {}, {}
+    for n in sizes:
+        timed = [label for label in runs if n in table[label]]
+        if not timed:
+            continue
+        choice[n] = min(timed, key=lambda label: table[label][n])
+        best[n] = table[choice[n]][n]
+        rounds[n] = medians[choice[n]][n]
+    table["MPI"] = best
+    medians["MPI"] = rounds
+    return choice
 
 
 def print_round_ratios(medians: dict, sizes: list[int]) -> None:
     """Each peer's time over horovodlike's in the same round (min / median / max over rounds):
     on a shared machine, rounds differ more than the libraries within a round do."""
     ours = [label for label in medians if label.startswith("hvdl") and any(medians[label].values())]
-    peers = [label for label in medians if not label.startswith("hvdl")
+    peers = [label for label in medians if not label.startswith(("hvdl", "MPI "))
              and any(medians[label].values())]
     if not ours or not peers:
         return
@@ -380,7 +452,7 @@ def _fmt_time(seconds: float) -> str:
 def print_table(table: dict, sizes: list[int], np_: int) -> None:
     labels = [label for label in table if table[label]]
     ours = [label for label in labels if label.startswith("hvdl")]
-    peers = [label for label in labels if not label.startswith("hvdl")]
+    peers = [label for label in labels if not label.startswith(("hvdl", "MPI "))]
     reference = ours[0] if ours else None
     print()
     print(f"float32 allreduce (Sum, in place), {np_} ranks, median time per call; "

@@ -76,9 +76,47 @@ def worker_horovodlike(args):
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
     rates = train(args, model, optimizer, hvd.rank(), hvd.size())
+    if args.trace_dir:
+        trace_steps(args, model, optimizer, hvd)
     if hvd.rank() == 0:
-        _write(args.out, rates, model)
+        from horovodlike import _core
+        stats = _core.stats()
+        _write(args.out, rates, model, {k: stats[k] for k in (
+            "fusion_threshold_bytes", "cycle_time_ms", "cache_enabled", "autotune",
+            "autotune_done")})
     hvd.shutdown()
+
+
+def trace_steps(args, model, optimizer, hvd, steps=3):
+    """A few more steps with the timeline recording (rank 0 writes it) and each phase's start
+    and end on rank 0, in microseconds since the recording began (the timeline's own clock:
+    both are CLOCK_MONOTONIC)."""
+    import torch
+    generator = torch.Generator().manual_seed(99)
+    x = torch.randn(args.batch_size, WIDTHS[0], generator=generator)
+    y = torch.randint(0, CLASSES, (args.batch_size,), generator=generator)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    before = time.perf_counter()
+    hvd.start_timeline(os.path.join(args.trace_dir, "timeline.json"))
+    origin = (before + time.perf_counter()) / 2
+
+    def now():
+        return (time.perf_counter() - origin) * 1e6
+    spans = []
+    for _ in range(steps):
+        start = now()
+        optimizer.zero_grad()
+        loss = loss_fn(model(x), y)
+        backward = now()
+        loss.backward()
+        backward_end = now()
+        optimizer.step()
+        spans.append({"forward": [start, backward], "backward": [backward, backward_end],
+                      "wait_and_update": [backward_end, now()]})
+    hvd.stop_timeline()
+    if hvd.rank() == 0:
+        with open(os.path.join(args.trace_dir, "steps.json"), "w") as f:
+            json.dump(spans, f)
 
 
 def worker_ddp(args):
@@ -110,11 +148,11 @@ def worker_nosync(args):
 WORKERS = {"horovodlike": worker_horovodlike, "ddp": worker_ddp, "nosync": worker_nosync}
 
 
-def _write(path, rates, model):
+def _write(path, rates, model, settings=None):
     params = list(model.parameters())
     with open(path, "w") as f:
         json.dump({"rates": rates, "tensors": len(params),
-                   "parameters": sum(p.numel() for p in params)}, f)
+                   "parameters": sum(p.numel() for p in params), "settings": settings}, f)
 
 
 def _free_port() -> int:
@@ -123,7 +161,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_job(kind, args, worker_args):
+def run_job(kind, args, worker_args, launcher_args=()):
+    """One job; `launcher_args`: extra horovodlikerun flags for the horovodlike job."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_")}
     env["OMP_NUM_THREADS"] = "1"
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"),
@@ -132,9 +171,12 @@ def run_job(kind, args, worker_args):
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "result.json")
         tail = ["--worker", kind, "--out", out] + worker_args
+        if kind == "horovodlike" and getattr(args, "trace_dir", None):
+            tail += ["--trace-dir", os.path.abspath(args.trace_dir)]
         if kind == "horovodlike":
             procs = [subprocess.Popen([sys.executable, "-m", "horovodlike.runner.launch", "-np",
-                                       str(args.np), sys.executable, me] + tail, env=env,
+                                       str(args.np), *launcher_args, sys.executable, me] + tail,
+                                      env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)]
         else:
             env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
@@ -165,10 +207,16 @@ def main():
     parser.add_argument("--only", default="", help="comma-separated: horovodlike,ddp,nosync")
     parser.add_argument("--json", help="also write the results to this file")
     parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--trace-dir", help="horovodlike job: after the timed windows, 3 steps "
+                        "with the timeline recording; rank 0 writes timeline.json and steps.json "
+                        "(its forward, backward and wait spans) here, for timeline_plot.py")
     parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from allreduce import own_session
+        own_session()  # as horovodlike's launched ranks are: see allreduce.own_session
         WORKERS[args.worker](args)
         return
 

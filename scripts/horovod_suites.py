@@ -14,15 +14,27 @@ Tests run in batches, many to a launcher job, as Horovod's own CI runs them, so 
 start (and import torch) once per batch instead of once per test. Every rank writes each test's
 outcome to a file as soon as it is known. A test that fails in a batch, and the test a batch was
 in when it died or stopped making progress for --timeout seconds, are then run again each in a
-job of its own, and that run decides: one test that leaves the ranks out of step can fail the
-tests after it in its batch, but it costs only itself. --batch 1 runs every test alone.
+job of its own, and that run decides; the tests after it go on in a new batch, as the failure
+may have left the ranks out of step: such a test costs only itself. --batch 1 runs every test
+alone.
 
 --check exits 1 when a test fails that is not in KNOWN_FAILURES (a regression); the known ones
 are tests that cannot pass here for reasons outside horovodlike, each with its reason.
+
+--record FILE writes a raw output to keep: the command that produced it, the versions, the
+machine's load, what was printed, and the output of every test that did not pass. Paths of the
+machine are written as placeholders there (the checkout as path/to/horovod, the Python
+installation's packages as site-packages/), so that the file says nothing about where it ran.
 """
 
 import argparse
+import datetime
 import os
+import platform
+import resource
+import shlex
+import site
+import sysconfig
 import re
 import shutil
 import signal
@@ -39,6 +51,27 @@ KNOWN_FAILURES = {
                                 "2.13's Muon accepts only 2-D ones (Horovod 0.28.1 fails too)",
         "test_broadcast_state_options": "same Muon constructor error as test_broadcast_state",
         "test_force_allreduce": "same Muon constructor error as test_broadcast_state",
+    },
+    "test_tensorflow.py": {
+        "test_horovod_syncbn_cpu": "passes fused=False to Keras' BatchNormalization, which "
+                                   "Keras 3 removed",
+        "test_partial_distributed_gradient_tape": "calls variable.ref() on Keras 3 variables "
+                                                  "(model.trainable_weights), which have no ref",
+    },
+    "test_tensorflow2_keras.py": {
+        "test_sparse_as_dense": "builds keras.optimizers.RMSprop(lr=...); Keras 3 removed lr",
+        "test_sparse_as_dense_with_grad_aggregation": "builds RMSprop(lr=...); Keras 3 removed lr",
+        "test_legacy_optimizer": "uses keras.optimizers.legacy, which Keras 3 removed",
+        "test_train_model_lr_schedule": "uses keras.losses.mean_squared_error, absent from "
+                                        "Keras 3's tf.keras",
+        **{f"test_gradient_aggregation{local}_{i}":
+           "its Optimizer subclass calls super().__init__ without learning_rate (required in "
+           "Keras 3) and defines a two-argument update_step" for local in ("", "_with_local_vars")
+           for i in (0, 1)},
+        "test_partial_distributed_optimizer": "calls variable.ref() on Keras 3 variables "
+                                              "(model.trainable_weights), which have no ref",
+        "test_broadcast_global_variables_callback_with_local_vars":
+            "calls variable.ref() on Keras 3 variables (model.variables), which have no ref",
     },
 }
 
@@ -121,6 +154,59 @@ REWRITES = [
 
 SUMMARY = re.compile(r"^\[(\d+)\]<stdout>:(?:=+ )?(\d+ (?:passed|failed|skipped|error).*) in "
                      r"[0-9.]+s")
+
+
+def scrubber(checkout, scratch):
+    """A function that writes this machine's paths in a text as placeholders."""
+    repo = Path(__file__).resolve().parent.parent
+    places = [(Path(scratch), "path/to/scratch"), (checkout, "path/to/horovod"),
+              (repo, "path/to/horovodlike")]
+    packages = set(site.getsitepackages() + [site.getusersitepackages()])
+    packages.update(sysconfig.get_paths()[key] for key in ("purelib", "platlib"))
+    places += [(Path(p), "site-packages") for p in packages]
+    places += [(Path(sysconfig.get_paths()["stdlib"]), "python-lib"),
+               (Path(sys.prefix), "python-prefix"), (Path(sys.base_prefix), "python-prefix"),
+               (Path(tempfile.gettempdir()), "tmp"), (Path.home(), "~")]
+    pairs = []
+    for path, label in places:
+        for form in {str(path), str(path.resolve())}:
+            if len(form) > 1:
+                pairs.append((form, label))
+    pairs.sort(key=lambda pair: -len(pair[0]))  # the longest, most specific path first
+    pattern = re.compile("|".join(re.escape(form) for form, _ in pairs))
+    labels = dict(pairs)
+    return lambda text: pattern.sub(lambda match: labels[match.group(0)], text)
+
+
+def load_average():
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "unknown"
+
+
+def versions():
+    from importlib import metadata
+    parts = []
+    for package in ("torch", "tensorflow-cpu", "tensorflow"):
+        try:
+            parts.append(f"{package.split('-')[0]} {metadata.version(package)}")
+            break
+        except metadata.PackageNotFoundError:
+            continue
+    parts.append(f"Python {platform.python_version()}")
+    here = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, cwd=here).stdout.strip()
+        changed = subprocess.run(["git", "status", "--porcelain", "--", "src"],
+                                 capture_output=True, text=True, cwd=here).stdout.strip()
+    except OSError:
+        commit = changed = ""
+    if commit:
+        parts.append(f"horovodlike commit {commit}" +
+                     (" with uncommitted changes in src" if changed else ""))
+    return ", ".join(parts)
 
 
 def prepare(checkout, work):
@@ -221,7 +307,12 @@ def run_tests(parallel, ids, args, launcher_flags):
                 reasons = sorted({reason for outcome, reason in reports if outcome == "skipped"})
                 outcomes[test_id] = ("skipped", f"skipped in a batch: {'; '.join(reasons)}")
             else:
+                # A failure may have left the ranks out of step (one rank's collective still
+                # in flight), which would fail the tests after it for no fault of theirs: it
+                # runs alone, and the tests after it in a new batch.
                 alone.append(test_id)
+                remaining = batch[position + 1:] + remaining
+                break
     for test_id in alone:
         outcomes[test_id] = run_one(parallel, test_id, args, launcher_flags)
     return outcomes, len(alone)
@@ -264,13 +355,25 @@ def main(argv=None):
     parser.add_argument("--batch", type=int, default=0,
                         help="tests per launcher job (default 0: as many as there are)")
     parser.add_argument("--log", type=Path, help="write every non-passing test's output here")
+    parser.add_argument("--record", type=Path,
+                        help="write the command, versions, summary and the output of every test "
+                             "that did not pass here, with this machine's paths as placeholders")
     parser.add_argument("--check", action="store_true",
                         help="exit 1 when a test outside KNOWN_FAILURES fails")
-    args = parser.parse_args(argv)
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     flags = ["--gloo"] if args.gloo else ["--mpi"] if args.mpi else []
-    regressions = []
+    regressions, printed, logged = [], [], []
+    started_at = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%MZ")
+    load_before = load_average()
+
+    def say(line):
+        print(line, flush=True)
+        printed.append(line)
+
     with tempfile.TemporaryDirectory(prefix="horovod_suites_") as scratch:
-        parallel = prepare(args.checkout.resolve(), Path(scratch))
+        checkout = args.checkout.resolve()
+        scrub = scrubber(checkout, scratch)
+        parallel = prepare(checkout, Path(scratch))
         log = open(args.log, "w") if args.log else None
         for suite in args.suites:
             ids = collect(parallel, suite, args.pattern)
@@ -287,21 +390,40 @@ def main(argv=None):
                 name = test_id.rsplit("::", 1)[-1]
                 if result == "failed":
                     reason = known.get(name)
-                    print(f"  FAILED {name}" + (f"  (known: {reason})" if reason else ""),
-                          flush=True)
+                    say(f"  FAILED {name}" + (f"  (known: {reason})" if reason else ""))
                     if reason is None:
                         regressions.append(f"{suite}::{name}")
-                if log and result != "passed":
-                    log.write(f"==== {result.upper()} {test_id}\n{out[-6000:]}\n")
-                    log.flush()
-            print(f"{suite} (-np {args.np}{' ' + flags[0] if flags else ''}): "
-                  f"{counts['passed']} passed, {counts['failed']} failed, "
-                  f"{counts['skipped']} skipped in {time.monotonic() - started:.0f} s "
-                  f"({rechecked} run again alone)", flush=True)
-    if args.check and regressions:
-        print("regressions (failing, not known to be impossible): " + ", ".join(regressions))
-        return 1
-    return 0
+                if result != "passed":
+                    entry = scrub(f"==== {result.upper()} {test_id}\n{out[-6000:]}\n")
+                    logged.append(entry)
+                    if log:
+                        log.write(entry)
+                        log.flush()
+            say(f"{suite} (-np {args.np}{' ' + flags[0] if flags else ''}): "
+                f"{counts['passed']} passed, {counts['failed']} failed, "
+                f"{counts['skipped']} skipped in {time.monotonic() - started:.0f} s "
+                f"({rechecked} run again alone)")
+        status = 0
+        if args.check and regressions:
+            say("regressions (failing, not known to be impossible): " + ", ".join(regressions))
+            status = 1
+        if args.record:
+            given = argv if argv is not None else sys.argv[1:]
+            shown = ["path/to/horovod" if Path(a) == args.checkout else
+                     args.record.name if Path(a) == args.record else a for a in given]
+            command = " ".join(shlex.quote(a) for a in
+                               ["python", "scripts/horovod_suites.py", *shown])
+            usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpu = usage.ru_utime + usage.ru_stime
+            header = [f"$ {scrub(command)}",
+                      f"# exit status {status}; started {started_at}; load average before: "
+                      f"{load_before}, after: {load_average()} ({os.cpu_count()} cores); "
+                      f"CPU time of the processes it started: {cpu:.0f} s",
+                      f"# {versions()}", ""]
+            args.record.write_text(
+                "\n".join(header + printed) + "\n\n---- LOG: the output of every test that did "
+                "not pass\n" + "".join(logged))
+    return status
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """The core's folders are layers (csrc/README.md): each includes only the ones below it, so
-there is no include cycle between folders, and no block of code is copied between links; the
-environment is read in one place (common/env_config.cc, once per init)."""
+there is no include cycle between folders; no block of code is copied between sources (link
+backends included); the environment is read in one place (common/env_config.cc, once per
+init); no function is over 100 lines and no file over 600."""
 
 import re
 from pathlib import Path
@@ -35,6 +36,13 @@ def test_folders_include_only_the_layers_below_them():
     assert not wrong, "\n".join(wrong)
 
 
+def test_only_python_includes_pybind11():
+    # The core knows no Python: the bindings are csrc/python/'s alone.
+    binders = [str(p.relative_to(CSRC)) for p in sources()
+               if re.search(r"^#include <pybind11/", p.read_text(), re.M)]
+    assert binders and all(b.startswith("python/") for b in binders), binders
+
+
 def test_only_common_reads_the_environment():
     # Links, providers and the runtime take their settings from the Config read at init().
     readers = [str(p.relative_to(CSRC)) for p in sources()
@@ -43,24 +51,24 @@ def test_only_common_reads_the_environment():
     assert not readers, f"these read the environment instead of the Config: {readers}"
 
 
-def test_no_block_of_six_lines_is_copied_between_links():
+def test_no_block_of_six_lines_is_copied_between_sources():
     # Six consecutive non-trivial lines (ignoring blank lines, braces and comments) that appear
-    # in two different link backends.
+    # in two source files: between link backends (tcp, shm, mpi, gloo), between providers, or
+    # anywhere else in csrc/, a copied block belongs in one place that both use.
     def blocks(path):
         lines = [line.strip() for line in path.read_text().splitlines()]
         lines = [l for l in lines if l and l not in ("{", "}", "};")
                  and not l.startswith(("//", "#include"))]
         return {tuple(lines[i:i + 6]) for i in range(len(lines) - 5)}
-    backends = {}
-    for path in (CSRC / "links").rglob("*.cc"):
-        backends.setdefault(path.parent.name, set()).update(blocks(path))
-    names = sorted(backends)
+    files = [p for p in sources() if p.suffix == ".cc"]
+    assert any(layer_of(p) == "links" for p in files)
+    found = {p: blocks(p) for p in files}
     copied = []
-    for i, a in enumerate(names):
-        for b in names[i + 1:]:
-            copied += [(a, b, block) for block in backends[a] & backends[b]]
-    assert not copied, "\n\n".join(f"{a} and {b}:\n" + "\n".join(block)
-                                   for a, b, block in copied[:3])
+    for i, a in enumerate(files):
+        for b in files[i + 1:]:
+            copied += [(a, b, block) for block in found[a] & found[b]]
+    assert not copied, "\n\n".join(f"{a.relative_to(CSRC)} and {b.relative_to(CSRC)}:\n" +
+                                     "\n".join(block) for a, b, block in copied[:3])
 
 
 def test_no_function_is_over_100_lines():

@@ -1,7 +1,7 @@
 """horovodlike.ray on a real local Ray cluster that this module starts (2 CPUs, its own temp
 folder) and stops: training equal to NumPy and to the launcher, results in rank order, failures
-named, nothing left behind, a clear error when the cluster is too small, and elastic training
-with a worker killed and a worker added."""
+named, nothing left behind (no process, actor or CPU), a clear error when the cluster is too
+small, and elastic training with a worker killed, added, removed, and the reset limit."""
 
 import os
 import shutil
@@ -60,43 +60,106 @@ def executor(local_ray):
     executor.shutdown()
 
 
-def test_training_equals_numpy_and_the_launcher(executor, tmp_path):
-    executor.start()
-    results = executor.run(cluster_jobs.train_linear)
-    assert [r["rank"] for r in results] == [0, 1]
-    assert [r["size"] for r in results] == [2, 2]
-    expected = cluster_jobs.numpy_linear_weights(2)
-    for result in results:
-        np.testing.assert_allclose(result["weights"], expected, rtol=1e-10)
-    for ray_weights, launched in zip((r["weights"] for r in results), launcher_weights(tmp_path)):
-        np.testing.assert_allclose(ray_weights, launched, rtol=1e-6)
+def live_actors():
+    """The ids of the Ray actors that are not dead, from Ray's control store (Ray's public
+    state API needs the dashboard, which these tests do not start)."""
+    from ray._private import state
+    return {actor_id for actor_id, actor in state.actors().items() if actor["State"] != "DEAD"}
 
 
-def test_execute_execute_single_and_run_remote_in_rank_order(executor):
-    executor.start(executable_cls=cluster_jobs.Counter, executable_args=[10],
-                   extra_env_vars={"HVDL_TEST_GREETING": "hi"})
-    # A lambda: os.environ.get itself would carry this process's environment along.
-    assert executor.run(lambda name: os.environ.get(name),
-                        args=["HVDL_TEST_GREETING"]) == ["hi", "hi"]
-    # The job's rendezvous server runs here, in the driver, guarded by a secret of its own
-    # that every worker got and a stranger does not have.
-    rendezvous = executor.run(lambda: [os.environ[f"HOROVOD_{name}"] for name in
-                                       ("RENDEZVOUS_ADDR", "RENDEZVOUS_PORT", "SECRET_KEY")])
-    assert rendezvous[0] == rendezvous[1], rendezvous
-    address, port, secret = rendezvous[0]
-    assert int(port) == executor._server.port and len(secret) == 64, rendezvous
-    RendezvousClient(address, int(port), secret, timeout=10).close()
-    with pytest.raises(RendezvousError, match="refused this job's secret"):
-        RendezvousClient(address, int(port), "0" * 64, timeout=10)
-    assert executor.execute(lambda counter: counter.add(1)) == [(0, 11), (1, 12)]
-    assert executor.execute(lambda counter: counter.add(2)) == [(0, 13), (1, 16)]
-    assert executor.execute_single(lambda counter: counter.value) == 13
-    futures = executor.run_remote(cluster_jobs.placement)
-    results = ray.get(futures)
-    assert [r["rank"] for r in results] == [0, 1]
-    assert all(r["sum"] == 3.0 and r["local_size"] == 2 and r["cross_size"] == 1
-               for r in results), results
-    assert executor.run(lambda a, b=0: a * 10 + b, args=[4], kwargs={"b": 2}) == [42, 42]
+def wait_until_freed(pids, actors_before, seconds=30):
+    """Waits until the worker processes `pids` are gone, no actor beyond `actors_before` lives
+    and both CPUs are free; fails naming what is left."""
+    deadline = time.monotonic() + seconds
+    while True:
+        left = {"processes": [pid for pid in pids if _process_exists(pid)],
+                "actors": sorted(live_actors() - actors_before),
+                "busy CPUs": 2 - ray.available_resources().get("CPU", 0)}
+        if not any(left.values()) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert not any(left.values()), f"left behind: {left}"
+
+
+class TestOneJob:
+    """The tests that leave their job working share one (what costs is starting actors that
+    import torch); the last one shuts it down. The job's workers hold both CPUs until then."""
+
+    @pytest.fixture(scope="class")
+    def job(self, local_ray):
+        actors_before = live_actors()
+        executor = RayExecutor(RayExecutor.create_settings(timeout_s=30), num_workers=2)
+        executor.start(executable_cls=cluster_jobs.Counter, executable_args=[10],
+                       extra_env_vars={"HVDL_TEST_GREETING": "hi"})
+        executor.actors_before = actors_before
+        yield executor
+        executor.shutdown()
+
+    def test_training_equals_numpy_and_the_launcher(self, job, tmp_path):
+        results = job.run(cluster_jobs.train_linear)
+        assert [r["rank"] for r in results] == [0, 1]
+        assert [r["size"] for r in results] == [2, 2]
+        expected = cluster_jobs.numpy_linear_weights(2)
+        for result in results:
+            np.testing.assert_allclose(result["weights"], expected, rtol=1e-10)
+        for ray_weights, launched in zip((r["weights"] for r in results),
+                                         launcher_weights(tmp_path)):
+            np.testing.assert_allclose(ray_weights, launched, rtol=1e-6)
+
+    def test_execute_execute_single_and_run_remote_in_rank_order(self, job):
+        # A lambda: os.environ.get itself would carry this process's environment along.
+        assert job.run(lambda name: os.environ.get(name),
+                       args=["HVDL_TEST_GREETING"]) == ["hi", "hi"]
+        # The job's rendezvous server runs here, in the driver, guarded by a secret of its
+        # own that every worker got and a stranger does not have.
+        rendezvous = job.run(lambda: [os.environ[f"HOROVOD_{name}"] for name in
+                                      ("RENDEZVOUS_ADDR", "RENDEZVOUS_PORT", "SECRET_KEY")])
+        assert rendezvous[0] == rendezvous[1], rendezvous
+        address, port, secret = rendezvous[0]
+        assert int(port) == job._server.port and len(secret) == 64, rendezvous
+        RendezvousClient(address, int(port), secret, timeout=10).close()
+        with pytest.raises(RendezvousError, match="refused this job's secret"):
+            RendezvousClient(address, int(port), "0" * 64, timeout=10)
+        # Each worker holds a Counter(10); add(amount) adds amount * (rank + 1).
+        assert job.execute(lambda counter: counter.value) == [10, 10]
+        assert job.execute(lambda counter: counter.add(1)) == [(0, 11), (1, 12)]
+        assert job.execute(lambda counter: counter.add(2)) == [(0, 13), (1, 16)]
+        assert job.execute_single(lambda counter: counter.value) == 13
+        futures = job.run_remote(cluster_jobs.placement)
+        results = ray.get(futures)
+        assert [r["rank"] for r in results] == [0, 1]
+        assert all(r["sum"] == 3.0 and r["local_size"] == 2 and r["cross_size"] == 1
+                   for r in results), results
+        assert job.run(lambda a, b=0: a * 10 + b, args=[4], kwargs={"b": 2}) == [42, 42]
+
+    def test_callbacks_get_the_logged_values_while_the_workers_run(self, job, tmp_path):
+        marker = tmp_path / "seen"
+        first, second = [], []
+
+        def note(value):
+            first.append(value)
+            marker.touch()
+
+        results = job.run(cluster_jobs.logged_sums, args=[str(marker)],
+                          callbacks=[note, second.append])
+        assert results == [True, None]  # rank 0 saw the callback act before it returned
+        assert first == second == expected_sums([0])  # rank 0's values only, in order
+        everyone = []
+        job.execute(lambda _: cluster_jobs.logged_sums(str(marker), chief_only=False),
+                    callbacks=[everyone.append])
+        assert sorted(everyone, key=lambda v: (v["rank"], v["step"])) == expected_sums([0, 1])
+        with pytest.raises(TypeError, match=r"callbacks\[1\] is a str"):
+            job.run(cluster_jobs.placement, callbacks=[print, "print"])
+        # Each call's queue actor is gone with the call: only the two workers live.
+        assert len(live_actors() - job.actors_before) == 2
+
+    def test_shutdown_leaves_no_actor_process_or_cpu_behind(self, job):
+        pids = [node["pid"] for node in job.nodes]
+        assert [r["rank"] for r in job.run(cluster_jobs.placement)] == [0, 1]
+        job.shutdown()
+        wait_until_freed(pids, job.actors_before)
+        with pytest.raises(RuntimeError, match=r"not started; call start\(\) first"):
+            job.run(cluster_jobs.placement)
 
 
 def expected_sums(ranks, size=2):
@@ -105,30 +168,11 @@ def expected_sums(ranks, size=2):
             for rank in ranks for step in range(3)]
 
 
-def test_callbacks_get_the_logged_values_while_the_workers_run(executor, tmp_path):
-    executor.start()
-    marker = tmp_path / "seen"
-    first, second = [], []
-
-    def note(value):
-        first.append(value)
-        marker.touch()
-
-    results = executor.run(cluster_jobs.logged_sums, args=[str(marker)],
-                           callbacks=[note, second.append])
-    assert results == [True, None]  # rank 0 saw the callback act before it returned
-    assert first == second == expected_sums([0])  # rank 0's values only, in order
-    everyone = []
-    executor.execute(lambda _: cluster_jobs.logged_sums(str(marker), chief_only=False),
-                     callbacks=[everyone.append])
-    assert sorted(everyone, key=lambda v: (v["rank"], v["step"])) == expected_sums([0, 1])
-    with pytest.raises(TypeError, match=r"callbacks\[1\] is a str"):
-        executor.run(cluster_jobs.placement, callbacks=[print, "print"])
-
-
 @pytest.mark.parametrize("how", ["raise", "kill"])
 def test_failed_worker_is_named_and_the_others_raise(executor, tmp_path, how):
+    actors_before = live_actors()
     executor.start()
+    pids = [node["pid"] for node in executor.nodes]
     started = time.monotonic()
     with pytest.raises(RuntimeError) as failure:
         executor.run(cluster_jobs.fail_on_rank, args=[1, how, str(tmp_path)])
@@ -143,22 +187,9 @@ def test_failed_worker_is_named_and_the_others_raise(executor, tmp_path, how):
     assert time.monotonic() - started < 30
     with pytest.raises(RuntimeError, match="this job failed .*call shutdown"):
         executor.run(cluster_jobs.placement)
-
-
-def test_shutdown_leaves_no_worker_process(executor):
-    executor.start()
-    pids = [node["pid"] for node in executor.nodes]
-    executor.run(cluster_jobs.placement)
+    # A failed job's shutdown leaves nothing behind either.
     executor.shutdown()
-    deadline = time.monotonic() + 15
-    alive = pids
-    while alive and time.monotonic() < deadline:
-        alive = [pid for pid in pids if _process_exists(pid)]
-        time.sleep(0.1)
-    assert not alive, f"worker processes {alive} outlived shutdown()"
-    # The CPUs are free again: a new executor gets both.
-    executor.start()
-    assert [r["rank"] for r in executor.run(cluster_jobs.placement)] == [0, 1]
+    wait_until_freed(pids, actors_before)
 
 
 def test_too_few_cpus_is_a_clear_error_within_the_placement_timeout(local_ray):
@@ -234,15 +265,17 @@ class FileDiscovery:
 
 
 def run_elastic(tmp_path, scenario, settings, callbacks=None, **executor_args):
+    """executor.run's results; whether it returns or raises, no actor of it is left after."""
+    actors_before = live_actors()
     executor = ElasticRayExecutor(settings, cpus_per_slot=1, **executor_args)
     executor.start()
     try:
         hosts_file = str(tmp_path / "hosts.txt")
-        results = executor.run(lambda: cluster_jobs.elastic_train(
+        return executor.run(lambda: cluster_jobs.elastic_train(
             str(tmp_path), scenario, hosts_file, log_steps=bool(callbacks)), callbacks)
     finally:
         executor.shutdown()
-    return results
+        wait_until_freed([], actors_before)
 
 
 def test_elastic_worker_killed_the_job_finishes_with_the_other(local_ray, tmp_path, capfd):
@@ -262,9 +295,9 @@ def slots_from_a_file(tmp_path, slots=1, **settings):
     "shrink" scenario's rank 0 changes that."""
     node = ray.util.get_node_ip_address()
     (tmp_path / "hosts.txt").write_text(f"{node}:{slots}\n")
+    options = {"min_num_proc": 1, "max_num_proc": 2, "elastic_timeout": 60, **settings}
     return ElasticRayExecutor.create_settings(
-        min_num_proc=1, max_num_proc=2, elastic_timeout=60,
-        discovery=FileDiscovery(str(tmp_path / "hosts.txt")), **settings)
+        discovery=FileDiscovery(str(tmp_path / "hosts.txt")), **options)
 
 
 def test_elastic_worker_added_by_discovery_joins(local_ray, tmp_path):
@@ -282,7 +315,8 @@ def test_elastic_worker_added_by_discovery_joins(local_ray, tmp_path):
 
 
 def test_elastic_worker_stopped_when_its_slot_leaves_the_discovery(local_ray, tmp_path, capfd):
-    settings = slots_from_a_file(tmp_path, slots=2)
+    # Three slots offered, max_num_proc=2: two workers (a third would wait for a CPU for ever).
+    settings = slots_from_a_file(tmp_path, slots=3)
     results = run_elastic(tmp_path, "shrink", settings, override_discovery=False)
     assert len(results) == 1, results
     report = results[0]
@@ -294,11 +328,19 @@ def test_elastic_worker_stopped_when_its_slot_leaves_the_discovery(local_ray, tm
     assert "retired" not in err and "died" not in err, err
 
 
+def test_elastic_fewer_workers_than_min_num_proc_stops_the_job(local_ray, tmp_path):
+    # One slot offered, min_num_proc=2: the driver waits elastic_timeout for a second one.
+    settings = slots_from_a_file(tmp_path, slots=1, min_num_proc=2, elastic_timeout=5)
+    with pytest.raises(RuntimeError, match=r"the elastic Ray job failed: only 1 workers left, "
+                                           r"fewer than min_num_proc 2, for 5 s"):
+        run_elastic(tmp_path, "grow", settings, override_discovery=False)
+
+
 def test_elastic_reset_limit_stops_the_job(local_ray, tmp_path):
     # The worker that joins needs a new round: one reset more than reset_limit=0 allows.
     settings = slots_from_a_file(tmp_path, reset_limit=0)
     with pytest.raises(RuntimeError, match=r"the elastic Ray job failed: the job was reset 1 "
-                                           r"times, more than --reset-limit 0"):
+                                           r"times, more than reset_limit 0"):
         run_elastic(tmp_path, "grow", settings, override_discovery=False)
 
 

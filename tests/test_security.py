@@ -16,6 +16,7 @@ import pytest
 
 from conftest import REPO, WORKERS, job_env
 
+from horovodlike import _core
 from horovodlike._core import _testing
 from horovodlike.runner import launch as launcher
 from horovodlike.runner.rendezvous import answer_hello
@@ -73,8 +74,13 @@ def _int64s(values) -> bytes:
     return struct.pack(f"<q{len(values)}q", len(values), *values)
 
 
-CONTROL_OPS = (6, 7, 8)          # join, add_process_set, remove_process_set
-CONTROL_RESPONSES = (6, 7, 8)
+# The codes come from the extension (no second copy of its tables); the layout is written here.
+OP = _core.OPS
+DTYPE = _core.DTYPES
+REDUCE = _core.REDUCE_OPS
+CONTROL_OPS = (OP["join"], OP["add_process_set"], OP["remove_process_set"])
+CONTROL_RESPONSES = CONTROL_OPS  # responses number their types as the ops...
+ERROR_RESPONSE = len(OP)         # ...followed by the error response (core/message.h)
 
 
 def encode_requests(requests) -> bytes:
@@ -100,7 +106,7 @@ def encode_responses(responses) -> bytes:
         if r["type"] in CONTROL_RESPONSES:
             out += _int64s(r["ranks"]) + struct.pack("<ii", r["set_id"], r["last_joined"])
             continue
-        out += struct.pack("<iiddii", 7, 1, 1.0, 0.5, 0, -1)
+        out += struct.pack("<iiddii", DTYPE["float32"], REDUCE["Sum"], 1.0, 0.5, 0, -1)
         out += _int64s(r["first_dims"]) + _int64s(r.get("alltoall_rows", []))
         out += _int64s(r["shape"]) + _int64s(r["sizes"])
         out += struct.pack("<qqi", r["bytes"], 0, 0) + _string(r["error"])
@@ -109,30 +115,35 @@ def encode_responses(responses) -> bytes:
 
 SEED_REQUESTS = [
     encode_requests([]),
-    encode_requests([dict(rank=1, op=0, name=b"grad.w", dtype=7, shape=[3, 4], reduce=0,
-                          prescale=1.0, postscale=0.5, root=0, splits=[], group=0,
-                          group_size=0)]),
-    encode_requests([dict(rank=0, op=4, name=b"a2a", dtype=4, shape=[6], reduce=1, prescale=1.0,
-                          postscale=1.0, root=0, splits=[2, 4], group=9, group_size=2),
-                     dict(rank=0, op=2, name=b"b" * 40, dtype=9, shape=[], reduce=1,
-                          prescale=1.0, postscale=1.0, root=1, splits=[], group=0,
-                          group_size=0)]),
+    encode_requests([dict(rank=1, op=OP["allreduce"], name=b"grad.w", dtype=DTYPE["float32"],
+                          shape=[3, 4], reduce=REDUCE["Average"], prescale=1.0, postscale=0.5,
+                          root=0, splits=[], group=0, group_size=0)]),
+    encode_requests([dict(rank=0, op=OP["alltoall"], name=b"a2a", dtype=DTYPE["int64"],
+                          shape=[6], reduce=REDUCE["Sum"], prescale=1.0, postscale=1.0, root=0,
+                          splits=[2, 4], group=9, group_size=2),
+                     dict(rank=0, op=OP["broadcast"], name=b"b" * 40, dtype=DTYPE["bool"],
+                          shape=[], reduce=REDUCE["Sum"], prescale=1.0, postscale=1.0, root=1,
+                          splits=[], group=0, group_size=0)]),
     # Control operations: their own record, no tensor fields.
-    encode_requests([dict(rank=1, op=7, name=b"process_set.add.0-2", ranks=[0, 2], set_id=-1),
-                     dict(rank=1, op=8, name=b"process_set.remove.3", ranks=[], set_id=3),
-                     dict(rank=1, op=6, name=b"join", ranks=[], set_id=-1)]),
+    encode_requests([dict(rank=1, op=OP["add_process_set"], name=b"process_set.add.0-2",
+                          ranks=[0, 2], set_id=-1),
+                     dict(rank=1, op=OP["remove_process_set"], name=b"process_set.remove.3",
+                          ranks=[], set_id=3),
+                     dict(rank=1, op=OP["join"], name=b"join", ranks=[], set_id=-1)]),
 ]
 SEED_RESPONSES = [
     encode_responses([]),
-    encode_responses([dict(type=0, names=[b"x", b"y"], first_dims=[], shape=[2],
+    encode_responses([dict(type=OP["allreduce"], names=[b"x", b"y"], first_dims=[], shape=[2],
                            sizes=[2, 5], bytes=28, error=b""),
-                      dict(type=9, names=[b"bad"], first_dims=[1, 2], shape=[], sizes=[],
-                           bytes=0, error=b"Mismatched shapes")]),
-    encode_responses([dict(type=7, names=[b"process_set.add.0-2"], ranks=[0, 2], set_id=-1,
-                           last_joined=-1),
-                      dict(type=6, names=[b"join"], ranks=[], set_id=-1, last_joined=1),
-                      dict(type=4, names=[b"a2a"], first_dims=[], alltoall_rows=[1, 2, 3, 4],
-                           shape=[3], sizes=[], bytes=0, error=b"")]),
+                      dict(type=ERROR_RESPONSE, names=[b"bad"], first_dims=[1, 2], shape=[],
+                           sizes=[], bytes=0, error=b"Mismatched shapes")]),
+    encode_responses([dict(type=OP["add_process_set"], names=[b"process_set.add.0-2"],
+                           ranks=[0, 2], set_id=-1, last_joined=-1),
+                      dict(type=OP["join"], names=[b"join"], ranks=[], set_id=-1,
+                           last_joined=1),
+                      dict(type=OP["alltoall"], names=[b"a2a"], first_dims=[],
+                           alltoall_rows=[1, 2, 3, 4], shape=[3], sizes=[], bytes=0,
+                           error=b"")]),
 ]
 
 
@@ -146,7 +157,7 @@ def test_decoders_round_trip_valid_messages():
 def test_alltoall_split_matrix_of_more_than_1024_ranks_decodes():
     # The matrix of rows rank i sends to rank j has size^2 entries: over a million here.
     n = 1025
-    message = encode_responses([dict(type=4, names=[b"a2a"], first_dims=[],
+    message = encode_responses([dict(type=OP["alltoall"], names=[b"a2a"], first_dims=[],
                                      alltoall_rows=[1] * (n * n), shape=[n], sizes=[], bytes=0,
                                      error=b"")])
     assert _testing.decode_responses(message) == message

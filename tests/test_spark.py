@@ -154,6 +154,16 @@ def test_more_ranks_than_task_slots_fail_within_start_timeout(spark):
     assert context.getLocalProperty("spark.jobGroup.id") is None
 
 
+def test_run_elastic_without_num_proc_task_slots_fails_at_start_timeout(spark):
+    # local[2] runs two of the three agents' tasks at most (how many are up after 4 s depends
+    # on how fast Spark starts them); the job never has num_proc=3 slots.
+    with pytest.raises(RuntimeError, match=r"only [012] of num_proc=3 Spark tasks started "
+                                           r"within start_timeout=4 s; does the application "
+                                           r"have 3 free task slots"):
+        horovodlike.spark.run_elastic(cluster_jobs.elastic_train, args=("unused", "kill"),
+                                      num_proc=3, start_timeout=4)
+
+
 def test_bad_arguments_are_refused_before_anything_starts(spark):
     with pytest.raises(ValueError, match="num_proc must be a positive integer"):
         horovodlike.spark.run(cluster_jobs.greet, num_proc=0)

@@ -79,11 +79,11 @@ void Executor::Execute(const Response* const* parts, size_t count) {
       case Response::Type::kAlltoall: Alltoall(response, entries.at(0)); break;
       case Response::Type::kBroadcast: Broadcast(response, entries.at(0)); break;
       case Response::Type::kJoin:
-        entries.at(0).handle->first_dims = {response.control.last_joined_rank};
+        entries.at(0).handle->integers = {response.control.last_joined_rank};
         break;
       case Response::Type::kAddProcessSet:
       case Response::Type::kRemoveProcessSet:
-        entries.at(0).handle->first_dims = {on_process_set_change_(response)};
+        entries.at(0).handle->integers = {on_process_set_change_(response)};
         break;
       case Response::Type::kBarrier:
       case Response::Type::kError:
@@ -262,7 +262,7 @@ void Executor::Allgather(const Response* const* parts, std::vector<TensorEntry>&
     state.output.resize(total_rows * row_bytes[t]);
     state.output_shape = entries[t].request.shape;
     state.output_shape[0] = static_cast<int64_t>(total_rows);
-    state.first_dims = parts[t]->first_dims;
+    state.integers = parts[t]->first_dims;
   }
   if (k == 1) {
     // Straight into the output: blocks are already in rank order.
@@ -380,7 +380,7 @@ void Executor::Alltoall(const Response& response, TensorEntry& entry) {
   state.output.resize(static_cast<size_t>(total_rows) * row_bytes);
   state.output_shape = entry.request.shape;
   state.output_shape[0] = total_rows;
-  state.first_dims = received;
+  state.integers = received;
   const auto chosen = providers_->Alltoall();
   timeline_.ActivityStart(chosen.label);
   chosen.provider->Run(entry.input, send_bytes, state.output.data(), recv_bytes);

@@ -22,10 +22,11 @@ struct HandleState {
   // point-to-point receive without a buffer.
   std::vector<uint8_t> output;
   std::vector<int64_t> output_shape;
-  // The integers the operation reports: allgather, each rank's first dimension (for the
+  // The integers the operation returns besides its output, one meaning per operation (the
+  // caller knows which it asked for): allgather, each rank's first dimension (for the
   // gradient); alltoall, the rows received from each rank; join, the last rank to join;
   // add/remove_process_set, the set's id; a point-to-point receive, the sender's dtype code.
-  std::vector<int64_t> first_dims;
+  std::vector<int64_t> integers;
 };
 
 class HandleTable {

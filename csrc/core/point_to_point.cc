@@ -235,7 +235,7 @@ void PointToPoint::DeliverLocked(int peer, PostedRecv& recv, Arrived& arrived) {
     } else {
       recv.state->output = std::move(arrived.bytes);
       recv.state->output_shape = arrived.shape;
-      recv.state->first_dims = {static_cast<int64_t>(arrived.dtype)};
+      recv.state->integers = {static_cast<int64_t>(arrived.dtype)};
     }
     handles_.Complete(recv.state, Status::Ok());
   }
@@ -474,7 +474,7 @@ void PointToPoint::HandleData(int peer_rank, const Header& header, std::vector<i
           links_->recv(peer_rank, recv.state->output.data(), header.body_bytes);
         }
         recv.state->output_shape = shape;
-        recv.state->first_dims = {static_cast<int64_t>(dtype)};
+        recv.state->integers = {static_cast<int64_t>(dtype)};
       }
     } catch (const TransportError& e) {
       handles_.Complete(recv.state,

@@ -48,7 +48,7 @@ class PointToPoint {
   // Both return a handle at once. `data` stays valid until the handle completes.
   int64_t Send(const Message& message, const void* data);
   // `data` null: the core allocates the buffer with the sender's dtype and shape (the handle's
-  // output, output_shape, and first_dims = {dtype code}); the receive then matches any dtype
+  // output, output_shape, and integers = {dtype code}); the receive then matches any dtype
   // and shape.
   int64_t Recv(const Message& message, void* data);
   // Tells `peers` that this rank failed while working with them in process set `set_id`: their

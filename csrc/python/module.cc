@@ -1,5 +1,5 @@
-// horovodlike._core: the only file that includes pybind11. Frameworks hand raw pointers here;
-// nothing in the core knows a framework type.
+// horovodlike._core; csrc/python/ is the only folder that includes pybind11. Frameworks hand
+// raw pointers here; nothing in the core knows a framework type.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -174,7 +174,7 @@ py::tuple Output(int64_t handle) {
   py::capsule owner(keep, [](void* p) { delete static_cast<std::shared_ptr<HandleState>*>(p); });
   py::array_t<uint8_t> bytes({static_cast<py::ssize_t>(state->output.size())},
                              {static_cast<py::ssize_t>(1)}, state->output.data(), owner);
-  return py::make_tuple(bytes, state->output_shape, state->first_dims);
+  return py::make_tuple(bytes, state->output_shape, state->integers);
 }
 
 PointToPoint::Message P2PMessage(int set_id, int peer, int tag, int dtype,
@@ -355,7 +355,6 @@ PYBIND11_MODULE(_core, m) {
   m.def("poll", [](int64_t handle) { return Runtime::Get()->handles().Poll(handle); });
   m.def("release", [](int64_t handle) { Runtime::Get()->handles().Release(handle); });
   m.def("output", &Output);
-  m.def("allgather_output", &Output);
   m.def("start_timeline", [](const std::string& path, bool mark_cycles) {
     py::gil_scoped_release release;  // may wait for a previous recording's writer to finish
     Runtime::Get()->StartTimeline(path, mark_cycles);

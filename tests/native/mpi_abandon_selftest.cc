@@ -24,7 +24,7 @@ int main() {
   size_t most = 0;
   {
     std::unique_ptr<MpiLink> link = MpiLink::Connect(config);
-    MpiAllreduce allreduce(*link);
+    MpiAllreduce allreduce(*link, /*every_size=*/false);
     const int rank = link->rank();
     if (rank == 1) std::this_thread::sleep_for(std::chrono::seconds(3));
     std::vector<float> data(1000, 1.0f);

@@ -1,17 +1,61 @@
-"""Driver of a job on a Ray cluster of two nodes started on this machine
-(ray.cluster_utils.Cluster, under RAY_TMPDIR): RayExecutor with 2 hosts x 2 workers; prints
-each rank's placement as JSON."""
+"""Driver of jobs on a Ray cluster started on this machine (ray.cluster_utils.Cluster, under
+RAY_TMPDIR), each printing what it found on a line of its own:
+- ELASTIC: ElasticRayExecutor training on the head node alone (one slot of 2 CPUs), until rank 0
+  asks for more: then a second node joins the cluster, and a worker starts on it and joins the
+  job (the hosts are the cluster's live nodes); rank 0's report as JSON;
+- RESULT: RayExecutor with 2 hosts x 2 workers on the two nodes; each rank's placement as JSON;
+- EXAMPLE: with the path of examples/ray_digits.py and its arguments, that example run as a
+  script that joins this cluster through RAY_ADDRESS; its output and exit code."""
 
 import json
 import os
+import subprocess
 import sys
+import tempfile
+import threading
+import time
 
 import ray
 from ray.cluster_utils import Cluster
 
-from horovodlike.ray import RayExecutor
+from horovodlike.ray import ElasticRayExecutor, RayExecutor
 
 import cluster_jobs
+
+
+def elastic_job_grown_by_a_node(cluster):
+    """Runs the elastic job in a thread; here, adds a node of 2 CPUs once the "grow"
+    scenario's rank 0 asks for a second slot (Ray starts nodes from the main thread only), or
+    once the job has ended without asking (the next job needs the node)."""
+    report_dir = tempfile.mkdtemp(prefix="hvdl-elastic-")
+    hosts_file = os.path.join(report_dir, "hosts.txt")
+    with open(hosts_file, "w") as f:
+        f.write("head:1\n")
+    settings = ElasticRayExecutor.create_settings(min_num_proc=1, max_num_proc=2,
+                                                  elastic_timeout=60, timeout_s=60)
+    executor = ElasticRayExecutor(settings, cpus_per_slot=2)
+    executor.start()
+    outcome = {}
+
+    def run():
+        try:
+            outcome["results"] = executor.run(
+                lambda: cluster_jobs.elastic_train(report_dir, "grow", hosts_file))
+        except Exception as error:  # the test reports it; the other jobs go on
+            outcome["results"] = f"{type(error).__name__}: {error}"
+
+    job = threading.Thread(target=run, daemon=True)
+    job.start()
+    while job.is_alive():
+        with open(hosts_file) as f:
+            if ":2" in f.read():
+                break
+        time.sleep(0.05)
+    cluster.add_node(num_cpus=2)
+    job.join()
+    executor.shutdown()
+    return outcome["results"]
+
 
 # Ray writes this cluster's address under RAY_TMPDIR/ray (where a plain ray.init() on this
 # machine would look for it): a private RAY_TMPDIR keeps the cluster to this test.
@@ -26,9 +70,10 @@ for attempt in range(3):
         if "timed out during startup" not in str(error) or attempt == 2:
             raise
 try:
-    cluster.add_node(num_cpus=2)
-    cluster.wait_for_nodes()
     ray.init(address=cluster.address)
+    elastic = elastic_job_grown_by_a_node(cluster)
+    print("ELASTIC " + json.dumps({"results": elastic, "nodes": len(ray.nodes())}), flush=True)
+    cluster.wait_for_nodes()
     executor = RayExecutor(RayExecutor.create_settings(timeout_s=60), num_hosts=2,
                            num_workers_per_host=2)
     executor.start()
@@ -38,6 +83,13 @@ try:
     finally:
         executor.shutdown()
     print("RESULT " + json.dumps({"ranks": results, "nodes": len(set(node_ids))}), flush=True)
+    if len(sys.argv) > 1:
+        example = subprocess.run([sys.executable] + sys.argv[1:], capture_output=True,
+                                 text=True, timeout=300,
+                                 env={**os.environ, "RAY_ADDRESS": cluster.address})
+        for line in (example.stdout + example.stderr).splitlines():
+            print(f"EXAMPLE {line}")
+        print(f"EXAMPLE exit code {example.returncode}", flush=True)
 finally:
     ray.shutdown()
     cluster.shutdown()

@@ -15,19 +15,22 @@ import os
 
 rank = int(os.environ["HOROVOD_RANK"])
 
-# 1. Rank 1 arrives late; meanwhile rank 0's other threads get answers at once.
+# 1. Rank 1 arrives only once rank 0 has called into the core from another thread while its
+# init() waits for rank 1: a core that held its lock for the whole connect would answer only
+# after rank 1 gave up waiting and the connect ended (True); it must answer False at once.
+ready = os.path.join(os.environ["RUNTIME_WORKER_DIR"], "rank0-asked")
 if rank == 1:
-    time.sleep(3.0)
+    deadline = time.monotonic() + 10  # not for ever: a blocked rank 0 must fail, not hang
+    while not os.path.exists(ready) and time.monotonic() < deadline:
+        time.sleep(0.05)
     hvd.init()
 else:
     init_thread = threading.Thread(target=hvd.init)
     init_thread.start()
-    time.sleep(0.5)
-    start = time.monotonic()
+    time.sleep(0.5)  # let init() reach the rendezvous, where it waits for rank 1
     during = hvd.is_initialized()
-    elapsed = time.monotonic() - start
-    check(not during and elapsed < 1.0,
-          f"is_initialized() during init returned {during} after {elapsed:.2f} s")
+    open(ready, "w").close()
+    check(not during, f"is_initialized() during init returned {during}")
     init_thread.join()
 check(hvd.is_initialized() and hvd.size() == 2, "init did not complete")
 

@@ -225,7 +225,23 @@ expect(RuntimeError, lambda: tf.function(lambda: hvd.broadcast_global_variables(
        "broadcast_variables")
 check(hvd.util._executing_eagerly() and not tf.function(hvd.util._executing_eagerly)(),
       "hvd.util._executing_eagerly wrong")
+check(hvd._executing_eagerly is hvd.util._executing_eagerly, "hvd._executing_eagerly missing")
+with tf.Graph().as_default():
+    check(not hvd._executing_eagerly(), "hvd._executing_eagerly true in a TF1 graph")
 works("broadcast_global_variables")
+
+# Python objects in TensorFlow 1 graph mode (Horovod evaluates them in the default session);
+# inside tf.function they cannot be returned as Python objects: ValueError, before sending.
+with tf.Graph().as_default(), tf.compat.v1.Session():
+    got = hvd.broadcast_object({"from": rank, "rows": [rank] * (rank + 2)}, root_rank=last)
+    check(got == {"from": last, "rows": [last] * (last + 2)}, f"TF1 broadcast_object: {got}")
+    got = hvd.broadcast_object_fn(root_rank=0)(("root", rank))
+    check(got == ("root", 0), f"TF1 broadcast_object_fn: {got}")
+    got = hvd.allgather_object({"r": rank, "pad": "x" * rank})
+    check(got == [{"r": r, "pad": "x" * r} for r in range(size)], f"TF1 allgather_object: {got}")
+expect(ValueError, lambda: tf.function(lambda: hvd.allgather_object(rank))(), "allgather_object",
+       "inside tf.function")
+works("objects")
 
 # DistributedOptimizer around a TensorFlow 1 optimizer: compute_gradients reduces over the ranks
 # (a registered local variable keeps its own gradient, divided by the size), in a session.

@@ -114,6 +114,7 @@ model = torch.nn.ModuleDict({"used": torch.nn.Linear(3, 3), "unused": torch.nn.L
 hvd.broadcast_parameters(model.state_dict(), root_rank=0)
 opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                named_parameters=model.named_parameters())
+start = {k: v.detach().clone() for k, v in model.state_dict().items()}
 branch = "used" if rank % 2 == 0 else "unused"
 model[branch](torch.ones(2, 3) * (rank + 1)).sum().backward()
 opt.step()
@@ -121,6 +122,14 @@ flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 everyone = hvd.allgather(flat.unsqueeze(0), name="branches.weights")
 check(all(torch.equal(everyone[0], everyone[r]) for r in range(size)),
       "ranks diverged when they used different branches")
+# Each branch's gradient is the average over all ranks, those that skipped it adding zero: the
+# sum over a batch of 2 rows of (r + 1) is 2 (r + 1) for every weight and 2 for every bias.
+for name, ranks in (("used", range(0, size, 2)), ("unused", range(1, size, 2))):
+    weight_grad = sum(2.0 * (r + 1) for r in ranks) / size
+    bias_grad = 2.0 * len(ranks) / size
+    check(torch.allclose(model[name].weight, start[f"{name}.weight"] - 0.1 * weight_grad) and
+          torch.allclose(model[name].bias, start[f"{name}.bias"] - 0.1 * bias_grad),
+          f"branch {name}: the update is not the average with zeros from the other ranks")
 
 # ---- named_parameters errors
 lin = torch.nn.Linear(2, 2)

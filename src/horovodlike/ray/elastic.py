@@ -252,7 +252,8 @@ class ElasticRayExecutor:
         driver = ElasticDriver(discover, make_process, settings.min_num_proc,
                                settings.max_num_proc or UNBOUNDED, settings.reset_limit,
                                self._server, console, settings.elastic_timeout,
-                               verbose=bool(settings.verbose and settings.verbose > 1))
+                               verbose=bool(settings.verbose and settings.verbose > 1),
+                               option_names=("min_num_proc", "reset_limit"))
         code = self._run_driver(driver, relay)
         if code != 0:
             raise RuntimeError(f"the elastic Ray job failed: "

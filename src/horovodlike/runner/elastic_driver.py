@@ -72,7 +72,8 @@ class ElasticDriver:
     def __init__(self, discover: Callable[[], list[HostSlots]], make_process, min_np: int,
                  max_np: int, reset_limit: int | None, server: RendezvousServer,
                  console: Console, elastic_timeout_s: float, output_dir: str | None = None,
-                 verbose: bool = False):
+                 verbose: bool = False, option_names: tuple[str, str] = ("--min-np",
+                                                                         "--reset-limit")):
         self._discover = discover
         self._make_process = make_process  # (RankAssignment, worker id) -> RankProcess
         self._min_np = min_np
@@ -83,6 +84,8 @@ class ElasticDriver:
         self._timeout_s = elastic_timeout_s
         self._output_dir = output_dir
         self._verbose = verbose
+        # How the caller's users set min_np and reset_limit, for the messages that name them.
+        self._min_np_name, self._reset_limit_name = option_names
         self._events: SimpleQueue = SimpleQueue()
         self._signals_received = 0
         self._workers: list[Worker] = []
@@ -213,7 +216,8 @@ class ElasticDriver:
             self._short_since = self._short_since or time.monotonic()
             if time.monotonic() - self._short_since > self._timeout_s:
                 self._give_up(
-                    f"only {len(running)} workers left, fewer than --min-np {self._min_np}, "
+                    f"only {len(running)} workers left, fewer than {self._min_np_name} "
+                    f"{self._min_np}, "
                     f"for {self._timeout_s:g} s; stopping the job")
                 return 1
             return None
@@ -229,8 +233,8 @@ class ElasticDriver:
             for worker in workers:
                 self._server.put(f"elastic/assign/{worker.id}/{worker.attempt}",
                                  f"stop,reset-limit-{self._reset_limit}-reached")
-            self._give_up(f"the job was reset {number} times, more than --reset-limit "
-                          f"{self._reset_limit}; stopping the job")
+            self._give_up(f"the job was reset {number} times, more than "
+                          f"{self._reset_limit_name} {self._reset_limit}; stopping the job")
             return 1
         ordered = sorted(workers, key=lambda w: (self._host_order.index(w.slot[0]), w.slot[1]))
         hosts = [h for h in self._host_order if any(w.slot[0] == h for w in ordered)]

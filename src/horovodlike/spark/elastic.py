@@ -183,7 +183,8 @@ def run_elastic(fn, args=(), kwargs={}, num_proc=None, min_num_proc=None, max_nu
 
         console = Console(sys.stdout.buffer, sys.stderr.buffer)
         driver = ElasticDriver(discover, make_process, min_np, max_np, reset_limit, server,
-                               console, elastic_timeout, verbose=bool(verbose and verbose > 1))
+                               console, elastic_timeout, verbose=bool(verbose and verbose > 1),
+                               option_names=("min_num_proc", "reset_limit"))
         code = driver.run()
         members = [process.rank for process in driver.last_round_processes]
     finally:

@@ -70,9 +70,9 @@ def check_options(use_mpi, extra_mpi_args, nics) -> str | None:
     return next(iter(nics), None)
 
 
-def run(fn, args=(), kwargs={}, num_proc=None, start_timeout=None, extra_mpi_args=None,
-        env=None, stdout=None, stderr=None, verbose=1, nics=None,
-        prefix_output_with_timestamp=False, executable=None, use_mpi=None, use_gloo=None):
+def run(fn, args=(), kwargs={}, num_proc=None, start_timeout=None, use_mpi=None,
+        use_gloo=None, extra_mpi_args=None, env=None, stdout=None, stderr=None, verbose=1,
+        nics=None, prefix_output_with_timestamp=False, executable=None):
     """Runs fn(*args, **kwargs) as num_proc ranks (default: Spark's default parallelism), one
     Spark barrier-mode task each; ranks are grouped by executor host. Returns the results in
     rank order. Each rank's output (its process's stdout and stderr, the core's log lines

@@ -1,0 +1,172 @@
+"""Two builds of horovodlike, before and after a change, measured in turns on the same machine.
+
+    python benchmarks/compare_builds.py --before OLD_TREE --after NEW_TREE [--rounds 3]
+
+OLD_TREE and NEW_TREE are directories that hold a `horovodlike` package with its built core
+(a checkout's `src/`, or the root of an older checkout). Each round runs every job once per
+build, alternating which build goes first, so that a machine whose load drifts weighs on both
+alike. Two kinds of job:
+- `allreduce.py --only <label> --repeat 1` for each label (hvdl-shm, hvdl-tcp, hvdl-gloo,
+  hvdl-mpi): the whole stack, each build with its own Python layers;
+- with --core, the core alone over shared memory, TCP and Gloo: `_core.enqueue` +
+  `_core.wait` on a NumPy buffer, the median per call, so the builds compare without their
+  framework layers.
+The table gives, per size, each build's median over the rounds of the per-round medians and its
+best round, and the ratios after/before of both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import allreduce as bench  # noqa: E402
+
+CORE_LINKS = {"shm": {}, "tcp": {"HOROVOD_SHM_DISABLE": "1"},
+              "gloo": {"HOROVOD_CPU_OPERATIONS": "gloo"}}
+
+
+def core_worker(args):
+    """One rank of the core-only job: the median per call of each size, from rank 0."""
+    import time
+
+    import numpy as np
+    from horovodlike import _core
+    _core.init()
+    rank, size = _core.rank(), _core.size()
+    # The codes of the older builds too: allreduce 0, float32 7, Sum 1 since the first release.
+    allreduce, float32, total = 0, 7, 1
+    results = {}
+    for nbytes in args.sizes:
+        buf = np.full(nbytes // 4, float(rank + 1), dtype=np.float32)
+        ptr = buf.ctypes.data
+
+        def one():
+            handle = _core.enqueue(allreduce, "compare", ptr, ptr, float32, [buf.size], total)
+            code, message = _core.wait(handle)
+            _core.release(handle)
+            if code != 0:
+                raise RuntimeError(message)
+
+        one()
+        bench._check(float(buf[0]), size * (size + 1) / 2, f"core allreduce of {nbytes} B")
+        warmup, timed = bench.iterations(nbytes, args.iter_scale)
+        samples = []
+        for _ in range(warmup):
+            one()
+        for _ in range(timed):
+            start = time.perf_counter()
+            one()
+            samples.append(time.perf_counter() - start)
+        results[nbytes] = statistics.median(samples)
+    if rank == 0:
+        with open(args.out, "w") as f:
+            json.dump(results, f)
+    _core.shutdown()
+
+
+def run(build: str, command: list[str], env: dict, timeout: float) -> None:
+    full = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_")}
+    full.update(env, PYTHONPATH=build, OMP_NUM_THREADS="1")
+    result = subprocess.run(command, env=full, capture_output=True, text=True, timeout=timeout)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} with {build} failed:\n"
+                           f"{(result.stdout + result.stderr)[-3000:]}")
+
+
+def allreduce_job(build, label, sizes, args):
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "out.json")
+        run(build, [sys.executable, os.path.join(HERE, "allreduce.py"), "--np", str(args.np),
+                    "--only", label, "--repeat", "1", "--sizes", args.sizes,
+                    "--iter-scale", str(args.iter_scale), "--json", out], {}, args.timeout)
+        with open(out) as f:
+            medians = json.load(f)["median_seconds"][label]
+    return {n: medians[str(n)] for n in sizes}
+
+
+def core_job(build, link, sizes, args):
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "out.json")
+        run(build, [sys.executable, "-m", "horovodlike.runner.launch", "-np", str(args.np),
+                    sys.executable, os.path.abspath(__file__), "--worker", "--out", out,
+                    "--sizes", args.sizes, "--iter-scale", str(args.iter_scale)],
+            CORE_LINKS[link], args.timeout)
+        with open(out) as f:
+            return {n: v for n, v in ((int(k), v) for k, v in json.load(f).items())}
+
+
+def print_table(title, per_round, sizes):
+    print(f"\n{title}: median of the rounds' medians (best round)")
+    print("|    size |                before |                 after | after/before | best/best |")
+    print("|---------|-----------------------|-----------------------|--------------|-----------|")
+    for n in sizes:
+        before, after = per_round["before"][n], per_round["after"][n]
+        if not before or not after:
+            continue
+        mb, ma = statistics.median(before), statistics.median(after)
+        cell = lambda median, best: f"{bench._fmt_time(median):>9} ({bench._fmt_time(best):>9})"
+        print(f"| {bench.format_size(n):>7} | {cell(mb, min(before))} | {cell(ma, min(after))} | "
+              f"{ma / mb:11.2f}x | {min(after) / min(before):8.2f}x |")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--before", help="directory holding the older build's horovodlike")
+    parser.add_argument("--after", help="directory holding the newer build's horovodlike")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--np", type=int, default=2)
+    parser.add_argument("--sizes", default=bench.DEFAULT_SIZES)
+    parser.add_argument("--iter-scale", type=float, default=1.0)
+    parser.add_argument("--only", default="hvdl-shm,hvdl-tcp,hvdl-gloo,hvdl-mpi",
+                        help="allreduce.py labels to run (empty: none)")
+    parser.add_argument("--core", default="",
+                        help="links for the core-only job, from shm,tcp,gloo (default: none)")
+    parser.add_argument("--json", help="also write every round's medians to this file")
+    parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    sizes = [bench.parse_size(s) for s in args.sizes.split(",") if s.strip()]
+    if args.worker:
+        args.sizes = sizes
+        core_worker(args)
+        return
+    if not (args.before and args.after):
+        parser.error("--before and --after are required")
+    for link in filter(None, args.core.split(",")):
+        if link not in CORE_LINKS:
+            parser.error(f"--core: {link!r} is not one of {', '.join(CORE_LINKS)}")
+    jobs = [(f"allreduce.py {label}", allreduce_job, label)
+            for label in filter(None, args.only.split(","))]
+    jobs += [(f"core alone over {link}", core_job, link)
+             for link in filter(None, args.core.split(","))]
+    builds = {"before": os.path.abspath(args.before), "after": os.path.abspath(args.after)}
+    results = {title: {b: {n: [] for n in sizes} for b in builds} for title, _, _ in jobs}
+    for round_ in range(args.rounds):
+        order = ["before", "after"] if round_ % 2 == 0 else ["after", "before"]
+        for title, job, what in jobs:
+            for build in order:
+                medians = job(builds[build], what, sizes, args)
+                for n in sizes:
+                    results[title][build][n].append(medians[n])
+                print(f"round {round_ + 1}/{args.rounds}: {title}, {build} done "
+                      f"(load {os.getloadavg()[0]:.1f})", flush=True)
+    print(f"\nbefore: {builds['before']}\nafter:  {builds['after']}")
+    for title, _, _ in jobs:
+        print_table(title, results[title], sizes)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"builds": builds, "rounds": args.rounds, "per_round": results}, f,
+                      indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,33 @@
+#!/bin/sh
+# Regenerates the raw outputs of benchmarks/README.md in benchmarks/results/ (and the plots), with
+# the reduced sizes and repeats used there. Run from the repository root, as root (the emulated
+# hosts need network namespaces and tc), after building the core in place. Each output starts
+# with its command and records the load average.
+set -e
+cd "$(dirname "$0")/.."
+R=benchmarks/results
+PY=${PYTHON:-python3}
+run() {  # run OUTPUT.txt COMMAND...: the command line, then its output, into OUTPUT.txt
+  out=$1; shift
+  { echo "$ $*"; echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"; "$@"; \
+    echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"; } > "$out" 2>&1
+}
+run $R/multihost.txt $PY benchmarks/multihost.py --hosts 2,4 --rates 1gbit,10gbit \
+    --sizes 4K,64K,1M,8M --repeat 2 --iter-scale 0.05 --timeout 300 --json $R/multihost.json
+run $R/alphabeta.txt $PY benchmarks/alphabeta.py $R/multihost.json --plots $R \
+    --json $R/alphabeta.json
+run $R/latency_breakdown.txt $PY benchmarks/latency_breakdown.py --size 4K --calls 2000 \
+    --json $R/latency_breakdown.json
+run $R/autotune.txt $PY benchmarks/autotune.py --np 2 --thresholds 1,16,64 --cycles 1,5 \
+    --steps 5 --windows 3 --steps-per-sample 3 --max-samples 8 --repeat 2 --json $R/autotune.json
+run $R/allreduce-np2-mpi-bindings.txt $PY benchmarks/allreduce.py --np 2 --sizes 4K,64K,1M,64M \
+    --repeat 2 --only hvdl-shm,MPI,torch-gloo --json $R/allreduce-np2-mpi-bindings.json
+for np in 2 4; do
+  run $R/allreduce-np$np-64M-floor.txt $PY benchmarks/allreduce.py --np $np --sizes 64M --repeat 3 \
+      --only hvdl-shm,MPI,copy-floor --json $R/allreduce-np$np-64M-floor.json
+done
+mkdir -p $R/train_step-trace
+run $R/train_step-np2.txt $PY benchmarks/train_step.py --np 2 --only horovodlike,nosync --windows 3 \
+    --repeat 3 --trace-dir $R/train_step-trace --json $R/train_step-np2.json
+run $R/train_step_timeline.txt $PY benchmarks/timeline_plot.py $R/train_step-trace \
+    --png $R/train_step_timeline.png

@@ -1,0 +1,128 @@
+"""The arithmetic of the performance benchmarks, checked on inputs whose answers are known
+(no timings): the alpha-beta fit recovers the parameters that generated its points, the timeline
+reader nests phases, the MPI column is the faster binding, the emulated hosts' ssh enters the
+namespace that owns the address."""
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+import alphabeta  # noqa: E402
+import allreduce  # noqa: E402
+import latency_breakdown  # noqa: E402
+import multihost  # noqa: E402
+
+
+@pytest.mark.parametrize("algorithm", ["flat-ring", "hierarchical", "MPI", "Gloo"])
+def test_alpha_beta_fit_recovers_the_generating_parameters(algorithm):
+    c, alpha, beta = 40e-6, 25e-6, 8e-9
+    points = []
+    for hosts in (2, 4):
+        for size in (4096, 65536, 1 << 20, 8 << 20):
+            n = 2 * hosts
+            if algorithm == "hierarchical":
+                steps, wire = 2 * 1 + 2 * (hosts - 1), 2 * (hosts - 1) / hosts
+            elif algorithm == "MPI" and size < 10000:
+                steps = wire = math.log2(n)
+            else:
+                steps, wire = 2 * (n - 1), 2 * (n - 1) / n
+            points.append((n, hosts, size, c + alpha * steps + beta * size * wire))
+    model = alphabeta.fit(points, algorithm)
+    assert model["c"] == pytest.approx(c, rel=1e-6)
+    assert model["alpha"] == pytest.approx(alpha, rel=1e-6)
+    assert model["beta"] == pytest.approx(beta, rel=1e-6)
+    assert model["max_rel_error"] < 1e-9
+    # 1,024 ranks in 512 hosts of 2, 64 MiB: the ring's formula by hand
+    expected_ring = c + alpha * 2 * 1023 + beta * (64 << 20) * 2 * 1023 / 1024
+    if algorithm in ("flat-ring", "Gloo", "MPI"):
+        assert alphabeta.predict(model, algorithm, 1024, 512, 64 << 20) == pytest.approx(
+            expected_ring)
+
+
+def test_alpha_beta_fit_keeps_parameters_non_negative():
+    # Times that fall with the number of steps would need a negative alpha: it is held at 0.
+    points = [(4, 2, 4096, 1e-3), (8, 4, 4096, 0.5e-3), (4, 2, 1 << 20, 2e-3),
+              (8, 4, 1 << 20, 1.5e-3)]
+    model = alphabeta.fit(points, "flat-ring")
+    assert min(model["c"], model["alpha"], model["beta"]) >= 0
+
+
+def test_timeline_phases_nest_and_stay_on_their_row(tmp_path):
+    events = [
+        {"name": "process_name", "ph": "M", "pid": 1, "args": {"name": "allreduce.traced"}},
+        {"name": "process_name", "ph": "M", "pid": 2, "args": {"name": "allreduce.other"}},
+        {"ph": "B", "name": "NEGOTIATE_ALLREDUCE", "ts": 100, "pid": 1},
+        {"ph": "E", "ts": 103, "pid": 1},
+        {"ph": "B", "name": "ALLREDUCE", "ts": 110, "pid": 1},
+        {"ph": "B", "name": "SHM_ALLREDUCE", "ts": 111, "pid": 1},
+        {"ph": "B", "name": "ALLREDUCE", "ts": 112, "pid": 2},
+        {"ph": "E", "ts": 150, "pid": 1},
+        {"ph": "E", "ts": 152, "pid": 1},
+        {"ph": "E", "ts": 500, "pid": 2},
+    ]
+    path = tmp_path / "timeline.json"
+    path.write_text(json.dumps(events)[:-1] + ",\n")  # as written while recording: no "]"
+    durations = latency_breakdown.phases(latency_breakdown.read_timeline(str(path)),
+                                         "allreduce.traced")
+    assert durations == {"NEGOTIATE_ALLREDUCE": [3], "SHM_ALLREDUCE": [39], "ALLREDUCE": [42]}
+
+
+def test_mpi_column_is_the_faster_binding_at_each_size():
+    table = {"MPI bound": {4096: 2e-6, 1 << 20: 9e-4}, "MPI unbound": {4096: 3e-6, 1 << 20: 5e-4}}
+    medians = {"MPI bound": {4096: [2e-6], 1 << 20: [9e-4]},
+               "MPI unbound": {4096: [3e-6], 1 << 20: [5e-4]}}
+    choice = allreduce.best_binding(table, medians, [4096, 1 << 20])
+    assert choice == {4096: "MPI bound", 1 << 20: "MPI unbound"}
+    assert table["MPI"] == {4096: 2e-6, 1 << 20: 5e-4}
+    assert medians["MPI"][1 << 20] == [5e-4]
+
+
+def test_emulated_ssh_runs_the_command_in_the_hosts_namespace(tmp_path):
+    hosts = multihost.EmulatedHosts(2, 77)
+    ssh = multihost.write_fake_ssh(str(tmp_path), hosts)
+    # `ip` replaced by a stub that prints what it was asked to run
+    stub = tmp_path / "ip"
+    stub.write_text('#!/bin/sh\necho "$@"; echo "TMPDIR=$TMPDIR"\n')
+    stub.chmod(0o755)
+    run = subprocess.run([ssh, "-o", "BatchMode=yes", "-p", "22", hosts.addresses[1],
+                          "cd /x && env A=1 prog"], capture_output=True, text=True,
+                         env={"PATH": f"{tmp_path}:/usr/bin:/bin"})
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert lines[0] == f"netns exec {hosts.namespaces[1]} sh -c cd /x && env A=1 prog"
+    assert lines[1] == f"TMPDIR={tmp_path / hosts.namespaces[1]}"
+    unknown = subprocess.run([ssh, "10.0.0.99", "true"], capture_output=True, text=True,
+                             env={"PATH": f"{tmp_path}:/usr/bin:/bin"})
+    assert unknown.returncode == 255 and "no emulated host 10.0.0.99" in unknown.stderr
+
+
+def test_rates_are_parsed_as_tc_writes_them():
+    assert multihost.parse_rate("1gbit") == 10**9
+    assert multihost.parse_rate("500mbit") == 5 * 10**8
+    with pytest.raises(SystemExit, match="not a tc rate"):
+        multihost.parse_rate("fast")
+
+
+def test_overlap_is_the_union_of_spans_inside_the_window():
+    import timeline_plot
+    spans = [(0, 10), (5, 20), (30, 40), (50, 60)]
+    assert timeline_plot.union_length(spans, (0, 100)) == 20 + 10 + 10
+    assert timeline_plot.union_length(spans, (8, 35)) == 12 + 5
+    assert timeline_plot.union_length(spans, (20, 30)) == 0
+
+
+def test_every_benchmark_rank_gets_a_session_of_its_own():
+    # As the launcher's ranks have: the kernel's autogroup scheduler shares CPU between sessions.
+    code = ("import os, sys; sys.path.insert(0, sys.argv[1]); import allreduce; "
+            "before = os.getsid(0); allreduce.own_session(); allreduce.own_session(); "
+            "print(before, os.getsid(0), os.getpid())")
+    run = subprocess.run([sys.executable, "-c", code, str(REPO / "benchmarks")],
+                         capture_output=True, text=True, check=True)
+    before, after, pid = map(int, run.stdout.split())
+    assert before != pid and after == pid
