@@ -30,23 +30,30 @@ def test_p2p_values_ordering_and_process_sets():
     assert_all_ranks(result, 3, "p2p OK")
 
 
-@pytest.mark.parametrize("link,flags,env", [
-    ("shm", [], {}),
-    ("tcp", [], {"HOROVOD_SHM_DISABLE": "1"}),
-    pytest.param("gloo", ["--gloo"], {}, marks=needs_gloo),
-    pytest.param("mpi", ["--mpi"], {}, marks=needs_mpi),
+@pytest.mark.parametrize("link,flags,env,p2p_link", [
+    ("shm", [], {}, "shm"),
+    ("tcp", [], {"HOROVOD_SHM_DISABLE": "1"}, "tcp"),
+    pytest.param("gloo", ["--gloo"], {}, "shm", marks=needs_gloo),
+    pytest.param("mpi", ["--mpi"], {}, "shm", marks=needs_mpi),
 ])
-def test_p2p_over_every_transport(link, flags, env):
+def test_p2p_over_every_transport(link, flags, env, p2p_link):
     # Whatever carries the collectives, messages (every dtype, ordering per tag, 12 MB, a shape
-    # the sender decides) arrive beside collectives in flight.
+    # the sender decides) arrive beside collectives in flight. The messages themselves go over
+    # shared memory between ranks of one host, over TCP when shared memory is disabled.
     result = launch(2, "p2p_worker.py", "transport", env={**DYNAMIC, **env},
                     launcher_args=flags, transport="tcp")
-    assert_all_ranks(result, 2, f"transport={link} p2p OK")
+    assert_all_ranks(result, 2, f"transport={link} point_to_point={p2p_link} p2p OK")
 
 
 def test_p2p_bad_input_mismatch_and_interrupted_wait():
     result = launch(3, "p2p_worker.py", "errors", env=DYNAMIC)
     assert_all_ranks(result, 3, "p2p errors OK")
+
+
+@pytest.mark.parametrize("env", [{}, {"HOROVOD_SHM_DISABLE": "1"}], ids=["shm", "tcp"])
+def test_p2p_message_sent_before_the_sender_shut_down_is_delivered(env):
+    result = launch(2, "p2p_worker.py", "farewell", env=env)
+    assert_all_ranks(result, 2, "p2p farewell OK")
 
 
 def test_p2p_killed_peer_fails_the_waiting_rank(tmp_path):

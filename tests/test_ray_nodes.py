@@ -1,6 +1,7 @@
 """Ray jobs whose driver is a process of its own, with Ray under a private RAY_TMPDIR, on one
 cluster (starting one is what costs): elastic training that a worker joins when a second Ray
-node joins the cluster; a job over the two nodes, whose local and cross ranks follow the nodes
+node joins the cluster, and elastic training that goes on without the worker of a node that
+leaves it; a job over the two nodes, whose local and cross ranks follow the nodes
 Ray placed the workers on, with an allreduce spanning both; and examples/ray_digits.py run as a
 script that joins that cluster."""
 
@@ -38,7 +39,8 @@ def two_nodes():
     assert result.returncode == 0 and "RESULT" in found and "ELASTIC" in found, \
         result.stdout[-3000:] + result.stderr[-5000:]
     return {"ranks": json.loads(found["RESULT"][0]), "elastic": json.loads(found["ELASTIC"][0]),
-            "example": found.get("EXAMPLE", [])}
+            "example": found.get("EXAMPLE", []),
+            "leave": json.loads(found["LEAVE"][0]) if "LEAVE" in found else None}
 
 
 def test_elastic_worker_starts_on_a_node_that_joins(two_nodes):
@@ -49,6 +51,18 @@ def test_elastic_worker_starts_on_a_node_that_joins(two_nodes):
     report = results[0]
     sizes = [len(per_rank) for _, per_rank in report["steps"]]
     assert sizes[0] == 1 and sizes[-1] == 2 and report["size"] == 2, sizes
+    check_report(report)
+
+
+def test_elastic_job_goes_on_when_a_node_leaves(two_nodes):
+    from test_elastic import check_report
+    leave = two_nodes["leave"]
+    assert leave is not None, "the driver printed no LEAVE line"
+    results = leave["results"]
+    assert leave["nodes"] == 1 and isinstance(results, list), leave
+    report = next(r for r in results if r is not None)
+    sizes = [len(per_rank) for _, per_rank in report["steps"]]
+    assert sizes[0] == 2 and sizes[-1] == 1 and report["size"] == 1, sizes
     check_report(report)
 
 

@@ -184,22 +184,31 @@ int64_t PointToPoint::Recv(const Message& message, void* data) {
   const Status early = CheckLocked(message, "recv");
   const int64_t handle = handles_.Create();
   auto state = handles_.Get(handle);
+  PostedRecv recv{message, data, state};
+  // A message that arrived before its sender was lost or reported a failure is still
+  // delivered, as a closed socket's data is read before its end: a rank may send its last
+  // message and shut down at once. A rejection of this rank's own message is reported first.
+  const bool deliverable = early.ok() || (stopped_.ok() && early.code != StatusCode::kMismatch);
+  if (deliverable && TakeArrivedLocked(message.peer, recv)) return handle;
   if (!early.ok()) {
     handles_.Complete(state, early);
     return handle;
   }
-  PostedRecv recv{message, data, state};
-  Peer& peer = peers_[message.peer];
+  peers_[message.peer].posted.push_back(std::move(recv));
+  return handle;
+}
+
+bool PointToPoint::TakeArrivedLocked(int peer_rank, PostedRecv& recv) {
+  Peer& peer = peers_[peer_rank];
   for (auto it = peer.arrived.begin(); it != peer.arrived.end(); ++it) {
-    if (it->set_id == message.set_id && it->tag == message.tag) {
+    if (it->set_id == recv.message.set_id && it->tag == recv.message.tag) {
       Arrived arrived = std::move(*it);
       peer.arrived.erase(it);
-      DeliverLocked(message.peer, recv, arrived);
-      return handle;
+      DeliverLocked(peer_rank, recv, arrived);
+      return true;
     }
   }
-  peer.posted.push_back(std::move(recv));
-  return handle;
+  return false;
 }
 
 std::string PointToPoint::ProblemLocked(int peer, const PostedRecv& recv, DataType dtype,

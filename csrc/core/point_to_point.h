@@ -1,9 +1,9 @@
 // Point-to-point messages between two ranks of a process set: send and recv without a
 // negotiation round, matched per (process set, sender, tag) in the order they were sent.
 //
-// The messages travel over a mesh of links of their own, apart from the collectives'
-// connections, so a message that waits for its receive never holds up a collective (nor the
-// reverse). Sends are eager: the header and payload go out at once, and the receiving rank's
+// The messages travel over links of their own (shared memory between the ranks of a host, TCP
+// between hosts), apart from the collectives' connections, so a message that waits for its
+// receive never holds up a collective (nor the reverse). Sends are eager: the header and payload go out at once, and the receiving rank's
 // reader thread (one per peer) puts the payload straight into a posted receive or keeps it until
 // one is posted, so a send completes once written and two ranks may send to each other first.
 // A message that does not fit its receive fails that receive, naming both ranks, and is sent
@@ -56,6 +56,8 @@ class PointToPoint {
   void NotifyFailure(int set_id, const std::vector<int>& peers, const std::string& reason);
   // Fails everything pending and later with `status` and closes the links (the runtime stopped).
   void Abort(const Status& status);
+  // What carries the messages ("shm", "shm+tcp", "tcp"), or nullptr without links.
+  const char* link_name() const { return links_ ? links_->name() : nullptr; }
 
  private:
   struct Header;
@@ -71,6 +73,8 @@ class PointToPoint {
   // Hands an arrived message to a posted receive: copies it, completes the receive and answers
   // the sender.
   void DeliverLocked(int peer, PostedRecv& recv, Arrived& arrived);
+  // Delivers the first kept message from `peer` that matches `recv`; false when none.
+  bool TakeArrivedLocked(int peer, PostedRecv& recv);
   // Why a message does not fit a receive ("" when it does).
   std::string ProblemLocked(int peer, const PostedRecv& recv, DataType dtype,
                             const std::vector<int64_t>& shape) const;

@@ -11,8 +11,8 @@
 #include "../common/logging.h"
 #include "../collectives/adasum_allreduce.h"
 #include "../links/connect.h"
+#include "../links/per_peer_link.h"
 #include "../links/rendezvous_client.h"
-#include "../links/tcp/tcp_link.h"
 #ifdef HOROVODLIKE_MPI_FOUND
 #include "../links/mpi/tcp_mesh_over_mpi.h"
 #endif
@@ -89,10 +89,11 @@ void Runtime::Init() {
     ReportFailureToLauncher(config, generation, {e.peer(), FailureKind(e.cause()), e.what()});
     throw;
   }
-  // Point-to-point gets a TCP mesh of its own (point_to_point.h). Its connections may stay idle
+  // Point-to-point gets links of its own (point_to_point.h): shared memory between the ranks
+  // of one host (unless HOROVOD_SHM_DISABLE=1) and a TCP mesh between hosts. They may stay idle
   // for as long as a pipeline waits, so silence is never a failure there; a peer that dies
-  // still closes them. Without the launcher's rendezvous (mpirun started the job directly),
-  // the mesh's addresses are exchanged over MPI.
+  // still fails them. Without the launcher's rendezvous (mpirun started the job directly),
+  // the TCP mesh's addresses are exchanged over MPI and it carries every message.
   std::unique_ptr<Link> p2p_links;
   std::string p2p_unavailable;
   const bool has_rendezvous = !config.rendezvous_addr.empty() && config.rendezvous_port > 0;
@@ -109,7 +110,9 @@ void Runtime::Init() {
 #ifdef HOROVODLIKE_MPI_FOUND
       if (over_mpi) p2p_links = ConnectTcpMeshOverMpi(links_config, generation);
 #endif
-      if (!over_mpi) p2p_links = TcpLink::Connect(links_config, generation, "p2p");
+      if (!over_mpi) {
+        p2p_links = PerPeerLink::ConnectPointToPoint(links_config, generation, "p2p");
+      }
     } catch (const TransportError& e) {
       ReportFailureToLauncher(config, generation, {e.peer(), FailureKind(e.cause()), e.what()});
       throw;

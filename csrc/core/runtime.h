@@ -49,6 +49,9 @@ class Runtime {
   int64_t Recv(const PointToPoint::Message& message, void* data);
   // This rank failed while exchanging messages in process set `set_id`: tell its other ranks.
   void NotifyPointToPointFailure(int set_id, const std::string& reason);
+  // The link point-to-point messages travel over ("shm", "shm+tcp", "tcp"); nullptr when
+  // this job has none.
+  const char* PointToPointLinkName() const { return p2p_->link_name(); }
   Executor::Stats stats() { return process_sets_.TotalStats(); }
   // Ranks of a process set; throws InvalidArgument when it does not exist.
   std::vector<int> ProcessSetRanks(int id);

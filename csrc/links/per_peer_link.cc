@@ -32,7 +32,19 @@ std::string HostIdentity(const std::string& launcher_host) {
 }  // namespace
 
 std::unique_ptr<Link> PerPeerLink::Connect(const Config& config, int generation) {
-  std::unique_ptr<Link> tcp = TcpLink::Connect(config, generation);
+  return ConnectChannel(config, generation, "");
+}
+
+std::unique_ptr<Link> PerPeerLink::ConnectPointToPoint(const Config& config, int generation,
+                                                       const std::string& channel) {
+  return ConnectChannel(config, generation, channel);
+}
+
+std::unique_ptr<Link> PerPeerLink::ConnectChannel(const Config& config, int generation,
+                                                  const std::string& channel) {
+  const bool point_to_point = !channel.empty();
+  std::unique_ptr<Link> tcp = point_to_point ? TcpLink::Connect(config, generation, channel)
+                                             : TcpLink::Connect(config, generation);
   const int size = tcp->size(), me = tcp->rank();
   if (size == 1) return tcp;
 
@@ -68,6 +80,13 @@ std::unique_ptr<Link> PerPeerLink::Connect(const Config& config, int generation)
     options.small_bytes = config.shm_small_bytes;
     options.spin_us = config.shm_spin_us;
     options.spin_given = config.shm_spin_given;
+    if (point_to_point) {
+      options.secret += "/" + channel;  // a segment apart from the collectives' one
+      options.chunk_bytes = 4096;        // the staging area serves the collectives only
+      options.per_peer_waits = true;
+      // A reader thread per peer sleeps while no message comes; the doorbell wakes it.
+      options.sleep_slice_ms = 100;
+    }
     shm = ShmLink::Connect(*tcp, group, options);
     if (shm) {
       HVDL_LOG(kDebug, "shared memory with ranks on this host: " << shm->size() << " of "
@@ -77,7 +96,8 @@ std::unique_ptr<Link> PerPeerLink::Connect(const Config& config, int generation)
   // Every rank takes part, with or without shared memory: each learns every host's ranks.
   std::unique_ptr<HostHierarchy> hierarchy =
       HostHierarchy::Build(*tcp, shm.get(),
-                           {config.hierarchical_allreduce, config.hierarchical_allgather});
+                           {config.hierarchical_allreduce && !point_to_point,
+                            config.hierarchical_allgather && !point_to_point});
   if (!shm && !hierarchy) return tcp;
   return std::unique_ptr<Link>(
       new PerPeerLink(std::move(tcp), std::move(shm), std::move(hierarchy)));

@@ -14,6 +14,7 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -31,6 +32,12 @@ class PerPeerLink : public Link {
   // grouping. Returns the plain TCP transport when no rank shares this host (or shared memory is
   // disabled or unavailable) and there is no hierarchy to offer.
   static std::unique_ptr<Link> Connect(const Config& config, int generation);
+  // A second, independent link of the same kind for point-to-point messages
+  // (core/point_to_point.h): its TCP mesh meets on the rendezvous channel `channel`, its
+  // shared memory is a segment of its own whose waits look only at the peer waited for, and
+  // it offers no host hierarchy.
+  static std::unique_ptr<Link> ConnectPointToPoint(const Config& config, int generation,
+                                                   const std::string& channel);
   ~PerPeerLink() override;
 
   int rank() const override { return tcp_->rank(); }
@@ -49,6 +56,9 @@ class PerPeerLink : public Link {
  private:
   PerPeerLink(std::unique_ptr<Link> tcp, std::unique_ptr<ShmLink> shm,
                    std::unique_ptr<HostHierarchy> hierarchy);
+  // Connect and ConnectPointToPoint; `channel` empty: the collectives' link.
+  static std::unique_ptr<Link> ConnectChannel(const Config& config, int generation,
+                                              const std::string& channel);
   // The transport that carries traffic to job rank `peer`, and the peer's rank in it.
   Link& Route(int peer, int* routed);
   // Sends on a helper thread while this thread receives: full duplex across two transports.

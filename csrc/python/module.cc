@@ -242,6 +242,10 @@ py::dict BuildInfo() {
   // init().
   const char* in_use = Runtime::IsInitialized() ? LastLinkName() : nullptr;
   info["cpu_operations"] = in_use != nullptr ? py::object(py::str(in_use)) : py::none();
+  // What point-to-point messages travel over ("shm", "shm+tcp", "tcp"), None before init() or
+  // in a job of one rank.
+  const char* p2p = Runtime::IsInitialized() ? Runtime::Get()->PointToPointLinkName() : nullptr;
+  info["point_to_point"] = p2p != nullptr ? py::object(py::str(p2p)) : py::none();
   // The collective providers: what the build has, and what the running job's table chose.
   auto pairs = [](const std::vector<std::pair<std::string, std::string>>& entries) {
     py::list list;

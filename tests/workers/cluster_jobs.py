@@ -135,7 +135,8 @@ class Counter:
 def elastic_train(report_dir, scenario, hosts_file=None, log_steps=False):
     """tests/workers/elastic_worker.py's training as a function: a worker kills itself
     mid-epoch ("kill"), rank 0 offers a second slot to the discovery ("grow") or takes the
-    second slot away ("shrink"). Rank 0
+    second slot away ("shrink"), or rank 0 asks the Ray driver to remove the second node of its
+    cluster and waits until it is gone ("leave"). Rank 0
     returns the committed steps and the final weights for the test to replay; with log_steps,
     it also sends each step to the Ray driver's callbacks as it goes."""
     import torch
@@ -193,6 +194,12 @@ def elastic_train(report_dir, scenario, hosts_file=None, log_steps=False):
                     with open(hosts_file, "w") as f:
                         f.write(f"{host}:1\n")  # the second slot's node leaves
                     while not hosts_changed_locally():  # the driver has stopped its worker
+                        time.sleep(0.05)
+                if scenario == "leave" and hvd.rank() == 0 and state.epoch == 1 and \
+                        state.batch == 3 and hvd.size() == 2:
+                    leave = hosts_file + ".leave"
+                    open(leave, "w").close()  # the driver removes the second Ray node
+                    while os.path.exists(leave):
                         time.sleep(0.05)
                 if state.batch % commit_every == 0:
                     state.commit()

@@ -243,7 +243,9 @@ if mode == "transport":
     ordering_and_tags()
     beside_collectives()
     hvd.barrier()
-    print(f"rank {rank}: transport={build_info()['cpu_operations']} p2p OK", flush=True)
+    info = build_info()
+    print(f"rank {rank}: transport={info['cpu_operations']} "
+          f"point_to_point={info['point_to_point']} p2p OK", flush=True)
 elif mode == "correctness":
     pair = hvd.add_process_set([0, 1])
     ring_exchange()
@@ -260,6 +262,27 @@ elif mode == "errors":
     failure_notice()
     hvd.barrier()
     print(f"rank {rank}: p2p errors OK", flush=True)
+elif mode == "farewell":
+    # Rank 1 sends and shuts down at once; rank 0 asks for the message only once it knows rank
+    # 1 is gone (its sends start failing): the message is still delivered, and a receive of
+    # one that never came raises instead of waiting.
+    if rank == 1:
+        hvd.send(torch.arange(5.0), 0, tag=40)
+        hvd.shutdown()
+    else:
+        deadline = time.time() + 60
+        while True:
+            try:
+                hvd.send(torch.ones(1), 1, tag=41)
+            except hvd.HorovodInternalError:
+                break
+            check(time.time() < deadline, "rank 1's shutdown was never noticed")
+            time.sleep(0.05)
+        out = torch.zeros(5)
+        hvd.recv(out, 1, tag=40)
+        check(torch.equal(out, torch.arange(5.0)), f"the last message: {out}")
+        expect_error(hvd.HorovodInternalError, ["rank 1"], lambda: hvd.recv(out, 1, tag=42))
+    print(f"rank {rank}: p2p farewell OK", flush=True)
 elif mode == "kill":
     # Rank 1 dies while rank 0 waits for its message; rank 0 must raise within seconds.
     report_dir = sys.argv[2]

@@ -5,7 +5,10 @@ RAY_TMPDIR), each printing what it found on a line of its own:
   job (the hosts are the cluster's live nodes); rank 0's report as JSON;
 - RESULT: RayExecutor with 2 hosts x 2 workers on the two nodes; each rank's placement as JSON;
 - EXAMPLE: with the path of examples/ray_digits.py and its arguments, that example run as a
-  script that joins this cluster through RAY_ADDRESS; its output and exit code."""
+  script that joins this cluster through RAY_ADDRESS; its output and exit code;
+- LEAVE: ElasticRayExecutor training with one worker on each node, until rank 0 asks: then
+  the second node leaves the cluster (its worker dies with it), and the job finishes on the
+  head node's worker; rank 0's report as JSON."""
 
 import json
 import os
@@ -51,7 +54,38 @@ def elastic_job_grown_by_a_node(cluster):
             if ":2" in f.read():
                 break
         time.sleep(0.05)
-    cluster.add_node(num_cpus=2)
+    node = cluster.add_node(num_cpus=2)
+    job.join()
+    executor.shutdown()
+    return outcome["results"], node
+
+
+def elastic_job_left_by_a_node(cluster, node):
+    """Runs the elastic job over both nodes in a thread; here, removes `node` once the "leave"
+    scenario's rank 0 asks (or the job has ended without asking)."""
+    report_dir = tempfile.mkdtemp(prefix="hvdl-elastic-")
+    hosts_file = os.path.join(report_dir, "hosts.txt")  # only its ".leave" marker is used
+    settings = ElasticRayExecutor.create_settings(min_num_proc=1, max_num_proc=2,
+                                                  elastic_timeout=60, timeout_s=60)
+    executor = ElasticRayExecutor(settings, cpus_per_slot=2)
+    executor.start()
+    outcome = {}
+
+    def run():
+        try:
+            outcome["results"] = executor.run(
+                lambda: cluster_jobs.elastic_train(report_dir, "leave", hosts_file))
+        except Exception as error:  # the test reports it
+            outcome["results"] = f"{type(error).__name__}: {error}"
+
+    job = threading.Thread(target=run, daemon=True)
+    job.start()
+    leave = hosts_file + ".leave"
+    while job.is_alive() and not os.path.exists(leave):
+        time.sleep(0.05)
+    if os.path.exists(leave):
+        cluster.remove_node(node)
+        os.remove(leave)
     job.join()
     executor.shutdown()
     return outcome["results"]
@@ -71,7 +105,7 @@ for attempt in range(3):
             raise
 try:
     ray.init(address=cluster.address)
-    elastic = elastic_job_grown_by_a_node(cluster)
+    elastic, second_node = elastic_job_grown_by_a_node(cluster)
     print("ELASTIC " + json.dumps({"results": elastic, "nodes": len(ray.nodes())}), flush=True)
     cluster.wait_for_nodes()
     executor = RayExecutor(RayExecutor.create_settings(timeout_s=60), num_hosts=2,
@@ -90,6 +124,9 @@ try:
         for line in (example.stdout + example.stderr).splitlines():
             print(f"EXAMPLE {line}")
         print(f"EXAMPLE exit code {example.returncode}", flush=True)
+    left = elastic_job_left_by_a_node(cluster, second_node)
+    print("LEAVE " + json.dumps({"results": left, "nodes": len([
+        node for node in ray.nodes() if node["Alive"]])}), flush=True)
 finally:
     ray.shutdown()
     cluster.shutdown()

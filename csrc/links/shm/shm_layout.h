@@ -2,7 +2,7 @@
 // on a page; everything two processes write is on its own cache line.
 //
 //   SegmentHeader                       written once by the creator, before any member maps it
-//   RankControl[ranks]                  doorbell, sleeping flag, allreduce progress, liveness
+//   RankControl[ranks]                  doorbell, sleepers, allreduce progress, liveness
 //   ChannelControl[ranks][ranks]        head/tail of the byte ring from rank i to rank j
 //   ring data[ranks][ranks]             channel_bytes each (the diagonal is unused)
 //   staging[ranks][2]                   chunk_bytes each: the native allreduce's double buffer
@@ -40,7 +40,7 @@ struct alignas(kLine) RankControl {
   // Others write: bumped (and futex-woken) when this rank sleeps and something it may wait for
   // changed.
   alignas(kLine) std::atomic<uint32_t> doorbell;
-  // The owner writes: 1 while it is about to sleep or sleeping on its doorbell.
+  // The owner writes: how many of its threads are about to sleep or sleeping on its doorbell.
   alignas(kLine) std::atomic<uint32_t> sleeping;
   // The owner writes: the shared-memory allreduce's steps (collectives/shm/), and liveness.
   alignas(kLine) std::atomic<uint64_t> staged;    // last step whose input is in staging

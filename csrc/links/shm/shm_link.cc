@@ -34,8 +34,6 @@ using Clock = std::chrono::steady_clock;
 // When a spinner (see WaitUntil) checks whether other threads wait for a core.
 constexpr auto kFirstLoadCheck = std::chrono::microseconds(2);
 constexpr auto kLoadCheckInterval = std::chrono::microseconds(50);
-// A sleeper wakes this often to check that its peers are alive.
-constexpr int kSleepSliceMs = 10;
 
 size_t FloorPowerOfTwo(size_t n) {
   size_t p = 1;
@@ -273,7 +271,9 @@ std::unique_ptr<ShmLink> ShmLink::Connect(Link& bootstrap, const std::vector<int
 ShmLink::ShmLink(ShmSegment segment, std::vector<int> members, int index,
                            const Options& options)
     : segment_(std::move(segment)), members_(std::move(members)), index_(index),
-      peer_timeout_(static_cast<int64_t>(options.peer_timeout_seconds * 1000)) {
+      peer_timeout_(static_cast<int64_t>(options.peer_timeout_seconds * 1000)),
+      per_peer_waits_(options.per_peer_waits),
+      sleep_slice_ms_(std::max(1, options.sleep_slice_ms)) {
   const auto* header = reinterpret_cast<const shm::SegmentHeader*>(segment_.data());
   channel_bytes_ = header->channel_bytes;
   chunk_bytes_ = header->chunk_bytes;
@@ -336,12 +336,12 @@ void ShmLink::FailPeer(int peer, const std::string& what, TransportError::Cause 
                        members_[peer], cause);
 }
 
-void ShmLink::CheckPeers(bool check_processes) {
+void ShmLink::CheckPeers(bool check_processes, int peer) {
   if (aborted_.load(std::memory_order_relaxed)) {
     throw TransportError("the transport was shut down");
   }
   for (int p = 0; p < size(); ++p) {
-    if (p == index_) continue;
+    if (p == index_ || (peer >= 0 && p != peer)) continue;
     const shm::RankControl& c = control(p);
     if (c.aborted.load(std::memory_order_acquire) != 0) {
       FailPeer(p, "it stopped after an error", TransportError::Cause::kPeerLost);
@@ -357,6 +357,18 @@ template <class Ready, class Culprit>
 void ShmLink::WaitUntil(const Ready& ready, const Culprit& culprit) {
   if (ready()) return;
   const auto start = Clock::now();
+  // A peer may write its last bytes and then stop (point-to-point: send, then shut down) in
+  // the moment between a look at the ring and a look at the peer: what it wrote is still read,
+  // as a closed socket's data is, before its stopping counts.
+  auto peers_failed = [&](bool check_processes) {
+    try {
+      CheckPeers(check_processes, per_peer_waits_ ? culprit() : -1);
+      return false;
+    } catch (const TransportError&) {
+      if (aborted_.load(std::memory_order_relaxed) || !ready()) throw;
+      return true;
+    }
+  };
   // 1. Spin while that costs nobody: a peer that is running answers within microseconds, and
   // waking from a futex costs tens (an inter-processor interrupt, in a VM an exit too). But
   // when more threads are runnable than there are cores (the training loops' forward and
@@ -370,7 +382,7 @@ void ShmLink::WaitUntil(const Ready& ready, const Culprit& culprit) {
         HVDL_CPU_RELAX();
         if (ready()) return;
       }
-      CheckPeers(false);
+      if (peers_failed(false)) return;
       const auto now = Clock::now();
       if (now >= spin_end) break;
       if (now >= next_check) {
@@ -379,24 +391,37 @@ void ShmLink::WaitUntil(const Ready& ready, const Culprit& culprit) {
       }
     }
   }
-  // 2. Sleep on the doorbell, in slices, checking the peers between them.
+  // 2. Sleep on the doorbell, in slices, checking the peers between them. `sleeping` counts
+  // this rank's sleeping threads (point-to-point has several), so that a peer rings while any
+  // of them sleeps.
   shm::RankControl& mine = control(index_);
+  struct Asleep {
+    std::atomic<uint32_t>& count;
+    bool on = false;
+    void set(bool value) {
+      if (value == on) return;
+      if (value) count.fetch_add(1, std::memory_order_relaxed);
+      else count.fetch_sub(1, std::memory_order_relaxed);
+      on = value;
+    }
+    ~Asleep() { set(false); }
+  } asleep{mine.sleeping};
   auto last_progress_check = start;
   while (true) {
     const uint32_t key = mine.doorbell.load(std::memory_order_acquire);
-    mine.sleeping.store(1, std::memory_order_relaxed);
+    asleep.set(true);
     std::atomic_thread_fence(std::memory_order_seq_cst);
     if (ready()) break;
-    CheckPeers(false);
-    long rc = FutexWait(&mine.doorbell, key, kSleepSliceMs);
+    if (peers_failed(false)) break;
+    long rc = FutexWait(&mine.doorbell, key, sleep_slice_ms_);
     if (rc == 0 || errno == EAGAIN || errno == EINTR) {
       if (ready()) break;
     }
     const auto now = Clock::now();
-    if (now - last_progress_check >= std::chrono::milliseconds(kSleepSliceMs)) {
+    if (now - last_progress_check >= std::chrono::milliseconds(sleep_slice_ms_)) {
       last_progress_check = now;
-      mine.sleeping.store(0, std::memory_order_relaxed);
-      CheckPeers(true);
+      asleep.set(false);
+      if (peers_failed(true)) break;
       if (now - start > peer_timeout_) {
         char seconds[32];
         std::snprintf(seconds, sizeof(seconds), "%g", peer_timeout_.count() / 1000.0);
@@ -408,7 +433,6 @@ void ShmLink::WaitUntil(const Ready& ready, const Culprit& culprit) {
       }
     }
   }
-  mine.sleeping.store(0, std::memory_order_relaxed);
 }
 
 bool ShmLink::CpusOversubscribed() const {
