@@ -10,6 +10,14 @@ import tensorflow as tf  # noqa: E402
 import horovodlike.tensorflow as hvd  # noqa: E402
 
 tf.get_logger().setLevel("ERROR")
+# No variables to broadcast is a no-op, as in Horovod, and needs no init() (Horovod's
+# test_horovod_broadcast_graph_mode relies on it); a collective before init() still raises.
+with tf.Graph().as_default():
+    no_globals = hvd.broadcast_global_variables(0)
+    with tf.compat.v1.Session() as session:
+        session.run(no_globals)
+check(hvd.broadcast_variables([], 0) is None, "broadcast_variables([]) is not a no-op")
+expect(ValueError, lambda: hvd.broadcast_variables([tf.Variable(1.0)], 0), "hvd.init()")
 hvd.init()
 rank, size = hvd.rank(), hvd.size()
 assert size >= 2, "run with at least 2 ranks"

@@ -14,7 +14,9 @@ def _checked_variables(variables, what, root_rank, process_set):
     for i, variable in enumerate(variables):
         if not hasattr(variable, "assign"):
             raise TypeError(f"{what}: entry {i} is a {type(variable).__name__}, not a variable")
-    numpy_ops.relative_root(root_rank, process_set, what)
+    if variables:
+        # As in Horovod, no variables is a no-op that needs no hvd.init().
+        numpy_ops.relative_root(root_rank, process_set, what)
     return variables
 
 
