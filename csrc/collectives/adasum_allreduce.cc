@@ -5,8 +5,6 @@
 namespace horovodlike {
 namespace {
 
-constexpr double kTinyNormSquared = 1e-8;
-
 // Element access in double for each floating dtype; the arithmetic is the same for all.
 template <typename T>
 struct Native {
@@ -25,9 +23,10 @@ struct BFloat16 {
   static uint16_t Store(double v) { return FloatToBFloat16(static_cast<float>(v)); }
 };
 
-// out = (1 - a.b / 2|a|^2) a + (1 - a.b / 2|b|^2) b. As in Horovod, a vector whose squared norm
-// is below kTinyNormSquared keeps coefficient 1: dividing by a norm that small would scale
-// rounding noise (two updates that almost cancel) into the result.
+// out = (1 - a.b / 2|a|^2) a + (1 - a.b / 2|b|^2) b, a zero vector keeping coefficient 1. No
+// threshold on the norms: the rule is scale-free, so vectors near float32's smallest normal
+// value, or a pair whose norms differ by 1e30, still average when parallel (Horovod's
+// test_adasum_pytorch.py test_stability and test_stability_2 check exactly that).
 // `out` is a or b; each element is read before it is written.
 template <typename Access>
 void Combine(const void* a_buf, const void* b_buf, void* out_buf, size_t count) {
@@ -42,8 +41,8 @@ void Combine(const void* a_buf, const void* b_buf, void* out_buf, size_t count) 
     a_norm += x * x;
     b_norm += y * y;
   }
-  const double a_coefficient = a_norm >= kTinyNormSquared ? 1.0 - dot / (2.0 * a_norm) : 1.0;
-  const double b_coefficient = b_norm >= kTinyNormSquared ? 1.0 - dot / (2.0 * b_norm) : 1.0;
+  const double a_coefficient = a_norm > 0 ? 1.0 - dot / (2.0 * a_norm) : 1.0;
+  const double b_coefficient = b_norm > 0 ? 1.0 - dot / (2.0 * b_norm) : 1.0;
   for (size_t i = 0; i < count; ++i) {
     out[i] = Access::Store(a_coefficient * Access::Load(a[i]) +
                            b_coefficient * Access::Load(b[i]));

@@ -130,7 +130,11 @@ def local_updates(optimizer_class, steps_done_states, **kwargs):
 
 
 for optimizer_class, kwargs in ((torch.optim.SGD, {"lr": 0.1}),
-                                (torch.optim.Adam, {"lr": 0.01})):
+                                # Adam's first step is lr * sign(g) when eps is small, so two
+                                # ranks' updates of a bias can cancel exactly, and Adasum then
+                                # divides rounding noise by a vanishing norm: a larger eps keeps
+                                # each update proportional to its gradient.
+                                (torch.optim.Adam, {"lr": 0.01, "eps": 0.1})):
     model = make_model()
     start = [p.detach().clone() for p in model.parameters()]
     opt = hvd.DistributedOptimizer(optimizer_class(model.parameters(), **kwargs),

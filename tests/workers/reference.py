@@ -52,9 +52,8 @@ def check(condition, message):
 def combine(a, b, dtype):
     """The pair rule in float64, rounded to the tensor's dtype as the buffer holds it."""
     dot, na, nb = a @ b, a @ a, b @ b
-    # Horovod's rule: a vector with squared norm under 1e-8 keeps coefficient 1.
-    ca = 1 - dot / (2 * na) if na >= 1e-8 else 1.0
-    cb = 1 - dot / (2 * nb) if nb >= 1e-8 else 1.0
+    ca = 1 - dot / (2 * na) if na > 0 else 1.0
+    cb = 1 - dot / (2 * nb) if nb > 0 else 1.0
     return (ca * a + cb * b).astype(dtype).astype(np.float64)
 
 

@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from horovodlike import _core
 from horovodlike.common import basics, numpy_ops
+from horovodlike.common import basics as _basics  # Horovod's name; its tests call hvd.mpi_ops._basics
 from horovodlike.common.numpy_ops import (ALLGATHER, ALLREDUCE, ALLTOALL, BROADCAST,
                                           REDUCESCATTER, Adasum, Average, Max, Min, Product, Sum)
 from horovodlike.common.process_sets import (ProcessSet, add_process_set, global_process_set,
