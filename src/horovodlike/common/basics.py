@@ -21,14 +21,22 @@ def register_init_hook(hook):
 def init(comm=None, process_sets=None):
     """Starts the runtime: connects to the other ranks of the job started by horovodlikerun.
 
-    ``process_sets``: ProcessSet objects (or lists of ranks) to register at start-up; every rank
-    passes the same ones. ``comm`` (an mpi4py communicator) is not supported.
+    ``process_sets``: ProcessSet objects (or lists of ranks) to register at start-up. Each rank
+    may pass other sets (a set made from an mpi4py communicator holds, on each rank, the
+    members of that rank's communicator); the first init(process_sets=...) registers the sets
+    of every rank, numbered in order. ``comm``: an mpi4py communicator of every rank of
+    MPI.COMM_WORLD (a job started with ``horovodlikerun --mpi``); it becomes
+    ``global_process_set.mpi_comm``.
     """
     global _atexit_registered
-    if comm is not None:
-        raise ValueError("init(comm=...) is not supported; start the job with horovodlikerun")
     if process_sets is not None and not isinstance(process_sets, (list, tuple)):
         raise TypeError("process_sets must be a list of ProcessSet objects or lists of ranks")
+    from horovodlike.common import process_sets as _sets
+    if process_sets is not None:
+        process_sets = [ps if isinstance(ps, _sets.ProcessSet) else _sets.ProcessSet(ps)
+                        for ps in process_sets]
+    if comm is not None:
+        _check_world_communicator(comm)
     from horovodlike.common import elastic
     starting = not _core.is_initialized()  # init() of a running job changes nothing
     for attempt in range(_ELASTIC_ROUND_ATTEMPTS):
@@ -45,31 +53,67 @@ def init(comm=None, process_sets=None):
         hook()
     if starting:
         _pin_background_thread()
-    from horovodlike.common import process_sets as _sets
-    _sets.global_process_set.ranks = list(range(_core.size()))
-    process_sets = [ps if isinstance(ps, _sets.ProcessSet) else _sets.ProcessSet(ps)
-                    for ps in process_sets or []]
-    _check_no_duplicates(process_sets)
-    for process_set in process_sets:
-        if process_set.ranks == list(range(_core.size())):
-            process_set.process_set_id = 0  # the global set itself
-        else:
-            _sets._register(process_set)
     if not _atexit_registered:
         atexit.register(_core.shutdown)
         _atexit_registered = True
+    _sets.global_process_set.ranks = list(range(_core.size()))
+    if comm is not None or any(ps.mpi_comm is not None for ps in process_sets or ()):
+        _check_mpi_ranks()
+    if comm is not None:
+        _sets.global_process_set.mpi_comm = comm
+    if process_sets is not None:
+        _check_no_duplicates(process_sets)
+        _sets._register_at_init(process_sets)
+
+
+def _check_world_communicator(comm):
+    """init(comm=...): horovodlike runs every rank of the job, so the communicator must hold
+    every process of MPI.COMM_WORLD, in its order (MPI.COMM_WORLD or a Dup of it)."""
+    if not hasattr(comm, "Get_group"):
+        raise ValueError(f"init(comm=...) takes an mpi4py communicator, got "
+                         f"{type(comm).__name__}; to run collectives among some ranks, "
+                         "pass init(process_sets=[...])")
+    from mpi4py import MPI
+    from horovodlike.common.process_sets import _communicator_ranks
+    world = MPI.COMM_WORLD.Get_size()
+    if comm.Get_size() != world or _communicator_ranks(comm) != list(range(world)) or \
+            comm.Get_rank() != MPI.COMM_WORLD.Get_rank():
+        raise ValueError(f"init(comm=...): the communicator holds {comm.Get_size()} of the "
+                         f"{world} processes of MPI.COMM_WORLD (or orders them otherwise); "
+                         "horovodlike runs every rank of the job: pass MPI.COMM_WORLD or a Dup "
+                         "of it, and use process_sets=[hvd.ProcessSet(subcommunicator)] for "
+                         "collectives among some ranks")
+
+
+def _check_mpi_ranks():
+    """Communicators name ranks of MPI.COMM_WORLD: they must be horovodlike's ranks."""
+    from mpi4py import MPI
+    if (MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()) != (_core.rank(), _core.size()):
+        raise ValueError(f"mpi4py communicators: MPI.COMM_WORLD has rank "
+                         f"{MPI.COMM_WORLD.Get_rank()} of {MPI.COMM_WORLD.Get_size()}, "
+                         f"horovodlike rank {_core.rank()} of {_core.size()}; start the job "
+                         "with horovodlikerun --mpi so that MPI's ranks are horovodlike's")
 
 
 def _check_no_duplicates(process_sets):
     """As in Horovod, init(process_sets=...) with two sets of the same ranks (in any order) is a
     ValueError, raised before any set is registered; the runtime stays initialized, so init()
-    may be called again with a corrected list."""
+    may be called again with a corrected list. Each rank checks its own list (sets made from
+    communicators differ per rank). A set made from a communicator of every rank duplicates
+    the global process set."""
     seen = {}
+    everyone = list(range(_core.size()))
     for position, process_set in enumerate(process_sets):
         key = tuple(process_set.ranks)
+        if process_set.mpi_comm is not None and process_set.ranks == everyone:
+            raise ValueError(f"init(process_sets=...) on rank {_core.rank()}: process set "
+                             f"{position} of the list is a communicator of every rank "
+                             f"{everyone}, a duplicate of the global process set; leave it "
+                             "out (use hvd.global_process_set)")
         if key in seen:
-            raise ValueError(f"init(process_sets=...): process sets {seen[key]} and {position} of "
-                             f"the list both hold ranks {list(key)}; pass each set once")
+            raise ValueError(f"init(process_sets=...) on rank {_core.rank()}: process sets "
+                             f"{seen[key]} and {position} of the list both hold ranks "
+                             f"{list(key)}; pass each set once")
         seen[key] = position
 
 

@@ -17,10 +17,15 @@ class ProcessSet:
     """A set of global ranks. Usable once registered (``process_set_id`` is set)."""
 
     def __init__(self, ranks_or_comm):
-        if hasattr(ranks_or_comm, "Get_rank"):
-            raise ValueError("ProcessSet from an mpi4py communicator is not supported; "
-                             "pass the list of global ranks instead")
-        self.ranks = sorted(int(r) for r in ranks_or_comm)
+        """``ranks_or_comm``: global ranks (any order), or an mpi4py communicator, whose members
+        (translated to ranks of MPI.COMM_WORLD) form the set; a communicator may hold other
+        ranks on each process, as one made by ``Split`` does."""
+        self.mpi_comm = None
+        if hasattr(ranks_or_comm, "Get_group"):
+            self.mpi_comm = ranks_or_comm
+            self.ranks = _communicator_ranks(ranks_or_comm)
+        else:
+            self.ranks = sorted(int(r) for r in ranks_or_comm)
         self.process_set_id = None
 
     def _invalidate(self):
@@ -56,6 +61,28 @@ class ProcessSet:
         return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
 
 
+def _communicator_ranks(comm):
+    """The ranks of MPI.COMM_WORLD that an mpi4py communicator holds, sorted (mpi4py is
+    imported only here, when a communicator is passed)."""
+    from mpi4py import MPI
+    if comm == MPI.COMM_NULL:
+        raise ValueError("ProcessSet(MPI.COMM_NULL): this process is not in the communicator; "
+                         "pass a communicator this process belongs to")
+    if comm.Is_inter():
+        raise ValueError("ProcessSet(communicator): an intercommunicator has two groups; pass "
+                         "an intracommunicator")
+    group, world = comm.Get_group(), MPI.COMM_WORLD.Get_group()
+    try:
+        ranks = group.Translate_ranks(list(range(comm.Get_size())), world)
+    finally:
+        group.Free()
+        world.Free()
+    if any(r == MPI.UNDEFINED for r in ranks):
+        raise ValueError("ProcessSet(communicator): the communicator holds processes outside "
+                         "MPI.COMM_WORLD; pass a communicator made from MPI.COMM_WORLD")
+    return sorted(int(r) for r in ranks)
+
+
 global_process_set = ProcessSet([])
 global_process_set.process_set_id = 0
 
@@ -80,6 +107,35 @@ def _register(process_set):
     name = "process_set.add." + "-".join(map(str, ranks))
     process_set.process_set_id = _run(_OP_ADD, name, ranks=ranks)
     return process_set
+
+
+def _register_at_init(process_sets):
+    """init(process_sets=...): gives each set its id. The first such init() of a running job
+    (no set registered yet) registers the sets of every rank: each rank may pass other sets
+    (those made from communicators differ per rank); they are gathered and numbered in order,
+    the first set of every rank (in rank order), then the second ones, and so on, each set
+    once; a set of every rank is the global set (0). A later init() only looks the sets up."""
+    from horovodlike.common import objects
+    everyone = tuple(range(_core.size()))
+    registered = {tuple(_core.process_set_ranks(i)): i for i in _core.process_set_ids()}
+    registered[everyone] = 0
+    if len(registered) == 1:
+        per_rank = objects.allgather_object([ps.ranks for ps in process_sets],
+                                            name="process_sets.init")
+        for position in range(max(map(len, per_rank), default=0)):
+            for rank_sets in per_rank:
+                if position < len(rank_sets) and tuple(rank_sets[position]) not in registered:
+                    ranks = list(rank_sets[position])
+                    registered[tuple(ranks)] = _register(ProcessSet(ranks)).process_set_id
+    missing = [ps for ps in process_sets if tuple(ps.ranks) not in registered]
+    if missing:
+        raise ValueError(f"init(process_sets=...) on rank {_core.rank()}: "
+                         f"{', '.join(str(ps.ranks) for ps in missing)} not registered; the "
+                         "job's sets come from its first init(process_sets=...) "
+                         f"({sorted(list(r) for r in registered if r != everyone)}); add more "
+                         "with hvd.add_process_set() and HOROVOD_DYNAMIC_PROCESS_SETS=1")
+    for ps in process_sets:
+        ps.process_set_id = registered[tuple(ps.ranks)]
 
 
 def _dynamic_enabled():
