@@ -35,9 +35,13 @@ if mode in ("init", "stall"):
     basics.init()
     seen["mpi"] = basics.mpi_enabled()
     for task in os.listdir("/proc/self/task"):
-        with open(f"/proc/self/task/{task}/comm") as f:
-            if f.read().strip() == "hvdl-loop":
-                seen["loop_cpus"] = cpus_of(task)
+        try:
+            with open(f"/proc/self/task/{task}/comm") as f:
+                name = f.read().strip()
+        except FileNotFoundError:  # a short-lived thread that ended since the listing
+            continue
+        if name == "hvdl-loop":
+            seen["loop_cpus"] = cpus_of(task)
     if basics.mpi_enabled():
         from mpi4py import MPI
         seen["mpi_thread_level"] = MPI.Query_thread()
