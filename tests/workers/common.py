@@ -17,3 +17,13 @@ def to_torch(values, dtype):
 def as_float64(tensor):
     return tensor.to(torch.float64).numpy() if tensor.dtype != torch.bool else \
         tensor.numpy().astype(np.float64)
+
+
+def raises(kind, fn, *words):
+    """Calls fn, which must raise `kind` with every one of `words` in its message."""
+    try:
+        fn()
+    except kind as e:
+        check(all(w in str(e) for w in words), f"unclear error: {e}")
+        return
+    raise AssertionError(f"{kind.__name__} not raised")

@@ -10,20 +10,11 @@ import numpy as np
 import torch
 
 import horovodlike.torch as hvd
-from common import check
+from common import check, raises
 
 hvd.init()
 rank, size = hvd.rank(), hvd.size()
 torch.set_num_threads(1)
-
-
-def raises(kind, fn, *words):
-    try:
-        fn()
-    except kind as e:
-        check(all(w in str(e) for w in words), f"unclear error: {e}")
-        return
-    raise AssertionError(f"{kind.__name__} not raised")
 
 
 # init(process_sets=...) with a set given twice (in another order) raises before registering

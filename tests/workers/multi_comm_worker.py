@@ -8,7 +8,7 @@ import torch
 from mpi4py import MPI
 
 import horovodlike.torch as hvd
-from common import check
+from common import check, raises
 
 world = MPI.COMM_WORLD
 rank, size = world.Get_rank(), world.Get_size()
@@ -17,15 +17,6 @@ even, odd = list(range(0, size, 2)), list(range(1, size, 2))
 mine = even if rank % 2 == 0 else odd
 subcomm = world.Split(color=rank % 2, key=rank)
 ids = hvd.mpi_ops._basics._get_process_set_ids_and_ranks
-
-
-def raises(kind, fn, *words):
-    try:
-        fn()
-    except kind as e:
-        check(all(w in str(e) for w in words), f"unclear error: {e}")
-        return
-    raise AssertionError(f"{kind.__name__} not raised")
 
 
 # The members of a communicator, as global ranks, differ per rank.

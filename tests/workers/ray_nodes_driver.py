@@ -26,14 +26,15 @@ from horovodlike.ray import ElasticRayExecutor, RayExecutor
 import cluster_jobs
 
 
-def elastic_job_grown_by_a_node(cluster):
-    """Runs the elastic job in a thread; here, adds a node of 2 CPUs once the "grow"
-    scenario's rank 0 asks for a second slot (Ray starts nodes from the main thread only), or
-    once the job has ended without asking (the next job needs the node)."""
+def start_elastic_job(scenario, hosts_text=None):
+    """Starts ElasticRayExecutor training (the cluster's live nodes, 2 CPUs a slot, 1 to 2
+    workers) of cluster_jobs.elastic_train's `scenario` in a thread. Returns the executor, the
+    thread, the hosts file the scenario signals through, and the dict its results land in."""
     report_dir = tempfile.mkdtemp(prefix="hvdl-elastic-")
     hosts_file = os.path.join(report_dir, "hosts.txt")
-    with open(hosts_file, "w") as f:
-        f.write("head:1\n")
+    if hosts_text is not None:
+        with open(hosts_file, "w") as f:
+            f.write(hosts_text)
     settings = ElasticRayExecutor.create_settings(min_num_proc=1, max_num_proc=2,
                                                   elastic_timeout=60, timeout_s=60)
     executor = ElasticRayExecutor(settings, cpus_per_slot=2)
@@ -43,12 +44,20 @@ def elastic_job_grown_by_a_node(cluster):
     def run():
         try:
             outcome["results"] = executor.run(
-                lambda: cluster_jobs.elastic_train(report_dir, "grow", hosts_file))
+                lambda: cluster_jobs.elastic_train(report_dir, scenario, hosts_file))
         except Exception as error:  # the test reports it; the other jobs go on
             outcome["results"] = f"{type(error).__name__}: {error}"
 
     job = threading.Thread(target=run, daemon=True)
     job.start()
+    return executor, job, hosts_file, outcome
+
+
+def elastic_job_grown_by_a_node(cluster):
+    """Adds a node of 2 CPUs once the "grow" scenario's rank 0 asks for a second slot (Ray
+    starts nodes from the main thread only), or once the job has ended without asking (the
+    next job needs the node)."""
+    executor, job, hosts_file, outcome = start_elastic_job("grow", "head:1\n")
     while job.is_alive():
         with open(hosts_file) as f:
             if ":2" in f.read():
@@ -61,25 +70,9 @@ def elastic_job_grown_by_a_node(cluster):
 
 
 def elastic_job_left_by_a_node(cluster, node):
-    """Runs the elastic job over both nodes in a thread; here, removes `node` once the "leave"
-    scenario's rank 0 asks (or the job has ended without asking)."""
-    report_dir = tempfile.mkdtemp(prefix="hvdl-elastic-")
-    hosts_file = os.path.join(report_dir, "hosts.txt")  # only its ".leave" marker is used
-    settings = ElasticRayExecutor.create_settings(min_num_proc=1, max_num_proc=2,
-                                                  elastic_timeout=60, timeout_s=60)
-    executor = ElasticRayExecutor(settings, cpus_per_slot=2)
-    executor.start()
-    outcome = {}
-
-    def run():
-        try:
-            outcome["results"] = executor.run(
-                lambda: cluster_jobs.elastic_train(report_dir, "leave", hosts_file))
-        except Exception as error:  # the test reports it
-            outcome["results"] = f"{type(error).__name__}: {error}"
-
-    job = threading.Thread(target=run, daemon=True)
-    job.start()
+    """With a worker on each node, removes `node` once the "leave" scenario's rank 0 asks (or
+    the job has ended without asking)."""
+    executor, job, hosts_file, outcome = start_elastic_job("leave")
     leave = hosts_file + ".leave"
     while job.is_alive() and not os.path.exists(leave):
         time.sleep(0.05)
