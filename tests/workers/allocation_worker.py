@@ -29,9 +29,13 @@ torch.manual_seed(0)
 
 def thread_named(name):
     for tid in os.listdir("/proc/self/task"):
-        with open(f"/proc/self/task/{tid}/comm") as f:
-            if f.read().strip() == name:
-                return int(tid)
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                found = f.read().strip()
+        except FileNotFoundError:  # a short-lived thread that ended since the listing
+            continue
+        if found == name:
+            return int(tid)
     raise SystemExit(f"rank {rank}: no thread named {name!r}")
 
 
