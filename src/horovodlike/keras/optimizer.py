@@ -20,7 +20,7 @@ import tensorflow as tf
 from horovodlike.common.process_sets import global_process_set, set_id, set_ranks
 from horovodlike.keras.aggregation import GradientAggregation
 from horovodlike.tensorflow.compression import Compression
-from horovodlike.tensorflow.gradient_tape import (check_gradient_options, reduce_gradients,
+from horovodlike.tensorflow.gradient_tape import (store_reduction_options, check_gradient_options, reduce_gradients,
                                                   scale_gradient)
 from horovodlike.tensorflow.mpi_ops import Average
 
@@ -32,12 +32,9 @@ class _DistributedOptimizer:
                            gradient_predivide_factor, backward_passes_per_step,
                            average_aggregated_gradients, groups, process_set,
                            scale_local_gradients):
-        self._hvd_options = dict(device_dense=device_dense, device_sparse=device_sparse,
-                                 compression=compression, sparse_as_dense=sparse_as_dense, op=op,
-                                 gradient_predivide_factor=gradient_predivide_factor,
-                                 groups=groups, process_set=process_set)
-        self._hvd_set_size = len(set_ranks(process_set))
-        self._hvd_scale_local_gradients = scale_local_gradients
+        store_reduction_options(self, device_dense, device_sparse, compression, sparse_as_dense, op,
+                                gradient_predivide_factor, groups, process_set,
+                                scale_local_gradients)
         self._hvd_local_vars = set()
         # Horovod's name for it; None without aggregation.
         self._agg_helper = GradientAggregation(backward_passes_per_step,

@@ -99,17 +99,27 @@ def _source_key(source):
     return source.ref() if hasattr(source, "ref") else id(source)
 
 
+
+def store_reduction_options(owner, device_dense, device_sparse, compression, sparse_as_dense, op,
+                            gradient_predivide_factor, groups, process_set,
+                            scale_local_gradients):
+    """Keeps Horovod's reduction options on a tape or optimizer wrapper, as reduce_gradients
+    reads them: the options, the process set's size and whether local gradients are scaled."""
+    owner._hvd_options = dict(device_dense=device_dense, device_sparse=device_sparse,
+                              compression=compression, sparse_as_dense=sparse_as_dense, op=op,
+                              gradient_predivide_factor=gradient_predivide_factor,
+                              groups=groups, process_set=process_set)
+    owner._hvd_set_size = len(set_ranks(process_set))
+    owner._hvd_scale_local_gradients = scale_local_gradients
+
 class _DistributedGradientTape:
     """Methods added to the wrapped tape's class."""
 
     def _horovodlike_setup(self, device_dense, device_sparse, compression, sparse_as_dense, op,
                            gradient_predivide_factor, groups, process_set, scale_local_gradients):
-        self._hvd_options = dict(device_dense=device_dense, device_sparse=device_sparse,
-                                 compression=compression, sparse_as_dense=sparse_as_dense, op=op,
-                                 gradient_predivide_factor=gradient_predivide_factor,
-                                 groups=groups, process_set=process_set)
-        self._hvd_set_size = len(set_ranks(process_set))
-        self._hvd_scale_local_gradients = scale_local_gradients
+        store_reduction_options(self, device_dense, device_sparse, compression, sparse_as_dense, op,
+                                gradient_predivide_factor, groups, process_set,
+                                scale_local_gradients)
         self._hvd_local_sources = set()
 
     def register_local_source(self, source):

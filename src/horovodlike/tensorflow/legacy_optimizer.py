@@ -5,7 +5,7 @@ before apply_gradients sees it, as Horovod's TensorFlow 1 DistributedOptimizer d
 import tensorflow as tf
 
 from horovodlike.common.process_sets import set_id, set_ranks
-from horovodlike.tensorflow.gradient_tape import (_source_key, check_gradient_options,
+from horovodlike.tensorflow.gradient_tape import (store_reduction_options, _source_key, check_gradient_options,
                                                   reduce_gradients, scale_gradient)
 
 
@@ -19,12 +19,9 @@ class LegacyDistributedOptimizer(tf.compat.v1.train.Optimizer):
         check_gradient_options(op, gradient_predivide_factor, "DistributedOptimizer")
         # Horovod's tests and users reach the wrapped optimizer under this name.
         self._optimizer = optimizer
-        self._hvd_options = dict(device_dense=device_dense, device_sparse=device_sparse,
-                                 compression=compression, sparse_as_dense=sparse_as_dense, op=op,
-                                 gradient_predivide_factor=gradient_predivide_factor,
-                                 groups=groups, process_set=process_set)
-        self._hvd_set_size = len(set_ranks(process_set))
-        self._hvd_scale_local_gradients = scale_local_gradients
+        store_reduction_options(self, device_dense, device_sparse, compression, sparse_as_dense, op,
+                                gradient_predivide_factor, groups, process_set,
+                                scale_local_gradients)
         self._hvd_local_vars = set()
         super().__init__(name=name or f"Distributed{type(optimizer).__name__}",
                          use_locking=use_locking)
