@@ -1,5 +1,9 @@
 """The runtime's life cycle and memory, with real processes: init under threads, shutdown
-racing a caller, the fusion buffer shrinking."""
+racing a caller, the fusion buffer shrinking; who runs the negotiation rounds."""
+
+import json
+
+import pytest
 
 from conftest import assert_all_ranks, launch
 
@@ -8,3 +12,41 @@ def test_runtime_lifecycle_under_threads_and_fusion_buffer_shrinks(tmp_path):
     result = launch(2, "runtime_worker.py", env={"RUNTIME_WORKER_DIR": str(tmp_path)},
                     timeout=120)
     assert_all_ranks(result, 2, "runtime OK")
+
+
+# (launcher flags, environment, whether waiting callers run rounds): shared memory, TCP alone,
+# MPI; Gloo's waits cannot be interrupted, so its rounds stay with the background loop.
+CALLER_ROUNDS_JOBS = {
+    "shm": ([], {}, True),
+    "shm-loop-only": ([], {"HOROVOD_CALLER_ROUNDS": "0"}, False),
+    "tcp": ([], {"HOROVOD_SHM_DISABLE": "1"}, True),
+    "mpi": (["--mpi"], {}, True),
+    "gloo": (["--gloo"], {}, False),
+}
+
+
+@pytest.mark.parametrize("job", list(CALLER_ROUNDS_JOBS))
+def test_waiting_callers_run_the_rounds(job):
+    flags, env, callers = CALLER_ROUNDS_JOBS[job]
+    result = launch(2, "caller_rounds_worker.py", "results", env=env, launcher_args=flags,
+                    timeout=120)
+    assert_all_ranks(result, 2, "ROUNDS")
+    for line in result.stdout.splitlines():
+        if "ROUNDS " in line:
+            rounds = json.loads(line.split("ROUNDS ", 1)[1])
+            # Results were checked against NumPy in the worker either way.
+            if callers:
+                assert rounds["caller_rounds"] >= 100, (job, rounds)
+            else:
+                assert rounds["caller_rounds"] == 0 and rounds["loop_rounds"] >= 200, (job, rounds)
+
+
+def test_a_signal_ends_a_round_the_caller_runs():
+    # Rank 1 is stopped (SIGSTOP) while rank 0's calling thread waits for it inside a round;
+    # the peer timeout is far away, and rank 0's SIGALRM handler must still end the wait. The
+    # long cycle time keeps rank 0's background loop out of rounds (it would hold the round,
+    # and the caller would wait on its handle instead, which was always interruptible).
+    result = launch(2, "caller_rounds_worker.py", "interrupt",
+                    env={"HOROVOD_PEER_TIMEOUT_SECONDS": "600", "HOROVOD_CYCLE_TIME": "600000"},
+                    timeout=120)
+    assert_all_ranks(result, 2, "INTERRUPT OK")

@@ -279,7 +279,8 @@ def test_an_abandoned_mpi_collective_is_released_once_it_completes(tmp_path):
     # tests/native/mpi_abandon_selftest.cc: rank 0 gives up on an MPI_Iallreduce its peer joins
     # late; the request and its buffer are kept until MPI completes it, then released.
     binary = tmp_path / "mpi_abandon"
-    sources = ["common/common.cc", "common/env_config.cc", "common/logging.cc",
+    sources = ["common/common.cc", "common/env_config.cc", "common/interrupt.cc",
+               "common/logging.cc",
                "reduce/reduce.cc", "reduce/scale.cc", "links/mpi/mpi_link.cc",
                "collectives/mpi/mpi_allreduce.cc"]
     build = subprocess.run(["mpicxx", "-O1", "-std=c++17",

@@ -53,8 +53,21 @@ void BroadcastFromRoot(Link& transport, std::vector<uint8_t>& message, int root)
 
 void BitwiseAndAllreduce(Link& transport, std::vector<uint64_t>& bits, int root,
                          std::vector<uint64_t>& scratch) {
-  if (transport.size() == 1) return;
+  const int n = transport.size();
+  if (n == 1) return;
   const size_t bytes = bits.size() * sizeof(uint64_t);
+  if ((n & (n - 1)) == 0) {
+    // A power of two: recursive doubling, log2(n) exchanges with one partner at a time, each
+    // both ways at once. Two ranks wait for one message instead of the star's two in turn.
+    std::vector<uint64_t>& other = scratch;
+    other.resize(bits.size());
+    for (int distance = 1; distance < n; distance *= 2) {
+      const int partner = transport.rank() ^ distance;
+      transport.sendrecv(partner, bits.data(), bytes, partner, other.data(), bytes);
+      for (size_t i = 0; i < bits.size(); ++i) bits[i] &= other[i];
+    }
+    return;
+  }
   if (transport.rank() == root) {
     std::vector<uint64_t>& other = scratch;
     other.resize(bits.size());

@@ -84,7 +84,8 @@ struct Status {
 // tell the rank that failed first from the ranks that failed because of it.
 class TransportError : public std::runtime_error {
  public:
-  enum class Cause { kOther, kPeerLost, kPeerTimeout, kStall };
+  // kInterrupted: a signal handler on the waiting thread raised (common/interrupt.h).
+  enum class Cause { kOther, kPeerLost, kPeerTimeout, kStall, kInterrupted };
   explicit TransportError(const std::string& what, int peer = -1, Cause cause = Cause::kOther)
       : std::runtime_error(what), peer_(peer), cause_(cause) {}
   int peer() const { return peer_; }

@@ -27,6 +27,10 @@ struct Config {
 
   int64_t fusion_threshold_bytes = 128LL * 1024 * 1024;
   double cycle_time_ms = 1.0;
+  // HOROVOD_CALLER_ROUNDS (default 1): a thread waiting for its operation runs the negotiation
+  // rounds itself instead of handing them to the background loop and being woken by it
+  // (core/runtime.h, Runtime::WaitDriving); 0 leaves every round to the loop.
+  bool caller_rounds = true;
   int cache_capacity = 1024;
   bool stall_check_enabled = true;
   double stall_warning_seconds = 60.0;

@@ -33,8 +33,9 @@ void HandleTable::Complete(const std::shared_ptr<HandleState>& state, Status sta
   done_cv_.notify_all();
 }
 
-bool HandleTable::Poll(int64_t handle) {
-  auto state = Get(handle);
+bool HandleTable::Poll(int64_t handle) { return Done(Get(handle)); }
+
+bool HandleTable::Done(const std::shared_ptr<HandleState>& state) {
   std::lock_guard<std::mutex> lock(mutex_);
   return state->done;
 }

@@ -35,6 +35,7 @@ class HandleTable {
   std::shared_ptr<HandleState> Get(int64_t handle);
   void Complete(const std::shared_ptr<HandleState>& state, Status status);
   bool Poll(int64_t handle);
+  bool Done(const std::shared_ptr<HandleState>& state);
   // Blocks until done; returns the state (kept alive for the caller to read the output).
   std::shared_ptr<HandleState> Wait(int64_t handle);
   // Waits at most `seconds`; null when the handle is not done by then (so that a caller can

@@ -32,6 +32,7 @@ const char* FailureKind(TransportError::Cause cause) {
     case TransportError::Cause::kPeerLost: return "lost";
     case TransportError::Cause::kPeerTimeout: return "timeout";
     case TransportError::Cause::kStall: return "stall";
+    case TransportError::Cause::kInterrupted: return "interrupted";
     case TransportError::Cause::kOther: break;
   }
   return "error";
@@ -158,9 +159,12 @@ Runtime::Runtime(Config config, std::unique_ptr<Link> transport, int generation,
                     [this](const Response& r) { return ChangeProcessSets(r); }),
       tuner_(std::move(tuner)),
       p2p_(std::make_unique<PointToPoint>(config_.rank, config_.size, std::move(p2p_links),
-                                          handles_, std::move(p2p_unavailable))) {
+                                          handles_, std::move(p2p_unavailable))),
+      caller_rounds_(config_.caller_rounds && transport_->interruptible()) {
   tuned_.parameters = process_sets_.Member(0)->controller->parameters();
   tuned_.parameters.tuning = config_.autotune;  // until rank 0's first round says otherwise
+  round_state_.in_force = tuned_.parameters;
+  cycle_time_us_ = static_cast<int64_t>(round_state_.in_force.cycle_time_ms * 1000);
   loop_ = std::thread([this] { Loop(); });
   // Named for top, gdb and py-spy (and tests that look at this thread alone).
   pthread_setname_np(loop_.native_handle(), "hvdl-loop");
@@ -209,7 +213,7 @@ int64_t Runtime::Enqueue(EnqueueArgs args) {
   entry.process_set_id = args.process_set;
   entry.input = args.input;
   entry.output = args.output;
-  return Submit(std::move(entry), handles_.Create());
+  return Submit(std::move(entry), handles_.Create(), !(args.caller_waits && caller_rounds_));
 }
 
 int64_t Runtime::EnqueueControl(OpType op, std::string name, ControlRequest control) {
@@ -227,7 +231,7 @@ int64_t Runtime::EnqueueControl(OpType op, std::string name, ControlRequest cont
   return Submit(std::move(entry), handles_.Create());
 }
 
-int64_t Runtime::Submit(TensorEntry entry, int64_t handle) {
+int64_t Runtime::Submit(TensorEntry entry, int64_t handle, bool wake_loop) {
   entry.handle = handles_.Get(handle);
   std::lock_guard<std::mutex> lock(stop_mutex_);
   if (stopped_) {
@@ -235,7 +239,7 @@ int64_t Runtime::Submit(TensorEntry entry, int64_t handle) {
     return handle;
   }
   try {
-    queue_.Add(std::move(entry));
+    queue_.Add(std::move(entry), wake_loop);
   } catch (...) {
     handles_.Release(handle);
     throw;
@@ -317,29 +321,75 @@ Runtime::TunedState Runtime::tuned() {
 }
 
 void Runtime::Loop() {
-  RoundState state;
-  state.in_force = tuned().parameters;
-  try {
-    while (true) {
-      // The cycle time may change between rounds (autotuning).
-      queue_.WaitForWork(
-          std::chrono::microseconds(static_cast<int64_t>(state.in_force.cycle_time_ms * 1000)));
-      TakeNewRequests(state);
-      std::vector<int> shutdown_ranks;
-      const bool shutdown = RunSets(state, &shutdown_ranks);
-      FailRequestsOfRemovedSets(state);
-      if (shutdown) {
-        StopOnShutdown(shutdown_ranks);
-        return;
+  using Clock = std::chrono::steady_clock;
+  auto wait = std::chrono::microseconds(cycle_time_us_.load());
+  while (true) {
+    // The cycle time may change between rounds (autotuning). Rounds that waiting callers ran
+    // meanwhile count: an idle loop runs one a cycle time after the last round, whoever ran it.
+    const bool work = queue_.WaitForWork(wait);
+    const auto cycle = std::chrono::microseconds(cycle_time_us_.load());
+    if (!work && !shutdown_requested_) {
+      const auto since = std::chrono::duration_cast<std::chrono::microseconds>(
+          Clock::now().time_since_epoch() - std::chrono::nanoseconds(last_round_end_ns_.load()));
+      if (since < cycle) {
+        wait = cycle - since;
+        continue;
       }
+    }
+    wait = cycle;
+    std::lock_guard<std::mutex> lock(round_mutex_);
+    if (finished_) return;
+    ++loop_rounds_;
+    if (!RunRoundLocked()) return;
+  }
+}
+
+bool Runtime::RunRoundLocked() {
+  RoundState& state = round_state_;
+  try {
+    TakeNewRequests(state);
+    std::vector<int> shutdown_ranks;
+    const bool shutdown = RunSets(state, &shutdown_ranks);
+    FailRequestsOfRemovedSets(state);
+    cycle_time_us_ = static_cast<int64_t>(state.in_force.cycle_time_ms * 1000);
+    last_round_end_ns_ = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                             std::chrono::steady_clock::now().time_since_epoch())
+                             .count();
+    if (shutdown) {
+      StopOnShutdown(shutdown_ranks);
+      finished_ = true;
     }
   } catch (const TransportError& e) {
     HVDL_LOG(kError, "stopping: " << e.what());
     Stop(StatusCode::kInternal, e.what(), e.peer(), FailureKind(e.cause()), true);
+    finished_ = true;
   } catch (const std::exception& e) {
     HVDL_LOG(kError, "stopping: " << e.what());
     Stop(StatusCode::kInternal, e.what(), config_.rank, "error", true);
+    finished_ = true;
   }
+  if (finished_) queue_.Notify();  // the loop ends too, if a caller ran this round
+  return !finished_;
+}
+
+std::shared_ptr<HandleState> Runtime::WaitDriving(int64_t handle, double seconds) {
+  // Rounds that did not complete the handle before it goes back to the loop: the peers may
+  // be a round behind (one ran an idle round when this rank's request came), but a handle
+  // that waits for a peer's work is better left to the loop's cycle.
+  constexpr int kFruitlessRounds = 3;
+  const std::shared_ptr<HandleState> state = handles_.Get(handle);
+  if (caller_rounds_) {
+    for (int fruitless = 0; fruitless < kFruitlessRounds && !handles_.Done(state);) {
+      std::unique_lock<std::mutex> lock(round_mutex_, std::try_to_lock);
+      if (!lock.owns_lock() || finished_) break;  // the loop is in a round; it goes on
+      ++caller_rounds_run_;
+      if (!RunRoundLocked()) break;
+      if (!handles_.Done(state)) ++fruitless;
+    }
+  }
+  if (handles_.Done(state)) return state;
+  queue_.Notify();  // what is left is the loop's
+  return handles_.WaitFor(handle, seconds);
 }
 
 void Runtime::TakeNewRequests(RoundState& state) {

@@ -43,6 +43,21 @@ class Runtime {
   // collectives; its handle reports the last rank to join or the set's id.
   int64_t EnqueueControl(OpType op, std::string name, ControlRequest control);
   HandleTable& handles() { return handles_; }
+  // Waits up to `seconds` for `handle`, like handles().WaitFor, but first runs negotiation
+  // rounds on this thread while that brings the handle closer (the peers take part in them
+  // too, from their loop or their own waiting callers): no hand-off to the loop and back,
+  // which costs more than a small collective itself. Falls back to the loop when it holds the
+  // round, after a few rounds that did not complete the handle, with HOROVOD_CALLER_ROUNDS=0,
+  // and over links that cannot be interrupted (Gloo): a round, once begun, must be finished,
+  // so its waits ask the thread's interrupt check (common/interrupt.h), and an interrupted
+  // round stops the runtime.
+  std::shared_ptr<HandleState> WaitDriving(int64_t handle, double seconds);
+  // Rounds run so far by the loop and by waiting callers.
+  struct RoundCounts {
+    int64_t loop = 0;
+    int64_t caller = 0;
+  };
+  RoundCounts round_counts() const { return {loop_rounds_.load(), caller_rounds_run_.load()}; }
   // Point-to-point between two ranks of a process set (`message.peer` a global rank); checks
   // that both ranks are in the set, then hands over to PointToPoint.
   int64_t Send(const PointToPoint::Message& message, const void* data);
@@ -86,6 +101,9 @@ class Runtime {
     std::vector<int> set_ids;
   };
   void Loop();
+  // One round, with round_mutex_ held: takes the queue's new requests, negotiates and executes
+  // every set. Returns false when the runtime ended in it (shutdown agreed, or a failure).
+  bool RunRoundLocked();
   // One round: the queue's new requests by set; every set negotiates and executes (returns
   // whether the global set agreed to shut down, and which ranks asked); requests left for
   // sets removed meanwhile fail.
@@ -99,7 +117,7 @@ class Runtime {
             bool internal);
   int64_t ChangeProcessSets(const Response& response);
   // Queues an entry whose handle is `handle` (or completes it at once when the loop stopped).
-  int64_t Submit(TensorEntry entry, int64_t handle);
+  int64_t Submit(TensorEntry entry, int64_t handle, bool wake_loop = true);
   void FailEverything(StatusCode code, const std::string& message);
 
   Config config_;
@@ -118,6 +136,17 @@ class Runtime {
   Status stop_status_;  // why the loop stopped; later work fails with it
   std::unique_ptr<PointToPoint> p2p_;
   std::mutex close_mutex_;
+  // One round at a time, run by the loop or by a waiting caller (WaitDriving); guards the
+  // round state and `finished_` (a round ended the runtime: nobody runs another).
+  std::mutex round_mutex_;
+  RoundState round_state_;
+  bool finished_ = false;
+  const bool caller_rounds_;  // HOROVOD_CALLER_ROUNDS and an interruptible transport
+  // When the last round ended, and the cycle time in force (read by the loop between rounds).
+  std::atomic<int64_t> last_round_end_ns_{0};
+  std::atomic<int64_t> cycle_time_us_{1000};
+  std::atomic<int64_t> loop_rounds_{0};
+  std::atomic<int64_t> caller_rounds_run_{0};
   std::thread loop_;
 };
 

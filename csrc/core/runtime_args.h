@@ -26,6 +26,8 @@ struct EnqueueArgs {
   std::vector<int64_t> splits;  // alltoall: rows per destination
   int64_t group_id = 0;
   int group_size = 0;
+  // The caller waits for this handle next (Runtime::WaitDriving): the loop is not woken for it.
+  bool caller_waits = false;
 };
 
 }  // namespace horovodlike

@@ -1,6 +1,6 @@
 #include "tensor_queue.h"
 
-#include <cstdio>
+#include <charconv>
 
 namespace horovodlike {
 
@@ -12,12 +12,13 @@ std::string QueueKey(int process_set_id, const std::string& name) {
 
 void QueueKey(int process_set_id, const std::string& name, std::string* key) {
   char id[16];
-  const int n = std::snprintf(id, sizeof(id), "%d:", process_set_id);
-  key->assign(id, static_cast<size_t>(n));
+  char* end = std::to_chars(id, id + sizeof(id) - 1, process_set_id).ptr;
+  *end++ = ':';
+  key->assign(id, end);
   key->append(name);
 }
 
-void TensorQueue::Add(TensorEntry entry) {
+void TensorQueue::Add(TensorEntry entry, bool wake) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     entry.key = QueueKey(entry.process_set_id, entry.request.name);
@@ -29,7 +30,7 @@ void TensorQueue::Add(TensorEntry entry) {
     new_requests_.emplace_back(entry.process_set_id, entry.request);
     entries_.emplace(entry.key, std::move(entry));
   }
-  cv_.notify_one();
+  if (wake) cv_.notify_one();
 }
 
 void TensorQueue::PopNewRequests(std::vector<std::pair<int, Request>>* out) {
@@ -38,10 +39,12 @@ void TensorQueue::PopNewRequests(std::vector<std::pair<int, Request>>* out) {
   out->swap(new_requests_);
 }
 
-void TensorQueue::WaitForWork(std::chrono::microseconds timeout) {
+bool TensorQueue::WaitForWork(std::chrono::microseconds timeout) {
   std::unique_lock<std::mutex> lock(mutex_);
-  cv_.wait_for(lock, timeout, [&] { return !new_requests_.empty() || notified_; });
+  const bool work =
+      cv_.wait_for(lock, timeout, [&] { return !new_requests_.empty() || notified_; });
   notified_ = false;
+  return work;
 }
 
 void TensorQueue::Notify() {

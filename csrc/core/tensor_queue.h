@@ -31,13 +31,15 @@ struct TensorEntry {
 
 class TensorQueue {
  public:
-  // Throws InvalidArgument when an entry of the same name is still in flight.
-  void Add(TensorEntry entry);
+  // Throws InvalidArgument when an entry of the same name is still in flight. `wake` false:
+  // the background loop is not woken (the caller is about to run a round itself).
+  void Add(TensorEntry entry, bool wake = true);
   // Moves the new requests since the last call into `out` (replacing its contents), with the
   // process set each belongs to. Swaps storage with the queue, so neither side reallocates.
   void PopNewRequests(std::vector<std::pair<int, Request>>* out);
   // Blocks up to `timeout` for new requests or a Notify(); returns at once if some are queued.
-  void WaitForWork(std::chrono::microseconds timeout);
+  // Returns whether there are new requests or a Notify() came (false: the time ran out).
+  bool WaitForWork(std::chrono::microseconds timeout);
   void Notify();
   // Removes and returns the entry; false when no such entry exists.
   bool Take(const std::string& name, TensorEntry* entry);

@@ -26,6 +26,10 @@ class Link {
   virtual void abort() = 0;
   // Short name for logs and --check-build ("tcp", "shm", "shm+tcp", "mpi", "gloo").
   virtual const char* name() const { return "unknown"; }
+  // Whether its waits that last ask the thread's interrupt check (common/interrupt.h) and throw
+  // TransportError (cause kInterrupted) when it says so. A caller's thread runs rounds itself
+  // only over links that do.
+  virtual bool interruptible() const { return false; }
 };
 
 }  // namespace horovodlike

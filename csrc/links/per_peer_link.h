@@ -47,6 +47,7 @@ class PerPeerLink : public Link {
   void sendrecv(int to, const void* sbuf, size_t sn, int from, void* rbuf, size_t rn) override;
   void abort() override;
   const char* name() const override;
+  bool interruptible() const override { return tcp_->interruptible(); }
   // For the collective providers: the shared-memory link among the ranks of this host (null
   // when this rank is alone on it), and the ranks grouped by host when the job asked for
   // hierarchical collectives (null otherwise; the same on every rank).

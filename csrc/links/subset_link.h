@@ -20,6 +20,7 @@ class SubsetLink : public Link {
   void sendrecv(int to, const void* sbuf, size_t sn, int from, void* rbuf, size_t rn) override;
   void abort() override { parent_.abort(); }
   const char* name() const override { return parent_.name(); }
+  bool interruptible() const override { return parent_.interruptible(); }
 
  private:
   int Global(int peer) const;

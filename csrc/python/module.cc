@@ -10,6 +10,7 @@
 #include <mutex>
 #include <thread>
 
+#include "../common/interrupt.h"
 #include "../core/message.h"
 #include "../core/runtime.h"
 #include "../collectives/provider_table.h"
@@ -28,7 +29,7 @@ namespace {
 int64_t EnqueueCall(int op, const std::string& name, uintptr_t input, uintptr_t output, int dtype,
                     std::vector<int64_t> shape, int reduce_op, double prescale, double postscale,
                     int root_rank, int device, int process_set, std::vector<int64_t> splits,
-                    int64_t group_id, int group_size) {
+                    int64_t group_id, int group_size, bool caller_waits) {
   if (!IsValidDataType(dtype)) {
     throw InvalidArgument("tensor '" + name + "' has an unsupported dtype code " +
                           std::to_string(dtype));
@@ -55,6 +56,7 @@ int64_t EnqueueCall(int op, const std::string& name, uintptr_t input, uintptr_t 
   args.splits = std::move(splits);
   args.group_id = group_id;
   args.group_size = group_size;
+  args.caller_waits = caller_waits;
   return Runtime::Get()->Enqueue(std::move(args));
 }
 
@@ -63,10 +65,9 @@ int64_t EnqueueCall(int op, const std::string& name, uintptr_t input, uintptr_t 
 // (pytest-timeout) and SIGTERM handlers would wait for a collective that may never complete.
 constexpr std::chrono::milliseconds kSignalCheckInterval(100);
 
-// Runs Python's pending signal handlers (the GIL is held); when one raises, rethrows its
-// exception with a note saying what was interrupted and what became of it.
-void CheckSignals(const char* interrupted) {
-  if (PyErr_CheckSignals() == 0) return;
+// Throws the Python exception that is set (a signal handler's), with a note saying what was
+// interrupted and what became of it.
+[[noreturn]] void RaiseWithNote(const char* interrupted) {
   // KeyboardInterrupt is raised without an instance; make one to carry the note.
   PyObject *type = nullptr, *value = nullptr, *traceback = nullptr;
   PyErr_Fetch(&type, &value, &traceback);
@@ -80,19 +81,73 @@ void CheckSignals(const char* interrupted) {
   throw error;
 }
 
+// Runs Python's pending signal handlers (the GIL is held); when one raises, rethrows its
+// exception with a note.
+void CheckSignals(const char* interrupted) {
+  if (PyErr_CheckSignals() == 0) return;
+  RaiseWithNote(interrupted);
+}
+
+// The interrupt check of a caller that runs negotiation rounds while it waits
+// (Runtime::WaitDriving): from inside a long link wait, at most every kSignalCheckInterval,
+// takes the GIL and runs the pending signal handlers; keeps the exception one raised.
+struct SignalsDuringRound {
+  std::chrono::steady_clock::time_point next_check = std::chrono::steady_clock::now();
+  PyObject* type = nullptr;
+  PyObject* value = nullptr;
+  PyObject* traceback = nullptr;
+
+  static bool Check(void* context) {
+    auto* self = static_cast<SignalsDuringRound*>(context);
+    if (self->type != nullptr) return true;
+    const auto now = std::chrono::steady_clock::now();
+    if (now < self->next_check) return false;
+    self->next_check = now + kSignalCheckInterval;
+    py::gil_scoped_acquire acquire;
+    if (PyErr_CheckSignals() == 0) return false;
+    PyErr_Fetch(&self->type, &self->value, &self->traceback);
+    return true;
+  }
+};
+
 py::tuple WaitCall(int64_t handle) {
   std::shared_ptr<HandleState> state;
   HandleTable::BlockedWaiter blocked;
   while (true) {
+    SignalsDuringRound signals;
     {
       py::gil_scoped_release release;
-      state = Runtime::Get()->handles().WaitFor(handle, kSignalCheckInterval.count() / 1000.0);
+      ScopedInterruptCheck check(&SignalsDuringRound::Check, &signals);
+      state = Runtime::Get()->WaitDriving(handle, kSignalCheckInterval.count() / 1000.0);
+    }
+    if (signals.type != nullptr) {
+      PyErr_Restore(signals.type, signals.value, signals.traceback);
+      RaiseWithNote("ran a negotiation round on this thread while it waited for a collective; "
+                    "the round could not be finished, so horovodlike stopped on this rank and "
+                    "the other ranks fail too: call shutdown() (and init() to start again)");
     }
     if (state) break;
     CheckSignals("waited for a collective to complete; it is still pending on this rank, and "
                  "its buffers stay alive until it completes or shutdown() is called");
   }
   return py::make_tuple(static_cast<int>(state->status.code), state->status.message);
+}
+
+// enqueue + wait + release in one call, for the framework layers' synchronous collectives
+// whose output is the caller's own buffer (allreduce, broadcast): one crossing into C++
+// instead of three, and this thread runs the rounds (caller_waits). Call it with positional
+// arguments: pybind11 looks every keyword up by name, which costs more than a small collective.
+// When the wait is interrupted the operation may still be pending: the handle is kept (and
+// the caller keeps the buffers alive), as with wait().
+py::tuple RunCall(int op, const std::string& name, uintptr_t input, uintptr_t output, int dtype,
+                  std::vector<int64_t> shape, int reduce_op, double prescale, double postscale,
+                  int root_rank, int device, int process_set) {
+  const int64_t handle = EnqueueCall(op, name, input, output, dtype, std::move(shape), reduce_op,
+                                     prescale, postscale, root_rank, device, process_set, {}, 0,
+                                     0, /*caller_waits=*/true);
+  py::tuple result = WaitCall(handle);
+  Runtime::Get()->handles().Release(handle);
+  return result;
 }
 
 // init() runs on a thread of its own while the caller's thread wakes for signals: the
@@ -215,6 +270,10 @@ py::dict Stats() {
   for (const auto& [label, count] : ProviderTable::Runs()) runs[py::str(label)] = count;
   d["provider_runs"] = runs;
   d["fusion_buffer_bytes"] = s.fusion_buffer_bytes;
+  // Negotiation rounds run by the background loop and by waiting callers (WaitDriving).
+  const Runtime::RoundCounts rounds = runtime->round_counts();
+  d["loop_rounds"] = rounds.loop;
+  d["caller_rounds"] = rounds.caller;
   return d;
 }
 
@@ -311,7 +370,7 @@ PYBIND11_MODULE(_core, m) {
         py::arg("prescale") = 1.0, py::arg("postscale") = 1.0, py::arg("root_rank") = 0,
         py::arg("device") = -1, py::arg("process_set") = 0,
         py::arg("splits") = std::vector<int64_t>(), py::arg("group_id") = 0,
-        py::arg("group_size") = 0);
+        py::arg("group_size") = 0, py::arg("caller_waits") = false);
   // Join and process-set changes: control operations, with their own arguments (no tensor).
   m.def("enqueue_control", [](int op, const std::string& name, std::vector<int32_t> ranks,
                               int process_set_id) {
@@ -354,6 +413,11 @@ PYBIND11_MODULE(_core, m) {
      "Like wait, but returns None when the handle is not done within `seconds`.");
   m.def("poll", [](int64_t handle) { return Runtime::Get()->handles().Poll(handle); });
   m.def("release", [](int64_t handle) { Runtime::Get()->handles().Release(handle); });
+  m.def("run", &RunCall, py::arg("op"), py::arg("name"), py::arg("input"), py::arg("output"),
+        py::arg("dtype"), py::arg("shape"), py::arg("reduce_op"), py::arg("prescale"),
+        py::arg("postscale"), py::arg("root_rank"), py::arg("device"), py::arg("process_set"),
+        "enqueue + wait + release: runs a collective whose output is the caller's buffer and "
+        "returns (status code, message). Pass every argument positionally (faster).");
   m.def("output", &Output);
   m.def("start_timeline", [](const std::string& path, bool mark_cycles) {
     py::gil_scoped_release release;  // may wait for a previous recording's writer to finish

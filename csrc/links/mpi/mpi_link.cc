@@ -10,6 +10,7 @@
 
 #include "../../common/common.h"
 #include "../../common/env_config.h"
+#include "../../common/interrupt.h"
 
 namespace horovodlike {
 namespace {
@@ -292,6 +293,11 @@ void MpiLink::WhileWaiting(Clock::time_point last_progress, const char* what, in
            TransportError::Cause::kOther, abandon);
   }
   const auto idle = Clock::now() - last_progress;
+  if (idle >= kInterruptAfter && InterruptRequested()) {
+    GiveUp(std::string("interrupted by a signal while waiting ") +
+               (silent >= 0 ? "for rank " + std::to_string(silent) + " " : "") + "in " + what,
+           silent, TransportError::Cause::kInterrupted, abandon);
+  }
   if (idle > std::chrono::milliseconds(timeout_ms_)) {
     GiveUp(std::string("no progress ") +
                (silent >= 0 ? "from rank " + std::to_string(silent) + " " : "") + "in " + what +

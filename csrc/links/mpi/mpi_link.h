@@ -36,6 +36,7 @@ class MpiLink : public Link {
   // later calls then throw too (MPI has no connection to close; MPI_Abort would end the job).
   void abort() override;
   const char* name() const override { return "mpi"; }
+  bool interruptible() const override { return true; }
 
   // For the providers that run MPI's own collectives (collectives/mpi/).
   MPI_Comm comm() const { return comm_; }

@@ -15,6 +15,7 @@
 #include <ctime>
 
 #include "../../common/hmac.h"
+#include "../../common/interrupt.h"
 #include "../../common/logging.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -422,6 +423,11 @@ void ShmLink::WaitUntil(const Ready& ready, const Culprit& culprit) {
       last_progress_check = now;
       asleep.set(false);
       if (peers_failed(true)) break;
+      if (now - start >= kInterruptAfter && InterruptRequested()) {
+        throw TransportError("interrupted by a signal while waiting for rank " +
+                                 std::to_string(members_[culprit()]),
+                             members_[culprit()], TransportError::Cause::kInterrupted);
+      }
       if (now - start > peer_timeout_) {
         char seconds[32];
         std::snprintf(seconds, sizeof(seconds), "%g", peer_timeout_.count() / 1000.0);

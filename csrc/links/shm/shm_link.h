@@ -68,6 +68,7 @@ class ShmLink : public Link {
   void sendrecv(int to, const void* sbuf, size_t sn, int from, void* rbuf, size_t rn) override;
   void abort() override;
   const char* name() const override { return "shm"; }
+  bool interruptible() const override { return true; }
 
   // The staging area. Rank r's slot for `step` (two per rank, by step parity), staging_bytes()
   // long; messages up to small_bytes() are best staged whole (HOROVOD_SHM_SMALL_BYTES).

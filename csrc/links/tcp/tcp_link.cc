@@ -16,6 +16,7 @@
 #include "../../common/common.h"
 #include "../../common/env_config.h"
 #include "../../common/hmac.h"
+#include "../../common/interrupt.h"
 #include "../../common/logging.h"
 #include "../rendezvous_client.h"
 #include "socket_util.h"
@@ -459,6 +460,9 @@ void TcpLink::sendrecv(int to, const void* sbuf, size_t sn, int from, void* rbuf
   const int rfd = rn > 0 ? Fd(from) : -1;
   const auto* sp = static_cast<const uint8_t*>(sbuf);
   auto* rp = static_cast<uint8_t*>(rbuf);
+  // A thread with an interrupt check (common/interrupt.h) sleeps in slices to ask it.
+  const bool interruptible = InterruptCheckInstalled();
+  auto idle_since = std::chrono::steady_clock::now();
   while (sn > 0 || rn > 0) {
     bool progressed = false;
     if (sn > 0) {
@@ -480,13 +484,33 @@ void TcpLink::sendrecv(int to, const void* sbuf, size_t sn, int from, void* rbuf
         Fail(from, std::strerror(errno), TransportError::Cause::kPeerLost);
       }
     }
-    if (progressed || (sn == 0 && rn == 0)) continue;
+    if (progressed || (sn == 0 && rn == 0)) {
+      if (interruptible) idle_since = std::chrono::steady_clock::now();
+      continue;
+    }
     pollfd p[2];
     int count = 0;
     if (sn > 0) p[count++] = {sfd, POLLOUT, 0};
     if (rn > 0) p[count++] = {rfd, POLLIN, 0};
-    int rc = ::poll(p, count, timeout_ms_);
+    int slice_ms = timeout_ms_;
+    if (interruptible) {
+      const auto idle = std::chrono::duration_cast<std::chrono::milliseconds>(
+          std::chrono::steady_clock::now() - idle_since);
+      if (idle >= kInterruptAfter && InterruptRequested()) {
+        const int silent = rn > 0 ? from : to;
+        throw TransportError("interrupted by a signal while waiting for rank " +
+                                 std::to_string(silent),
+                             silent, TransportError::Cause::kInterrupted);
+      }
+      const int left = timeout_ms_ - static_cast<int>(idle.count());
+      slice_ms = std::max(0, std::min(left, static_cast<int>(kInterruptAfter.count())));
+    }
+    int rc = ::poll(p, count, slice_ms);
     if (rc < 0 && errno == EINTR) continue;
+    if (rc == 0 && interruptible &&
+        std::chrono::steady_clock::now() - idle_since < std::chrono::milliseconds(timeout_ms_)) {
+      continue;
+    }
     if (rc == 0) {
       int silent = rn > 0 ? from : to;
       Fail(silent, "nothing received or sent for " + Seconds(timeout_ms_ / 1000.0) +

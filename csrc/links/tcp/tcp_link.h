@@ -39,6 +39,7 @@ class TcpLink : public Link {
   void sendrecv(int to, const void* sbuf, size_t sn, int from, void* rbuf, size_t rn) override;
   void abort() override;
   const char* name() const override { return "tcp"; }
+  bool interruptible() const override { return true; }
   // The connected socket to `peer` (-1 for this rank), for a watcher that only polls it.
   int socket(int peer) const { return fds_[peer]; }
 

@@ -4,9 +4,6 @@ Tensors go to the core as raw pointers; the Python side keeps them alive until t
 synchronized, and checks every argument before anything is queued.
 """
 
-import itertools
-import threading
-
 import torch
 
 from horovodlike import _core
@@ -17,109 +14,13 @@ from horovodlike.common.constants import (ALLGATHER as _OP_ALLGATHER,
                                           ALLTOALL as _OP_ALLTOALL,
                                           BARRIER as _OP_BARRIER,
                                           BROADCAST as _OP_BROADCAST,
-                                          DTYPES,
                                           JOIN as _OP_JOIN,
                                           REDUCESCATTER as _OP_REDUCESCATTER,
                                           Adasum, Average, Max, Min, Product, Sum)  # noqa: F401
-from horovodlike.common.exceptions import HorovodInternalError, TensorMismatchError
 from horovodlike.common.process_sets import global_process_set, set_id, set_ranks
-
-
-# torch's dtype of each name the core numbers.
-_DTYPES = {getattr(torch, name): code for name, code in DTYPES.items()}
-
-_lock = threading.Lock()
-_handle_map = {}  # handle -> (result, objects to keep alive, op)
-_name_counters = {}
-_group_ids = itertools.count(1)
-# (process set id, name) -> handle, until the handle is synchronized: as in Horovod, a second
-# collective under a name still in flight is an error, raised at once on the rank that made it
-# (the core's own check misses it when the first one has already run but not been waited on).
-_names_in_flight = {}
-_key_of_handle = {}
-
-
-def _restart_auto_names():
-    with _lock:
-        _name_counters.clear()
-        _names_in_flight.clear()
-        _key_of_handle.clear()
-
-
-basics.register_init_hook(_restart_auto_names)
-
-
-def _auto_name(prefix):
-    with _lock:
-        counter = _name_counters.setdefault(prefix, itertools.count())
-        return f"{prefix}.noname.{next(counter)}"
-
-
-def _check_tensor(tensor, what, name):
-    if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"{what} '{name}': expected a torch.Tensor, got {type(tensor).__name__}")
-    if tensor.dtype not in _DTYPES:
-        supported = ", ".join(str(d).replace("torch.", "") for d in _DTYPES)
-        raise TypeError(f"{what} '{name}': dtype {str(tensor.dtype).replace('torch.', '')} "
-                        f"is not supported; use one of {supported}")
-    if tensor.is_sparse:
-        raise TypeError(f"{what} '{name}': sparse tensors are not supported here; "
-                        "use a dense tensor (tensor.to_dense())")
-
-
-def _device(tensor):
-    return tensor.device.index if tensor.is_cuda else -1
-
-
-def _check_inplace(tensor, what, name):
-    if not tensor.is_contiguous():
-        raise ValueError(f"{what} '{name}': the tensor is not contiguous, so it cannot be "
-                         "updated in place; call .contiguous() on it first or use the "
-                         "out-of-place form")
-
-
-def _resolve_op(average, op, what):
-    if op is not None and average is not None:
-        raise ValueError(f"{what}: the op and average arguments are mutually exclusive")
-    if op is None:
-        op = Average if average is None or average else Sum
-    if isinstance(op, bool) or op not in (Average, Sum, Min, Max, Product, Adasum):
-        raise ValueError(f"{what}: unknown reduce op {op!r}; use hvd.Average, hvd.Sum, "
-                         "hvd.Min, hvd.Max, hvd.Product or hvd.Adasum")
-    return op
-
-
-def _enqueue(op, name, tensor, output, result, keep, process_set, **kwargs):
-    """Queues the collective; synchronize() will return ``result`` (or the core's output)."""
-    key = (set_id(process_set), name)
-    with _lock:
-        if key in _names_in_flight:
-            raise ValueError(f"a collective named '{name}' is already in flight (its handle "
-                             "has not been synchronized); synchronize it first or give each "
-                             "concurrent operation a unique name")
-    handle = _core.enqueue(op, name, tensor.data_ptr(), 0 if output is None else output.data_ptr(),
-                           _DTYPES[tensor.dtype], list(tensor.shape), device=_device(tensor),
-                           process_set=set_id(process_set), **kwargs)
-    with _lock:
-        _handle_map[handle] = (result, keep, op)
-        _names_in_flight[key] = handle
-        _key_of_handle[handle] = key
-    return handle
-
-
-def _raise_for(code, message):
-    if code == _core.STATUS_MISMATCH:
-        raise TensorMismatchError(message)
-    if code == _core.STATUS_INVALID_ARGUMENT:
-        raise ValueError(message)
-    raise HorovodInternalError(message)
-
-
-class _GroupHandle:
-    """The handle of a grouped operation: synchronize() returns the list of outputs."""
-
-    def __init__(self, handles):
-        self.handles = handles
+from horovodlike.torch._queue import (  # noqa: F401 (_DTYPES and _auto_name: other modules')
+    _DTYPES, _lock, _handle_map, _group_ids, _names_in_flight, _key_of_handle, _auto_name,
+    _check_tensor, _check_inplace, _resolve_op, _enqueue, _run, _raise_for, _GroupHandle)
 
 
 # ---------------------------------------------------------------------------------- allreduce
@@ -154,10 +55,13 @@ class _AllreduceFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, op, prescale_factor, postscale_factor, process_set):
         ctx.args = (op, prescale_factor, postscale_factor, process_set)
-        return synchronize(allreduce_async(tensor, name=name, op=op,
-                                           prescale_factor=prescale_factor,
-                                           postscale_factor=postscale_factor,
-                                           process_set=process_set))
+        name = name or _auto_name("allreduce")
+        _check_tensor(tensor, "allreduce", name)
+        source = tensor.detach().contiguous()
+        output = torch.empty_like(source, memory_format=torch.contiguous_format)
+        _run(_OP_ALLREDUCE, name, source, output, process_set, op, float(prescale_factor),
+             float(postscale_factor))
+        return output
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -182,8 +86,14 @@ def allreduce(tensor, average=None, name=None, compression=None, op=None, presca
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                postscale_factor=1.0, process_set=global_process_set):
     """Reduces ``tensor`` over all ranks in place and returns it."""
-    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor,
-                                        postscale_factor, process_set))
+    name = name or _auto_name("allreduce")
+    _check_tensor(tensor, "allreduce", name)
+    _check_inplace(tensor, "allreduce", name)
+    op = _resolve_op(average, op, f"allreduce '{name}'")
+    data = tensor.detach()
+    _run(_OP_ALLREDUCE, name, data, data, process_set, op, float(prescale_factor),
+         float(postscale_factor))
+    return tensor
 
 
 def _new_group(tensors, what):

@@ -1,0 +1,38 @@
+// Interrupting a long wait on the thread that runs it.
+//
+// The background loop's waits are never interrupted: it has nobody to hand a signal to. But a
+// caller's thread that runs negotiation rounds itself while it waits for its own operation
+// (Runtime::WaitDriving) must still answer Ctrl-C: it installs a check for the length of that
+// wait, and the links' waits that last (over kInterruptAfter) ask it between their sleeps.
+// An interrupted wait throws; what that means for the round is the caller's business.
+#pragma once
+
+#include <chrono>
+
+namespace horovodlike {
+
+// Waits shorter than this never look: a round normally ends well within it.
+constexpr std::chrono::milliseconds kInterruptAfter(100);
+
+// Returns true when the thread should stop waiting (its pending signal handler raised).
+using InterruptCheck = bool (*)(void* context);
+
+// Installs `check` on this thread for its lifetime (nested scopes restore the outer one).
+class ScopedInterruptCheck {
+ public:
+  ScopedInterruptCheck(InterruptCheck check, void* context);
+  ~ScopedInterruptCheck();
+  ScopedInterruptCheck(const ScopedInterruptCheck&) = delete;
+  ScopedInterruptCheck& operator=(const ScopedInterruptCheck&) = delete;
+
+ private:
+  InterruptCheck outer_check_;
+  void* outer_context_;
+};
+
+// Whether this thread has a check installed (a wait can then sleep in shorter slices).
+bool InterruptCheckInstalled();
+// Asks the installed check; false when none is installed.
+bool InterruptRequested();
+
+}  // namespace horovodlike

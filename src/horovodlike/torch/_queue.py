@@ -1,0 +1,140 @@
+"""What every torch collective shares: argument checks, automatic names, queueing a handle and
+the bookkeeping that keeps its tensors alive until it is synchronized, and the synchronous path
+that runs a collective in one call into the core."""
+
+import itertools
+import threading
+
+import torch
+
+from horovodlike import _core
+from horovodlike.common import basics
+from horovodlike.common.constants import DTYPES, Adasum, Average, Max, Min, Product, Sum
+from horovodlike.common.exceptions import HorovodInternalError, TensorMismatchError
+from horovodlike.common.process_sets import set_id
+
+
+# torch's dtype of each name the core numbers.
+_DTYPES = {getattr(torch, name): code for name, code in DTYPES.items()}
+
+_lock = threading.Lock()
+_handle_map = {}  # handle -> (result, objects to keep alive, op)
+_name_counters = {}
+_group_ids = itertools.count(1)
+# (process set id, name) -> handle, until the handle is synchronized: as in Horovod, a second
+# collective under a name still in flight is an error, raised at once on the rank that made it
+# (the core's own check misses it when the first one has already run but not been waited on).
+_names_in_flight = {}
+_key_of_handle = {}
+
+
+def _restart_auto_names():
+    with _lock:
+        _name_counters.clear()
+        _names_in_flight.clear()
+        _key_of_handle.clear()
+        _interrupted_buffers.clear()
+
+
+basics.register_init_hook(_restart_auto_names)
+
+
+def _auto_name(prefix):
+    with _lock:
+        counter = _name_counters.setdefault(prefix, itertools.count())
+        return f"{prefix}.noname.{next(counter)}"
+
+
+def _check_tensor(tensor, what, name):
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{what} '{name}': expected a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.dtype not in _DTYPES:
+        supported = ", ".join(str(d).replace("torch.", "") for d in _DTYPES)
+        raise TypeError(f"{what} '{name}': dtype {str(tensor.dtype).replace('torch.', '')} "
+                        f"is not supported; use one of {supported}")
+    if tensor.is_sparse:
+        raise TypeError(f"{what} '{name}': sparse tensors are not supported here; "
+                        "use a dense tensor (tensor.to_dense())")
+
+
+def _device(tensor):
+    return tensor.device.index if tensor.is_cuda else -1
+
+
+def _check_inplace(tensor, what, name):
+    if not tensor.is_contiguous():
+        raise ValueError(f"{what} '{name}': the tensor is not contiguous, so it cannot be "
+                         "updated in place; call .contiguous() on it first or use the "
+                         "out-of-place form")
+
+
+def _resolve_op(average, op, what):
+    if op is not None and average is not None:
+        raise ValueError(f"{what}: the op and average arguments are mutually exclusive")
+    if op is None:
+        op = Average if average is None or average else Sum
+    if isinstance(op, bool) or op not in (Average, Sum, Min, Max, Product, Adasum):
+        raise ValueError(f"{what}: unknown reduce op {op!r}; use hvd.Average, hvd.Sum, "
+                         "hvd.Min, hvd.Max, hvd.Product or hvd.Adasum")
+    return op
+
+
+def _enqueue(op, name, tensor, output, result, keep, process_set, **kwargs):
+    """Queues the collective; synchronize() will return ``result`` (or the core's output)."""
+    key = (set_id(process_set), name)
+    with _lock:
+        if key in _names_in_flight:
+            _raise_in_flight(name)
+    handle = _core.enqueue(op, name, tensor.data_ptr(), 0 if output is None else output.data_ptr(),
+                           _DTYPES[tensor.dtype], list(tensor.shape), device=_device(tensor),
+                           process_set=set_id(process_set), **kwargs)
+    with _lock:
+        _handle_map[handle] = (result, keep, op)
+        _names_in_flight[key] = handle
+        _key_of_handle[handle] = key
+    return handle
+
+
+def _raise_in_flight(name):
+    raise ValueError(f"a collective named '{name}' is already in flight (its handle has not "
+                     "been synchronized); synchronize it first or give each concurrent "
+                     "operation a unique name")
+
+
+# Buffers of synchronous calls interrupted (Ctrl-C) while the core may still use them: kept
+# alive, as an abandoned handle's are, until the next init().
+_interrupted_buffers = []
+
+
+def _run(op, name, tensor, output, process_set, reduce_op=1, prescale=1.0, postscale=1.0,
+         root_rank=0):
+    """A synchronous collective into the caller's ``output``: enqueue, wait and release in one
+    call into the core, which runs the negotiation on this thread (no hand-off to the
+    background loop and back)."""
+    set_ = set_id(process_set)
+    if (set_, name) in _names_in_flight:
+        _raise_in_flight(name)
+    try:
+        code, message = _core.run(op, name, tensor.data_ptr(), output.data_ptr(),
+                                  _DTYPES[tensor.dtype], list(tensor.shape), reduce_op,
+                                  prescale, postscale, root_rank, _device(tensor), set_)
+    except BaseException:
+        _interrupted_buffers.append((tensor, output))
+        raise
+    if code != _core.STATUS_OK:
+        _raise_for(code, message)
+
+
+def _raise_for(code, message):
+    if code == _core.STATUS_MISMATCH:
+        raise TensorMismatchError(message)
+    if code == _core.STATUS_INVALID_ARGUMENT:
+        raise ValueError(message)
+    raise HorovodInternalError(message)
+
+
+class _GroupHandle:
+    """The handle of a grouped operation: synchronize() returns the list of outputs."""
+
+    def __init__(self, handles):
+        self.handles = handles

@@ -1,0 +1,80 @@
+"""A waiting caller runs the negotiation rounds itself (HOROVOD_CALLER_ROUNDS, the default).
+
+    caller_rounds_worker.py results   synchronous and asynchronous collectives mixed, against
+                                      NumPy; prints the rounds each thread ran
+    caller_rounds_worker.py interrupt rank 1 stops (SIGSTOP) before it joins a round that rank 0
+                                      runs on its calling thread: a signal handler on rank 0 that
+                                      raises still ends the wait, then rank 1 is continued and
+                                      both ranks see the runtime stopped
+"""
+
+import json
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+import torch
+
+import horovodlike.torch as hvd
+from horovodlike import _core
+from common import check, raises
+
+mode = sys.argv[1]
+hvd.init()
+rank, size = hvd.rank(), hvd.size()
+
+if mode == "results":
+    t = torch.empty(1024)
+    for i in range(200):
+        t.fill_(float(rank + i))
+        hvd.allreduce_(t, name="small", op=hvd.Sum)
+        expected = np.full(1024, sum(r + i for r in range(size)), np.float32)
+        np.testing.assert_array_equal(t.numpy(), expected)
+        if i % 20 == 0:
+            # Asynchronous ones in between: the loop runs them, or the caller that waits.
+            tensors = [torch.full((n,), float(rank * n)) for n in (1, 100, 5000)]
+            handles = [hvd.allreduce_async_(x, name=f"async.{n}", op=hvd.Sum)
+                       for x, n in zip(tensors, (1, 100, 5000))]
+            for h, x, n in zip(handles, tensors, (1, 100, 5000)):
+                hvd.synchronize(h)
+                np.testing.assert_array_equal(
+                    x.numpy(), np.full(n, sum(r * n for r in range(size)), np.float32))
+            out = hvd.allreduce(torch.arange(10.0) * (rank + 1), name="out", op=hvd.Average)
+            np.testing.assert_allclose(
+                out.numpy(), np.arange(10.0) * np.mean([r + 1 for r in range(size)]), rtol=1e-6)
+    stats = _core.stats()
+    rounds = {k: stats[k] for k in ("loop_rounds", "caller_rounds")}
+    print(f"rank {rank}: ROUNDS {json.dumps(rounds)}", flush=True)
+    hvd.shutdown()
+
+elif mode == "interrupt":
+    pids = hvd.allgather_object(os.getpid(), name="pids")
+
+    class Alarm(Exception):
+        pass
+
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGSTOP)  # rank 0 continues this process
+        raises(hvd.HorovodInternalError, lambda: hvd.allreduce_(torch.ones(4), name="late"),
+               "rank 0")
+    else:
+        time.sleep(0.3)  # rank 1 is stopped by now (its background loop too)
+
+        def on_alarm(signum, frame):
+            raise Alarm()
+
+        signal.signal(signal.SIGALRM, on_alarm)
+        signal.setitimer(signal.ITIMER_REAL, 1.0)
+        try:
+            hvd.allreduce_(torch.ones(4), name="late")
+            check(False, "the allreduce with a stopped peer completed")
+        except Alarm as e:
+            notes = " ".join(getattr(e, "__notes__", []))
+            check("negotiation round" in notes, f"no note on the interrupted round: {notes!r}")
+        os.kill(pids[1], signal.SIGCONT)
+        raises(hvd.HorovodInternalError, lambda: hvd.allreduce_(torch.ones(4), name="after"),
+               "stopped")
+    print(f"rank {rank}: INTERRUPT OK", flush=True)
+    hvd.shutdown()
