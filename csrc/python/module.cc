@@ -110,7 +110,8 @@ struct SignalsDuringRound {
   }
 };
 
-py::tuple WaitCall(int64_t handle) {
+// Waits for the handle (see wait() below) and returns its state.
+std::shared_ptr<HandleState> WaitState(int64_t handle) {
   std::shared_ptr<HandleState> state;
   HandleTable::BlockedWaiter blocked;
   while (true) {
@@ -130,6 +131,11 @@ py::tuple WaitCall(int64_t handle) {
     CheckSignals("waited for a collective to complete; it is still pending on this rank, and "
                  "its buffers stay alive until it completes or shutdown() is called");
   }
+  return state;
+}
+
+py::tuple WaitCall(int64_t handle) {
+  const std::shared_ptr<HandleState> state = WaitState(handle);
   return py::make_tuple(static_cast<int>(state->status.code), state->status.message);
 }
 
@@ -139,15 +145,16 @@ py::tuple WaitCall(int64_t handle) {
 // arguments: pybind11 looks every keyword up by name, which costs more than a small collective.
 // When the wait is interrupted the operation may still be pending: the handle is kept (and
 // the caller keeps the buffers alive), as with wait().
-py::tuple RunCall(int op, const std::string& name, uintptr_t input, uintptr_t output, int dtype,
+py::object RunCall(int op, const std::string& name, uintptr_t input, uintptr_t output, int dtype,
                   std::vector<int64_t> shape, int reduce_op, double prescale, double postscale,
                   int root_rank, int device, int process_set) {
   const int64_t handle = EnqueueCall(op, name, input, output, dtype, std::move(shape), reduce_op,
                                      prescale, postscale, root_rank, device, process_set, {}, 0,
                                      0, /*caller_waits=*/true);
-  py::tuple result = WaitCall(handle);
+  const std::shared_ptr<HandleState> state = WaitState(handle);
   Runtime::Get()->handles().Release(handle);
-  return result;
+  if (state->status.ok()) return py::none();
+  return py::make_tuple(static_cast<int>(state->status.code), state->status.message);
 }
 
 // init() runs on a thread of its own while the caller's thread wakes for signals: the
@@ -416,8 +423,9 @@ PYBIND11_MODULE(_core, m) {
   m.def("run", &RunCall, py::arg("op"), py::arg("name"), py::arg("input"), py::arg("output"),
         py::arg("dtype"), py::arg("shape"), py::arg("reduce_op"), py::arg("prescale"),
         py::arg("postscale"), py::arg("root_rank"), py::arg("device"), py::arg("process_set"),
-        "enqueue + wait + release: runs a collective whose output is the caller's buffer and "
-        "returns (status code, message). Pass every argument positionally (faster).");
+        "enqueue + wait + release: runs a collective whose output is the caller's buffer; "
+        "returns None, or (status code, message) when it failed. Pass every argument "
+        "positionally (faster).");
   m.def("output", &Output);
   m.def("start_timeline", [](const std::string& path, bool mark_cycles) {
     py::gil_scoped_release release;  // may wait for a previous recording's writer to finish

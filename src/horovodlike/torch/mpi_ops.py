@@ -20,7 +20,8 @@ from horovodlike.common.constants import (ALLGATHER as _OP_ALLGATHER,
 from horovodlike.common.process_sets import global_process_set, set_id, set_ranks
 from horovodlike.torch._queue import (  # noqa: F401 (_DTYPES and _auto_name: other modules')
     _DTYPES, _lock, _handle_map, _group_ids, _names_in_flight, _key_of_handle, _auto_name,
-    _check_tensor, _check_inplace, _resolve_op, _enqueue, _run, _raise_for, _GroupHandle)
+    _check_tensor, _check_inplace, _resolve_op, _enqueue, _run, _raise_for, _GroupHandle, _plain,
+    _known_op)
 
 
 # ---------------------------------------------------------------------------------- allreduce
@@ -87,11 +88,12 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                postscale_factor=1.0, process_set=global_process_set):
     """Reduces ``tensor`` over all ranks in place and returns it."""
     name = name or _auto_name("allreduce")
-    _check_tensor(tensor, "allreduce", name)
-    _check_inplace(tensor, "allreduce", name)
-    op = _resolve_op(average, op, f"allreduce '{name}'")
-    data = tensor.detach()
-    _run(_OP_ALLREDUCE, name, data, data, process_set, op, float(prescale_factor),
+    if not _plain(tensor):
+        _check_tensor(tensor, "allreduce", name)
+        _check_inplace(tensor, "allreduce", name)
+    if not _known_op(average, op):
+        op = _resolve_op(average, op, f"allreduce '{name}'")
+    _run(_OP_ALLREDUCE, name, tensor, tensor, process_set, op, float(prescale_factor),
          float(postscale_factor))
     return tensor
 
