@@ -1,20 +1,23 @@
-"""Where the microseconds of a small allreduce go: one 2-rank job times the same in-place
-float32 Sum allreduce three ways, and MPI_Allreduce runs beside it in the same invocation.
+"""Where the microseconds of a small allreduce go: horovodlike jobs time the same in-place
+float32 Sum allreduce several ways, and MPI_Allreduce runs beside them in the same invocation.
 
     python benchmarks/latency_breakdown.py --size 4K
 
-In the horovodlike job (started through the launcher, shared memory between the ranks):
-1. `_core.enqueue` + `_core.wait` on a NumPy buffer: the core alone, no framework layer;
-2. `hvd.allreduce_` of a torch tensor (`horovodlike.torch`): the core plus the torch layer
-   (argument checks, the handle, the tensor kept alive);
-3. the same with the timeline recording on rank 0: its rows give, per call, the negotiation
-   (NEGOTIATE_ALLREDUCE: from the round that took the tensor in to the round that found it ready
-   everywhere), the operation (ALLREDUCE) and the activities inside it (the provider's run,
-   copies). What is left of the call's time is the hand-offs: the caller's enqueue waking the
-   background loop, and the loop's completion waking the caller.
-Each is the median over --calls calls after a warm-up. MPI_Allreduce (mpi4py, bound and
-unbound, the better one) is the reference. Times on a shared machine vary with its load, which
-the output prints before and after.
+Three horovodlike jobs, started through the launcher (shared memory between the ranks):
+1. two ranks, the defaults: `hvd.allreduce_` of a torch tensor; `_core.run` on a NumPy buffer
+   (the core alone, as the framework layers call it for a synchronous collective); the
+   asynchronous path (`_core.enqueue`, which wakes the background loop, then `_core.wait`);
+   the torch call with the core's entry point answered at once (the Python layer alone); and
+   the torch call with the timeline recording on rank 0, whose rows give the negotiation and
+   the operation per call;
+2. two ranks with HOROVOD_CALLER_ROUNDS=0: the background loop runs every negotiation round, so
+   each call also pays the hand-offs from the caller to the loop and back, which a waiting
+   caller saves by running its round itself (docs/architecture.md, "Who runs a round");
+3. one rank: no peer, so what is left is the core's own bookkeeping.
+The differences between these medians split one call into the torch layer, the core's work,
+the exchange with the peer and the hand-offs saved. Each figure is the median over --calls
+calls after a warm-up. MPI_Allreduce (mpi4py, bound and unbound) is the reference. Times on a
+shared machine vary with its load, which the output prints before and after.
 """
 
 from __future__ import annotations
@@ -49,38 +52,66 @@ def worker(args):
     import horovodlike.torch as hvd
     from horovodlike import _core
     from horovodlike.common.constants import ALLREDUCE, DTYPES, Sum
+    from horovodlike.torch import _queue
     torch.set_num_threads(1)
     hvd.init()
     count = args.size // 4
     array = np.ones(count, dtype=np.float32)
+    f32 = DTYPES["float32"]
 
-    def core_call():
-        handle = _core.enqueue(ALLREDUCE, "core", array.ctypes.data, array.ctypes.data,
-                               DTYPES["float32"], [count], reduce_op=Sum)
+    def core_run():  # the synchronous path, as the framework layers call it
+        failed = _core.run(ALLREDUCE, "core", array.ctypes.data, array.ctypes.data, f32, [count],
+                           Sum, 1.0, 1.0, 0, -1, 0)
+        if failed is not None:
+            raise RuntimeError(failed[1])
+
+    def core_async():  # enqueue (which wakes the background loop), then wait
+        handle = _core.enqueue(ALLREDUCE, "core.async", array.ctypes.data, array.ctypes.data,
+                               f32, [count], reduce_op=Sum)
         code, message = _core.wait(handle)
         _core.release(handle)
         if code != _core.STATUS_OK:
             raise RuntimeError(message)
 
-    core_call()
+    core_run()
     bench._check(float(array[0]), float(hvd.size()), "core allreduce")
-    array[:] = 0
-    core = _timed_calls(core_call, args.calls, args.warmup)
-
     tensor = torch.zeros(count)
-    torch_calls = _timed_calls(lambda: hvd.allreduce_(tensor, op=hvd.Sum, name="torch"),
-                               args.calls, args.warmup)
+    results = {"core_run": _timed_calls(core_run, args.calls, args.warmup),
+               "torch": _timed_calls(lambda: hvd.allreduce_(tensor, op=hvd.Sum, name="torch"),
+                                     args.calls, args.warmup)}
+    if args.job == "main":
+        results["core_async"] = _timed_calls(core_async, args.calls, args.warmup)
 
-    hvd.start_timeline(args.worker_trace, mark_cycles=False)
-    for _ in range(args.warmup):
-        hvd.allreduce_(tensor, op=hvd.Sum, name="traced")
-    traced = _timed_calls(lambda: hvd.allreduce_(tensor, op=hvd.Sum, name="traced"),
-                          args.calls, 0)
-    hvd.stop_timeline()
+        # The Python layer alone: the same call with the core's entry point answered at once.
+        class NoCore:
+            @staticmethod
+            def run(*arguments):
+                return None
+
+        real, _queue._core = _queue._core, NoCore
+        try:
+            results["python"] = _timed_calls(
+                lambda: hvd.allreduce_(tensor, op=hvd.Sum, name="python"), args.calls,
+                args.warmup)
+        finally:
+            _queue._core = real
+
+        hvd.start_timeline(args.worker_trace, mark_cycles=False)
+        for _ in range(args.warmup):
+            hvd.allreduce_(tensor, op=hvd.Sum, name="traced")
+        results["traced"] = _timed_calls(lambda: hvd.allreduce_(tensor, op=hvd.Sum,
+                                                                name="traced"), args.calls, 0)
+        hvd.stop_timeline()
     if hvd.rank() == 0:
         with open(args.out, "w") as f:
-            json.dump({"core": core, "torch": torch_calls, "traced": traced}, f)
+            json.dump(results, f)
     hvd.shutdown()
+
+
+# The horovodlike jobs: (ranks, environment). "loop": the background loop runs every round, so
+# each call pays the two hand-offs (caller -> loop -> caller) that a waiting caller saves by
+# running its round itself; "one-rank": no peer, so what is left is the bookkeeping.
+JOBS = {"main": (2, {}), "loop": (2, {"HOROVOD_CALLER_ROUNDS": "0"}), "one-rank": (1, {})}
 
 
 def read_timeline(path: str) -> list[dict]:
@@ -120,6 +151,7 @@ def main():
     parser.add_argument("--warmup", type=int, default=200)
     parser.add_argument("--json", help="also write the figures here")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--job", default="main", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--worker-trace", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -129,18 +161,22 @@ def main():
         return
 
     load_before = os.getloadavg()
-    env = bench._base_env()
+    calls, durations = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
-        out, timeline = os.path.join(tmp, "out.json"), os.path.join(tmp, "timeline.json")
-        command = [sys.executable, "-m", "horovodlike.runner.launch", "-np", "2",
-                   sys.executable, os.path.abspath(__file__), "--worker", "--out", out,
-                   "--worker-trace", timeline, "--size", str(args.size), "--calls",
-                   str(args.calls), "--warmup", str(args.warmup)]
-        run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
-        if run.returncode != 0:
-            raise SystemExit("horovodlike job failed:\n" + (run.stdout + run.stderr)[-3000:])
-        with open(out) as f:
-            calls = json.load(f)
+        timeline = os.path.join(tmp, "timeline.json")
+        for job, (ranks, extra_env) in JOBS.items():
+            out = os.path.join(tmp, f"{job}.json")
+            command = [sys.executable, "-m", "horovodlike.runner.launch", "-np", str(ranks),
+                       sys.executable, os.path.abspath(__file__), "--worker", "--job", job,
+                       "--out", out, "--worker-trace", timeline, "--size", str(args.size),
+                       "--calls", str(args.calls), "--warmup", str(args.warmup)]
+            run = subprocess.run(command, env={**bench._base_env(), **extra_env},
+                                 capture_output=True, text=True, timeout=900)
+            if run.returncode != 0:
+                raise SystemExit(f"horovodlike job {job} failed:\n" +
+                                 (run.stdout + run.stderr)[-3000:])
+            with open(out) as f:
+                calls[job] = {k: statistics.median(v) for k, v in json.load(f).items()}
         durations = phases(read_timeline(timeline), "allreduce.traced")
 
     libs, _ = bench.libraries(2, {"MPI"})
@@ -150,38 +186,57 @@ def main():
         mpi[lib.label] = statistics.median(result["samples"][str(args.size)])
     load_after = os.getloadavg()
 
-    median = {k: statistics.median(v) for k, v in calls.items()}
+    main_job, loop, one = calls["main"], calls["loop"], calls["one-rank"]
     phase_us = {k: statistics.median(v) for k, v in durations.items()}
-    print(f"float32 allreduce of {bench.format_size(args.size)}, 2 ranks on one host (shared "
-          f"memory), median of {args.calls} calls; load average {load_before[0]:.1f} before, "
-          f"{load_after[0]:.1f} after")
+    best_mpi = min(mpi.values()) if mpi else float("nan")
+    print(f"float32 allreduce of {bench.format_size(args.size)}, in place, Sum; 2 ranks on one "
+          f"host (shared memory) unless said; median of {args.calls} calls; load average "
+          f"{load_before[0]:.1f} before, {load_after[0]:.1f} after")
     print()
-    print("| path | median per call |")
+    print("| path | median per call | / MPI |")
+    print("|---|---:|---:|")
+    rows = [("`hvd.allreduce_` (horovodlike.torch)", main_job["torch"]),
+            ("`_core.run` (NumPy buffer, no framework)", main_job["core_run"]),
+            ("`_core.enqueue` + `_core.wait` (the asynchronous path; the enqueue wakes the loop)",
+             main_job["core_async"]),
+            ("`hvd.allreduce_`, HOROVOD_CALLER_ROUNDS=0 (the loop runs every round)",
+             loop["torch"]),
+            ("`_core.run`, HOROVOD_CALLER_ROUNDS=0", loop["core_run"]),
+            ("`hvd.allreduce_`, one rank (no peer)", one["torch"]),
+            ("`_core.run`, one rank (no peer)", one["core_run"]),
+            ("`hvd.allreduce_` with the core's entry point answered at once (Python alone)",
+             main_job["python"]),
+            ("`hvd.allreduce_` with the timeline recording", main_job["traced"])]
+    rows += [(f"MPI_Allreduce (mpi4py), {label}", seconds) for label, seconds in mpi.items()]
+    for label, seconds in rows:
+        print(f"| {label} | {_us(seconds)} | {seconds / best_mpi:.2f}x |")
+    print()
+    print("where the time of one `hvd.allreduce_` goes (differences of the medians above):")
+    print()
+    print("| part | per call |")
     print("|---|---:|")
-    print(f"| `_core.enqueue` + `_core.wait` (NumPy, no framework) | {_us(median['core'])} |")
-    print(f"| `hvd.allreduce_` (horovodlike.torch) | {_us(median['torch'])} |")
-    print(f"| `hvd.allreduce_` with the timeline recording | {_us(median['traced'])} |")
-    for label, seconds in mpi.items():
-        print(f"| MPI_Allreduce (mpi4py), {label} | {_us(seconds)} |")
+    parts = [("the torch layer (Python: checks, names, the call)", main_job["python"]),
+             ("the core's own work without a peer (queue, handle, round, kernel)",
+              one["core_run"]),
+             ("the exchange with the peer (negotiation and data, waiting for it)",
+              main_job["core_run"] - one["core_run"]),
+             ("what the torch layer adds over `_core.run` with a peer",
+              main_job["torch"] - main_job["core_run"])]
+    for label, seconds in parts:
+        print(f"| {label} | {_us(seconds)} |")
+    print(f"| saved by running the round on the calling thread (loop-run minus caller-run, "
+          f"torch) | {_us(loop['torch'] - main_job['torch'])} |")
     print()
-    print("inside the traced calls, from rank 0's timeline (median per call, microseconds):")
+    print("inside the traced calls, from rank 0's timeline (median per call, microseconds; the "
+          "timeline's own recording costs show in the traced row above):")
     print()
     print("| phase | median | calls seen |")
     print("|---|---:|---:|")
     for label in sorted(durations, key=lambda k: -phase_us[k]):
-        print(f"| {label} | {phase_us[label]:.0f} us | {len(durations[label])} |")
-    negotiate = phase_us.get("NEGOTIATE_ALLREDUCE", 0.0)
-    operation = phase_us.get("ALLREDUCE", 0.0)
-    rest = median["traced"] * 1e6 - negotiate - operation
-    print()
-    print(f"end to end {median['traced'] * 1e6:.0f} us = negotiation {negotiate:.0f} us + "
-          f"operation {operation:.0f} us + the rest {rest:.0f} us (hand-offs between the "
-          f"caller and the background loop, and the framework layer)")
-    print(f"torch layer: {(median['torch'] - median['core']) * 1e6:.1f} us per call "
-          f"(hvd.allreduce_ minus the core alone)")
+        print(f"| {label} | {phase_us[label]:.1f} us | {len(durations[label])} |")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"size": args.size, "median_s": median, "mpi_median_s": mpi,
+            json.dump({"size": args.size, "median_s": calls, "mpi_median_s": mpi,
                        "timeline_median_us": phase_us, "timeline_counts":
                            {k: len(v) for k, v in durations.items()},
                        "load_before": load_before, "load_after": load_after}, f, indent=1)

@@ -34,7 +34,10 @@ def counter_library(tmp_path_factory):
 def test_steps_after_the_first_allocate_nothing(counter_library, np_, extra, hosts):
     env = {"LD_PRELOAD": str(counter_library),
            # The stall inspection (once a second by default) builds its report on the heap.
-           "HOROVOD_STALL_CHECK_DISABLE": "1", **extra}
+           "HOROVOD_STALL_CHECK_DISABLE": "1",
+           # Every round on the background thread, the one counted: a waiting caller runs the
+           # same rounds (Runtime::RunRoundLocked), but on a thread that Python allocates on.
+           "HOROVOD_CALLER_ROUNDS": "0", **extra}
     # The built-in transports: Gloo and MPI allocate inside their own libraries.
     result = launch(np_, "allocation_worker.py", counter_library, STEPS, env=env,
                     launcher_args=["-H", hosts] if hosts else [], transport="tcp")

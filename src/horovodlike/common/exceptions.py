@@ -1,5 +1,7 @@
 """Exceptions raised by horovodlike, named as in Horovod."""
 
+from horovodlike.common.constants import STATUS_INVALID_ARGUMENT, STATUS_MISMATCH
+
 
 class HorovodInternalError(RuntimeError):
     """A collective failed inside the runtime: a peer died or stopped answering, or the
@@ -17,3 +19,13 @@ class HostsUpdatedInterrupt(RuntimeError):
     def __init__(self, skip_sync=False):
         super().__init__("hosts updated")
         self.skip_sync = skip_sync
+
+
+def raise_for_status(code, message):
+    """Raises what a failed operation's status code means: TensorMismatchError when the ranks
+    disagreed, ValueError for a bad argument, HorovodInternalError otherwise."""
+    if code == STATUS_MISMATCH:
+        raise TensorMismatchError(message)
+    if code == STATUS_INVALID_ARGUMENT:
+        raise ValueError(message)
+    raise HorovodInternalError(message)

@@ -21,7 +21,7 @@ from horovodlike.common.constants import (  # noqa: F401  (re-exported)
     JOIN, REDUCESCATTER, REMOVE_PROCESS_SET, Adasum, Average, Max, Min, Product, Sum)
 from horovodlike.common.constants import OP_NAMES as KIND_NAMES
 from horovodlike.common.constants import REDUCE_OP_NAMES as OP_NAMES
-from horovodlike.common.exceptions import HorovodInternalError, TensorMismatchError
+from horovodlike.common.exceptions import raise_for_status
 from horovodlike.common.process_sets import global_process_set, set_id, set_ranks
 
 
@@ -150,14 +150,6 @@ def check_splits(splits, first_dim, process_set, what):
     return splits
 
 
-def raise_for(code, message):
-    if code == _core.STATUS_MISMATCH:
-        raise TensorMismatchError(message)
-    if code == _core.STATUS_INVALID_ARGUMENT:
-        raise ValueError(message)
-    raise HorovodInternalError(message)
-
-
 # ---------------------------------------------------------------------------------- handles
 
 # Buffers of collectives whose wait was interrupted, by core handle: kept until waited again.
@@ -197,7 +189,7 @@ class Handle:
         self._keep = None
         try:
             if code != _core.STATUS_OK:
-                raise_for(code, message)
+                raise_for_status(code, message)
             if self._kind in _CORE_OUTPUT:
                 raw, shape, extra = _core.output(self._core_handle)
                 self.extra = list(extra)

@@ -16,7 +16,7 @@ import numpy as np
 
 from horovodlike import _core
 from horovodlike.common import basics
-from horovodlike.common.exceptions import HorovodInternalError, TensorMismatchError
+from horovodlike.common.exceptions import raise_for_status
 from horovodlike.common.process_sets import global_process_set, set_id, set_ranks
 
 MAX_TAG = 2 ** 31 - 1
@@ -54,14 +54,6 @@ def check_tag(tag, what):
         raise ValueError(f"rank {basics.rank()}: {what}: tag {int(tag)} is out of range; tags "
                          "are integers from 0 to 2**31 - 1")
     return int(tag)
-
-
-def raise_for(code, message):
-    if code == _core.STATUS_MISMATCH:
-        raise TensorMismatchError(message)
-    if code == _core.STATUS_INVALID_ARGUMENT:
-        raise ValueError(message)
-    raise HorovodInternalError(message)
 
 
 class Work:
@@ -107,7 +99,7 @@ class Work:
         try:
             if code != _core.STATUS_OK:
                 try:
-                    raise_for(code, message)
+                    raise_for_status(code, message)
                 except Exception as e:  # noqa: BLE001 - kept to raise on every wait()
                     self._error = e
             elif self._finish is not None:

@@ -10,7 +10,7 @@ import torch
 from horovodlike import _core
 from horovodlike.common import basics
 from horovodlike.common.constants import DTYPES, Adasum, Average, Max, Min, Product, Sum
-from horovodlike.common.exceptions import HorovodInternalError, TensorMismatchError
+from horovodlike.common.exceptions import raise_for_status
 from horovodlike.common.process_sets import global_process_set, set_id
 
 
@@ -122,7 +122,7 @@ def _run(op, name, tensor, output, process_set, reduce_op, prescale, postscale, 
         _interrupted_buffers.append((tensor, output))
         raise
     if failed is not None:
-        _raise_for(*failed)
+        raise_for_status(*failed)
 
 
 def _plain(tensor):
@@ -138,14 +138,6 @@ _OPS = frozenset((Average, Sum, Min, Max, Product, Adasum))
 
 def _known_op(average, op):
     return average is None and op.__class__ is int and op in _OPS
-
-
-def _raise_for(code, message):
-    if code == _core.STATUS_MISMATCH:
-        raise TensorMismatchError(message)
-    if code == _core.STATUS_INVALID_ARGUMENT:
-        raise ValueError(message)
-    raise HorovodInternalError(message)
 
 
 class _GroupHandle:

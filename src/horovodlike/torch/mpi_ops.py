@@ -17,10 +17,11 @@ from horovodlike.common.constants import (ALLGATHER as _OP_ALLGATHER,
                                           JOIN as _OP_JOIN,
                                           REDUCESCATTER as _OP_REDUCESCATTER,
                                           Adasum, Average, Max, Min, Product, Sum)  # noqa: F401
+from horovodlike.common.exceptions import raise_for_status
 from horovodlike.common.process_sets import global_process_set, set_id, set_ranks
 from horovodlike.torch._queue import (  # noqa: F401 (_DTYPES and _auto_name: other modules')
     _DTYPES, _lock, _handle_map, _group_ids, _names_in_flight, _key_of_handle, _auto_name,
-    _check_tensor, _check_inplace, _resolve_op, _enqueue, _run, _raise_for, _GroupHandle, _plain,
+    _check_tensor, _check_inplace, _resolve_op, _enqueue, _run, _GroupHandle, _plain,
     _known_op)
 
 
@@ -462,7 +463,7 @@ def _synchronize(handle, want_extra=False):
     extra = None
     try:
         if code != _core.STATUS_OK:
-            _raise_for(code, message)
+            raise_for_status(code, message)
         if op in (_OP_ALLGATHER, _OP_ALLTOALL, _OP_REDUCESCATTER, _OP_JOIN):
             raw, shape, extra = _core.output(handle)
             if op != _OP_JOIN:
