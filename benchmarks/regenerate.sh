@@ -16,6 +16,7 @@ run $R/multihost.txt $PY benchmarks/multihost.py --hosts 2,4 --rates 1gbit,10gbi
     --sizes 4K,64K,1M,8M --repeat 2 --iter-scale 0.05 --timeout 300 --json $R/multihost.json
 run $R/alphabeta.txt $PY benchmarks/alphabeta.py $R/multihost.json --plots $R \
     --json $R/alphabeta.json
+run $R/allreduce-np2.txt $PY benchmarks/allreduce.py --np 2 --json $R/allreduce-np2.json
 run $R/latency_breakdown.txt $PY benchmarks/latency_breakdown.py --size 4K --calls 2000 \
     --json $R/latency_breakdown.json
 run $R/autotune.txt $PY benchmarks/autotune.py --np 2 --thresholds 1,16,64 --cycles 1,5 \

@@ -326,19 +326,28 @@ void Runtime::Loop() {
   while (true) {
     // The cycle time may change between rounds (autotuning). Rounds that waiting callers ran
     // meanwhile count: an idle loop runs one a cycle time after the last round, whoever ran it.
-    const bool work = queue_.WaitForWork(wait);
+    const TensorQueue::Wake wake = queue_.WaitForWork(wait);
     const auto cycle = std::chrono::microseconds(cycle_time_us_.load());
-    if (!work && !shutdown_requested_) {
-      const auto since = std::chrono::duration_cast<std::chrono::microseconds>(
+    auto since_last_round = [&] {
+      return std::chrono::duration_cast<std::chrono::microseconds>(
           Clock::now().time_since_epoch() - std::chrono::nanoseconds(last_round_end_ns_.load()));
-      if (since < cycle) {
-        wait = cycle - since;
-        continue;
-      }
+    };
+    if (wake == TensorQueue::Wake::kTimeout && !shutdown_requested_ &&
+        since_last_round() < cycle) {
+      wait = cycle - since_last_round();
+      continue;
     }
     wait = cycle;
     std::lock_guard<std::mutex> lock(round_mutex_);
     if (finished_) return;
+    // A waiting caller may have run a round while this thread waited for the lock (a long
+    // collective), taking in the new requests it was woken for: then an idle round here would
+    // only make the peers run one too.
+    if (!shutdown_requested_ &&
+        ((wake == TensorQueue::Wake::kNewRequests && !queue_.HasNewRequests()) ||
+         (wake == TensorQueue::Wake::kTimeout && since_last_round() < cycle))) {
+      continue;
+    }
     ++loop_rounds_;
     if (!RunRoundLocked()) return;
   }
@@ -372,13 +381,13 @@ bool Runtime::RunRoundLocked() {
   return !finished_;
 }
 
-std::shared_ptr<HandleState> Runtime::WaitDriving(int64_t handle, double seconds) {
+std::shared_ptr<HandleState> Runtime::WaitDriving(int64_t handle, double seconds, bool drive) {
   // Rounds that did not complete the handle before it goes back to the loop: the peers may
   // be a round behind (one ran an idle round when this rank's request came), but a handle
   // that waits for a peer's work is better left to the loop's cycle.
   constexpr int kFruitlessRounds = 3;
   const std::shared_ptr<HandleState> state = handles_.Get(handle);
-  if (caller_rounds_) {
+  if (caller_rounds_ && drive) {
     for (int fruitless = 0; fruitless < kFruitlessRounds && !handles_.Done(state);) {
       std::unique_lock<std::mutex> lock(round_mutex_, std::try_to_lock);
       if (!lock.owns_lock() || finished_) break;  // the loop is in a round; it goes on
@@ -387,8 +396,9 @@ std::shared_ptr<HandleState> Runtime::WaitDriving(int64_t handle, double seconds
       if (!handles_.Done(state)) ++fruitless;
     }
   }
+  // What is left is the loop's: it takes new requests at once and runs a round every cycle
+  // time while a peer is late.
   if (handles_.Done(state)) return state;
-  queue_.Notify();  // what is left is the loop's
   return handles_.WaitFor(handle, seconds);
 }
 

@@ -51,7 +51,9 @@ class Runtime {
   // and over links that cannot be interrupted (Gloo): a round, once begun, must be finished,
   // so its waits ask the thread's interrupt check (common/interrupt.h), and an interrupted
   // round stops the runtime.
-  std::shared_ptr<HandleState> WaitDriving(int64_t handle, double seconds);
+  // `drive` false: only wait (a caller that already ran its rounds for this handle, and now
+  // waits in slices to look at signals, leaves the rest to the loop).
+  std::shared_ptr<HandleState> WaitDriving(int64_t handle, double seconds, bool drive = true);
   // Rounds run so far by the loop and by waiting callers.
   struct RoundCounts {
     int64_t loop = 0;

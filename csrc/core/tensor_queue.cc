@@ -39,12 +39,14 @@ void TensorQueue::PopNewRequests(std::vector<std::pair<int, Request>>* out) {
   out->swap(new_requests_);
 }
 
-bool TensorQueue::WaitForWork(std::chrono::microseconds timeout) {
+TensorQueue::Wake TensorQueue::WaitForWork(std::chrono::microseconds timeout) {
   std::unique_lock<std::mutex> lock(mutex_);
-  const bool work =
-      cv_.wait_for(lock, timeout, [&] { return !new_requests_.empty() || notified_; });
+  cv_.wait_for(lock, timeout, [&] { return !new_requests_.empty() || notified_; });
+  const Wake wake = notified_                ? Wake::kNotified
+                    : !new_requests_.empty() ? Wake::kNewRequests
+                                             : Wake::kTimeout;
   notified_ = false;
-  return work;
+  return wake;
 }
 
 void TensorQueue::Notify() {
@@ -53,6 +55,11 @@ void TensorQueue::Notify() {
     notified_ = true;
   }
   cv_.notify_one();
+}
+
+bool TensorQueue::HasNewRequests() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return !new_requests_.empty();
 }
 
 bool TensorQueue::Take(const std::string& name, TensorEntry* entry) {

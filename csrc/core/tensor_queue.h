@@ -38,9 +38,11 @@ class TensorQueue {
   // process set each belongs to. Swaps storage with the queue, so neither side reallocates.
   void PopNewRequests(std::vector<std::pair<int, Request>>* out);
   // Blocks up to `timeout` for new requests or a Notify(); returns at once if some are queued.
-  // Returns whether there are new requests or a Notify() came (false: the time ran out).
-  bool WaitForWork(std::chrono::microseconds timeout);
+  enum class Wake { kTimeout, kNewRequests, kNotified };
+  Wake WaitForWork(std::chrono::microseconds timeout);
   void Notify();
+  // Whether requests were added since the last PopNewRequests.
+  bool HasNewRequests();
   // Removes and returns the entry; false when no such entry exists.
   bool Take(const std::string& name, TensorEntry* entry);
   std::vector<TensorEntry> TakeAll();

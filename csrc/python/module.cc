@@ -114,12 +114,15 @@ struct SignalsDuringRound {
 std::shared_ptr<HandleState> WaitState(int64_t handle) {
   std::shared_ptr<HandleState> state;
   HandleTable::BlockedWaiter blocked;
-  while (true) {
+  // The first slice runs the rounds for this handle on this thread; if a peer is late, the
+  // loop goes on with them and the later slices only wait, so that a signal then interrupts
+  // the wait, never a round.
+  for (bool first = true;; first = false) {
     SignalsDuringRound signals;
     {
       py::gil_scoped_release release;
       ScopedInterruptCheck check(&SignalsDuringRound::Check, &signals);
-      state = Runtime::Get()->WaitDriving(handle, kSignalCheckInterval.count() / 1000.0);
+      state = Runtime::Get()->WaitDriving(handle, kSignalCheckInterval.count() / 1000.0, first);
     }
     if (signals.type != nullptr) {
       PyErr_Restore(signals.type, signals.value, signals.traceback);

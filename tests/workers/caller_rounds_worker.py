@@ -73,7 +73,8 @@ elif mode == "interrupt":
         except Alarm as e:
             notes = " ".join(getattr(e, "__notes__", []))
             check("negotiation round" in notes, f"no note on the interrupted round: {notes!r}")
-        os.kill(pids[1], signal.SIGCONT)
+        finally:
+            os.kill(pids[1], signal.SIGCONT)  # whatever happened, rank 1 must not stay stopped
         raises(hvd.HorovodInternalError, lambda: hvd.allreduce_(torch.ones(4), name="after"),
                "stopped")
     print(f"rank {rank}: INTERRUPT OK", flush=True)
