@@ -45,16 +45,23 @@ def _auto_name(prefix):
         return f"{prefix}.noname.{next(counter)}"
 
 
-def _check_tensor(tensor, what, name):
+def _tensor_problem(tensor):
+    """Why ``tensor`` cannot go to the core (a message), or None."""
     if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"{what} '{name}': expected a torch.Tensor, got {type(tensor).__name__}")
+        return f"expected a torch.Tensor, got {type(tensor).__name__}"
     if tensor.dtype not in _DTYPES:
         supported = ", ".join(str(d).replace("torch.", "") for d in _DTYPES)
-        raise TypeError(f"{what} '{name}': dtype {str(tensor.dtype).replace('torch.', '')} "
-                        f"is not supported; use one of {supported}")
+        return (f"dtype {str(tensor.dtype).replace('torch.', '')} is not supported; use one of "
+                f"{supported}")
     if tensor.is_sparse:
-        raise TypeError(f"{what} '{name}': sparse tensors are not supported here; "
-                        "use a dense tensor (tensor.to_dense())")
+        return "sparse tensors are not supported here; use a dense tensor (tensor.to_dense())"
+    return None
+
+
+def _check_tensor(tensor, what, name):
+    problem = _tensor_problem(tensor)
+    if problem is not None:
+        raise TypeError(f"{what} '{name}': {problem}")
 
 
 def _device(tensor):

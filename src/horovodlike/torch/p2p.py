@@ -20,20 +20,15 @@ import torch
 
 from horovodlike.common import point_to_point as core
 from horovodlike.common.process_sets import global_process_set
-from horovodlike.torch.mpi_ops import _DTYPES
+from horovodlike.torch._queue import _DTYPES, _tensor_problem
 
 _TORCH_OF_CODE = {code: dtype for dtype, code in _DTYPES.items()}
 
 
 def _check_tensor(tensor, what):
-    if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"{what}: expected a torch.Tensor, got {type(tensor).__name__}")
-    if tensor.dtype not in _DTYPES:
-        supported = ", ".join(str(d).replace("torch.", "") for d in _DTYPES)
-        raise TypeError(f"{what}: dtype {str(tensor.dtype).replace('torch.', '')} is not "
-                        f"supported; use one of {supported}")
-    if tensor.is_sparse:
-        raise TypeError(f"{what}: sparse tensors are not supported; use tensor.to_dense()")
+    problem = _tensor_problem(tensor)
+    if problem is not None:
+        raise TypeError(f"{what}: {problem}")
     if tensor.device.type != "cpu":
         raise ValueError(f"{what}: the tensor is on {tensor.device}; point-to-point takes CPU "
                          "tensors in this build")
