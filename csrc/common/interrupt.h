@@ -11,8 +11,10 @@
 
 namespace horovodlike {
 
-// Waits shorter than this never look: a round normally ends well within it.
-constexpr std::chrono::milliseconds kInterruptAfter(100);
+// Waits shorter than this never look. A round normally ends within milliseconds; one that
+// waits a second for a peer finds it stopped or hung, rather than slow on a loaded machine
+// (an interrupted round stops the runtime, so the check must not catch a merely slow peer).
+constexpr std::chrono::milliseconds kInterruptAfter(1000);
 
 // Returns true when the thread should stop waiting (its pending signal handler raised).
 using InterruptCheck = bool (*)(void* context);

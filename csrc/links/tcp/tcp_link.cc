@@ -503,7 +503,7 @@ void TcpLink::sendrecv(int to, const void* sbuf, size_t sn, int from, void* rbuf
                              silent, TransportError::Cause::kInterrupted);
       }
       const int left = timeout_ms_ - static_cast<int>(idle.count());
-      slice_ms = std::max(0, std::min(left, static_cast<int>(kInterruptAfter.count())));
+      slice_ms = std::max(0, std::min(left, 100));  // then every 100 ms
     }
     int rc = ::poll(p, count, slice_ms);
     if (rc < 0 && errno == EINTR) continue;
