@@ -332,10 +332,12 @@ void Runtime::Loop() {
       return std::chrono::duration_cast<std::chrono::microseconds>(
           Clock::now().time_since_epoch() - std::chrono::nanoseconds(last_round_end_ns_.load()));
     };
-    if (wake == TensorQueue::Wake::kTimeout && !shutdown_requested_ &&
-        since_last_round() < cycle) {
-      wait = cycle - since_last_round();
-      continue;
+    if (wake == TensorQueue::Wake::kTimeout && !shutdown_requested_) {
+      const auto since = since_last_round();
+      if (since < cycle) {
+        wait = cycle - since;
+        continue;
+      }
     }
     wait = cycle;
     std::lock_guard<std::mutex> lock(round_mutex_);

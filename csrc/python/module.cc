@@ -92,7 +92,7 @@ void CheckSignals(const char* interrupted) {
 // (Runtime::WaitDriving): from inside a long link wait, at most every kSignalCheckInterval,
 // takes the GIL and runs the pending signal handlers; keeps the exception one raised.
 struct SignalsDuringRound {
-  std::chrono::steady_clock::time_point next_check = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::time_point next_check;  // the first Check looks at once
   PyObject* type = nullptr;
   PyObject* value = nullptr;
   PyObject* traceback = nullptr;

@@ -462,7 +462,8 @@ void TcpLink::sendrecv(int to, const void* sbuf, size_t sn, int from, void* rbuf
   auto* rp = static_cast<uint8_t*>(rbuf);
   // A thread with an interrupt check (common/interrupt.h) sleeps in slices to ask it.
   const bool interruptible = InterruptCheckInstalled();
-  auto idle_since = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::time_point idle_since;
+  if (interruptible) idle_since = std::chrono::steady_clock::now();
   while (sn > 0 || rn > 0) {
     bool progressed = false;
     if (sn > 0) {

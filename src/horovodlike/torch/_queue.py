@@ -59,6 +59,9 @@ def _tensor_problem(tensor):
 
 
 def _check_tensor(tensor, what, name):
+    if tensor.__class__ is torch.Tensor and tensor.layout is torch.strided and \
+            tensor.dtype in _DTYPES:
+        return  # the common case: one quick test
     problem = _tensor_problem(tensor)
     if problem is not None:
         raise TypeError(f"{what} '{name}': {problem}")
@@ -75,12 +78,20 @@ def _check_inplace(tensor, what, name):
                          "out-of-place form")
 
 
-def _resolve_op(average, op, what):
+# The reduce ops as given by the caller: an int (not a bool) among these needs no resolving.
+_OPS = frozenset((Average, Sum, Min, Max, Product, Adasum))
+
+
+def _resolve_op(average, op, kind, name):
+    """The reduce op of a call to ``kind`` on tensor ``name`` (Horovod's average/op rules)."""
+    if average is None and op.__class__ is int and op in _OPS:
+        return op  # the common case, without building any message
+    what = f"{kind} '{name}'"
     if op is not None and average is not None:
         raise ValueError(f"{what}: the op and average arguments are mutually exclusive")
     if op is None:
         op = Average if average is None or average else Sum
-    if isinstance(op, bool) or op not in (Average, Sum, Min, Max, Product, Adasum):
+    if isinstance(op, bool) or op not in _OPS:
         raise ValueError(f"{what}: unknown reduce op {op!r}; use hvd.Average, hvd.Sum, "
                          "hvd.Min, hvd.Max, hvd.Product or hvd.Adasum")
     return op
@@ -130,21 +141,6 @@ def _run(op, name, tensor, output, process_set, reduce_op, prescale, postscale, 
         raise
     if failed is not None:
         raise_for_status(*failed)
-
-
-def _plain(tensor):
-    """Whether ``tensor`` surely passes _check_tensor and _check_inplace (one quick test for
-    the common case; the checks themselves explain what is wrong)."""
-    return (tensor.__class__ is torch.Tensor and tensor.layout is torch.strided and
-            tensor.dtype in _DTYPES and tensor.is_contiguous())
-
-
-# The reduce ops as given by the caller: an int (not a bool) among these needs no resolving.
-_OPS = frozenset((Average, Sum, Min, Max, Product, Adasum))
-
-
-def _known_op(average, op):
-    return average is None and op.__class__ is int and op in _OPS
 
 
 class _GroupHandle:

@@ -21,8 +21,7 @@ from horovodlike.common.exceptions import raise_for_status
 from horovodlike.common.process_sets import global_process_set, set_id, set_ranks
 from horovodlike.torch._queue import (  # noqa: F401 (_DTYPES and _auto_name: other modules')
     _DTYPES, _lock, _handle_map, _group_ids, _names_in_flight, _key_of_handle, _auto_name,
-    _check_tensor, _check_inplace, _resolve_op, _enqueue, _run, _GroupHandle, _plain,
-    _known_op)
+    _check_tensor, _check_inplace, _resolve_op, _enqueue, _run, _GroupHandle)
 
 
 # ---------------------------------------------------------------------------------- allreduce
@@ -32,7 +31,7 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
     """Starts an allreduce of ``tensor`` into a new tensor; returns a handle for synchronize()."""
     name = name or _auto_name("allreduce")
     _check_tensor(tensor, "allreduce", name)
-    op = _resolve_op(average, op, f"allreduce '{name}'")
+    op = _resolve_op(average, op, "allreduce", name)
     source = tensor.detach().contiguous()
     output = torch.empty_like(source, memory_format=torch.contiguous_format)
     return _enqueue(_OP_ALLREDUCE, name, source, output, output, (source,), process_set,
@@ -46,7 +45,7 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
     name = name or _auto_name("allreduce")
     _check_tensor(tensor, "allreduce", name)
     _check_inplace(tensor, "allreduce", name)
-    op = _resolve_op(average, op, f"allreduce '{name}'")
+    op = _resolve_op(average, op, "allreduce", name)
     data = tensor.detach()
     return _enqueue(_OP_ALLREDUCE, name, data, data, tensor, (tensor,), process_set,
                     reduce_op=op, prescale=float(prescale_factor),
@@ -78,7 +77,7 @@ def allreduce(tensor, average=None, name=None, compression=None, op=None, presca
     """Returns the reduction of ``tensor`` over all ranks (differentiable)."""
     from horovodlike.torch.compression import Compression
     compression = compression or Compression.none
-    op = _resolve_op(average, op, f"allreduce '{name}'")
+    op = _resolve_op(average, op, "allreduce", name)
     compressed, ctx = compression.compress(tensor)
     reduced = _AllreduceFunction.apply(compressed, name, op, prescale_factor, postscale_factor,
                                        process_set)
@@ -89,11 +88,9 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                postscale_factor=1.0, process_set=global_process_set):
     """Reduces ``tensor`` over all ranks in place and returns it."""
     name = name or _auto_name("allreduce")
-    if not _plain(tensor):
-        _check_tensor(tensor, "allreduce", name)
-        _check_inplace(tensor, "allreduce", name)
-    if not _known_op(average, op):
-        op = _resolve_op(average, op, f"allreduce '{name}'")
+    _check_tensor(tensor, "allreduce", name)
+    _check_inplace(tensor, "allreduce", name)
+    op = _resolve_op(average, op, "allreduce", name)
     _run(_OP_ALLREDUCE, name, tensor, tensor, process_set, op, float(prescale_factor),
          float(postscale_factor))
     return tensor
@@ -146,7 +143,7 @@ def grouped_allreduce(tensors, average=None, name=None, compression=None, op=Non
     """Reduces every tensor of the list as one fused operation (differentiable)."""
     from horovodlike.torch.compression import Compression
     compression = compression or Compression.none
-    op = _resolve_op(average, op, f"grouped_allreduce '{name}'")
+    op = _resolve_op(average, op, "grouped_allreduce", name)
     pairs = [compression.compress(t) for t in tensors]
     reduced = _GroupedAllreduceFunction.apply(name, op, prescale_factor, postscale_factor,
                                               process_set, *[c for c, _ in pairs])
