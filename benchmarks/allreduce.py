@@ -237,6 +237,18 @@ def _base_env() -> dict:
     return env
 
 
+def env_settings(parser, items: list[str]) -> dict:
+    """`--env NAME=VALUE` arguments as a dict (the benchmarks drop the caller's HOROVOD_*
+    variables, so that a stray setting cannot change a measurement unseen)."""
+    settings = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            parser.error(f"--env {item!r}: expected NAME=VALUE")
+        settings[name] = value
+    return settings
+
+
 def _module_available(name: str) -> bool:
     probe = subprocess.run([sys.executable, "-c", f"import {name}"], env=_base_env(),
                            capture_output=True)
@@ -303,11 +315,15 @@ def libraries(np_: int, wanted: set[str]) -> tuple[list[Library], list[str]]:
     return found, skipped
 
 
-def run_job(lib: Library, np_: int, worker_args: list[str], timeout: float) -> dict:
+def run_job(lib: Library, np_: int, worker_args: list[str], timeout: float,
+            settings: dict | None = None) -> dict:
+    """One job; `settings`: environment variables for horovodlike's jobs (--env)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "result.json")
         args = ["--worker", lib.worker, "--out", out] + worker_args
         env = _base_env()
+        if lib.worker == "horovodlike":
+            env.update(settings or {})
         env.update(lib.env)
         if lib.command is not None:
             procs = [subprocess.Popen(lib.command + args, env=env, stdout=subprocess.PIPE,
@@ -348,9 +364,13 @@ def main():
                         help="comma-separated labels or workers to run (e.g. hvdl-shm,MPI)")
     parser.add_argument("--json", help="also write all results to this file")
     parser.add_argument("--timeout", type=float, default=600)
+    parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                        help="a setting for horovodlike's jobs (repeatable), e.g. "
+                        "HOROVOD_SHM_CHUNK_BYTES=4194304")
     parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    settings = env_settings(parser, args.env)
     sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
     if args.worker:
         args.sizes = sizes
@@ -362,6 +382,9 @@ def main():
     libs, skipped = libraries(args.np, wanted)
     for note in skipped:
         print(f"skipped: {note}", flush=True)
+    if settings:
+        print("horovodlike's jobs with " + " ".join(f"{k}={v}" for k, v in settings.items()),
+              flush=True)
     worker_args = ["--sizes", ",".join(map(str, sizes)), "--iter-scale", str(args.iter_scale)]
     # medians[label][size] = per-round medians
     medians = {lib.label: {n: [] for n in sizes} for lib in libs}
@@ -370,7 +393,7 @@ def main():
         for lib in libs:
             start = time.time()
             try:
-                result = run_job(lib, args.np, worker_args, args.timeout)
+                result = run_job(lib, args.np, worker_args, args.timeout, settings)
             except RuntimeError as error:
                 print(f"round {round_ + 1}: {error}", flush=True)
                 continue
@@ -394,7 +417,7 @@ def main():
         with open(args.json, "w") as f:
             json.dump({"np": args.np, "median_seconds": table, "per_round": medians,
                        "mpi_binding": mpi_choice, "load_average": os.getloadavg(),
-                       "info": infos}, f, indent=1, default=str)
+                       "settings": settings, "info": infos}, f, indent=1, default=str)
 
 
 def best_binding(table: dict, medians: dict, sizes: list[int]) -> dict:

@@ -81,40 +81,63 @@ def run(build: str, command: list[str], env: dict, timeout: float) -> None:
                            f"{(result.stdout + result.stderr)[-3000:]}")
 
 
-def allreduce_job(build, label, sizes, args):
+def allreduce_job(build, label, sizes, args, settings):
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "out.json")
         run(build, [sys.executable, os.path.join(HERE, "allreduce.py"), "--np", str(args.np),
                     "--only", label, "--repeat", "1", "--sizes", args.sizes,
-                    "--iter-scale", str(args.iter_scale), "--json", out], {}, args.timeout)
+                    "--iter-scale", str(args.iter_scale), "--json", out, *(f"--env={k}={v}" for k, v in settings.items())], {},
+            args.timeout)
         with open(out) as f:
             medians = json.load(f)["median_seconds"][label]
     return {n: medians[str(n)] for n in sizes}
 
 
-def core_job(build, link, sizes, args):
+def core_job(build, link, sizes, args, settings):
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "out.json")
         run(build, [sys.executable, "-m", "horovodlike.runner.launch", "-np", str(args.np),
                     sys.executable, os.path.abspath(__file__), "--worker", "--out", out,
                     "--sizes", args.sizes, "--iter-scale", str(args.iter_scale)],
-            CORE_LINKS[link], args.timeout)
+            {**settings, **CORE_LINKS[link]}, args.timeout)
         with open(out) as f:
             return {n: v for n, v in ((int(k), v) for k, v in json.load(f).items())}
 
 
 def print_table(title, per_round, sizes):
-    print(f"\n{title}: median of the rounds' medians (best round)")
-    print("|    size |                before |                 after | after/before | best/best |")
-    print("|---------|-----------------------|-----------------------|--------------|-----------|")
+    """Medians and best rounds per build, and the same-round ratios: each round runs both builds
+    back to back, so a round's after/before cancels most of a load that drifts between rounds."""
+    print(f"\n{title}: median of the rounds' medians (best round); same round: median of the "
+          "rounds' after/before, and the rounds in which after was faster")
+    print("|    size |                before |                 after | after/before | best/best "
+          "| same round | after faster |")
+    print("|---------|-----------------------|-----------------------|--------------|-----------"
+          "|------------|--------------|")
     for n in sizes:
         before, after = per_round["before"][n], per_round["after"][n]
         if not before or not after:
             continue
         mb, ma = statistics.median(before), statistics.median(after)
+        paired = [a / b for a, b in zip(after, before)]
+        faster = f"{sum(r < 1 for r in paired)} of {len(paired)}"
         cell = lambda median, best: f"{bench._fmt_time(median):>9} ({bench._fmt_time(best):>9})"
         print(f"| {bench.format_size(n):>7} | {cell(mb, min(before))} | {cell(ma, min(after))} | "
-              f"{ma / mb:11.2f}x | {min(after) / min(before):8.2f}x |")
+              f"{ma / mb:11.2f}x | {min(after) / min(before):8.2f}x | "
+              f"{statistics.median(paired):9.2f}x | {faster:>12} |")
+
+
+def report(path):
+    """The tables of a run saved with --json, printed again."""
+    with open(path) as f:
+        saved = json.load(f)
+    for build, where in saved["builds"].items():
+        extra = " ".join(f"{k}={v}" for k, v in saved.get("settings", {}).get(build, {}).items())
+        print(f"{build + ':':7} {os.path.basename(where.rstrip(os.sep))}"
+              f"{' with ' + extra if extra else ''}")
+    for title, per_round in saved["per_round"].items():
+        sizes = [int(n) for n in per_round["before"]]
+        print_table(title, {b: {int(n): v for n, v in r.items()} for b, r in per_round.items()},
+                    sizes)
 
 
 def main():
@@ -129,7 +152,14 @@ def main():
                         help="allreduce.py labels to run (empty: none)")
     parser.add_argument("--core", default="",
                         help="links for the core-only job, from shm,tcp,gloo (default: none)")
+    parser.add_argument("--before-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="a setting for the before build's horovodlike jobs (repeatable)")
+    parser.add_argument("--after-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="a setting for the after build's (the same tree twice with "
+                        "different settings compares the settings)")
     parser.add_argument("--json", help="also write every round's medians to this file")
+    parser.add_argument("--report", metavar="JSON",
+                        help="print the tables of a run saved with --json again, and stop")
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
@@ -138,6 +168,9 @@ def main():
     if args.worker:
         args.sizes = sizes
         core_worker(args)
+        return
+    if args.report:
+        report(args.report)
         return
     if not (args.before and args.after):
         parser.error("--before and --after are required")
@@ -149,22 +182,28 @@ def main():
     jobs += [(f"core alone over {link}", core_job, link)
              for link in filter(None, args.core.split(","))]
     builds = {"before": os.path.abspath(args.before), "after": os.path.abspath(args.after)}
+    settings = {"before": bench.env_settings(parser, args.before_env),
+                "after": bench.env_settings(parser, args.after_env)}
     results = {title: {b: {n: [] for n in sizes} for b in builds} for title, _, _ in jobs}
     for round_ in range(args.rounds):
         order = ["before", "after"] if round_ % 2 == 0 else ["after", "before"]
         for title, job, what in jobs:
             for build in order:
-                medians = job(builds[build], what, sizes, args)
+                medians = job(builds[build], what, sizes, args, settings[build])
                 for n in sizes:
                     results[title][build][n].append(medians[n])
                 print(f"round {round_ + 1}/{args.rounds}: {title}, {build} done "
                       f"(load {os.getloadavg()[0]:.1f})", flush=True)
-    print(f"\nbefore: {builds['before']}\nafter:  {builds['after']}")
+    print()
+    for build in builds:
+        extra = " ".join(f"{k}={v}" for k, v in settings[build].items())
+        print(f"{build + ':':7} {builds[build]}{' with ' + extra if extra else ''}")
     for title, _, _ in jobs:
         print_table(title, results[title], sizes)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"builds": builds, "rounds": args.rounds, "per_round": results}, f,
+            json.dump({"builds": builds, "settings": settings, "rounds": args.rounds,
+                       "per_round": results}, f,
                       indent=1)
 
 

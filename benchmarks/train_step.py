@@ -164,6 +164,8 @@ def _free_port() -> int:
 def run_job(kind, args, worker_args, launcher_args=()):
     """One job; `launcher_args`: extra horovodlikerun flags for the horovodlike job."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_")}
+    if kind == "horovodlike":
+        env.update(getattr(args, "env", None) or {})
     env["OMP_NUM_THREADS"] = "1"
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"),
                                                       os.path.join(REPO, "src")]))
@@ -210,11 +212,16 @@ def main():
     parser.add_argument("--trace-dir", help="horovodlike job: after the timed windows, 3 steps "
                         "with the timeline recording; rank 0 writes timeline.json and steps.json "
                         "(its forward, backward and wait spans) here, for timeline_plot.py")
+    parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                        help="a setting for the horovodlike job (repeatable), e.g. "
+                        "HOROVOD_CYCLE_TIME=5; the caller's HOROVOD_* variables are not passed on")
     parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from allreduce import env_settings
+    args.env = env_settings(parser, args.env)
     if args.worker:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         from allreduce import own_session
         own_session()  # as horovodlike's launched ranks are: see allreduce.own_session
         WORKERS[args.worker](args)
