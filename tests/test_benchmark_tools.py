@@ -126,3 +126,29 @@ def test_every_benchmark_rank_gets_a_session_of_its_own():
                          capture_output=True, text=True, check=True)
     before, after, pid = map(int, run.stdout.split())
     assert before != pid and after == pid
+
+
+def test_compare_report_gives_same_round_ratios_and_settings(tmp_path):
+    # Three rounds of one size: after/before per round 0.5, 2.0, 0.8 -> median 0.8, faster in 2.
+    saved = {"builds": {"before": "old", "after": "new"},
+             "settings": {"before": {}, "after": {"HOROVOD_CALLER_ROUNDS": "0"}},
+             "rounds": 3,
+             "per_round": {"allreduce.py hvdl-tcp": {"before": {"4096": [2e-3, 1e-3, 5e-3]},
+                                                     "after": {"4096": [1e-3, 2e-3, 4e-3]}}}}
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(saved))
+    out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "compare_builds.py"),
+                          "--report", str(path)], capture_output=True, text=True, check=True).stdout
+    assert "after:  new with HOROVOD_CALLER_ROUNDS=0" in out
+    row = next(line for line in out.splitlines() if line.startswith("|   4 KiB"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    # medians 2 ms and 2 ms, best 1 ms and 1 ms, same-round median 0.8, 2 of 3 faster
+    assert cells[3:] == ["1.00x", "1.00x", "0.80x", "2 of 3"], row
+
+
+def test_env_settings_are_parsed_and_bad_ones_refused():
+    import argparse
+    parser = argparse.ArgumentParser()
+    assert allreduce.env_settings(parser, ["A=1", "B=x=y"]) == {"A": "1", "B": "x=y"}
+    with pytest.raises(SystemExit):
+        allreduce.env_settings(parser, ["NOVALUE"])
