@@ -21,4 +21,10 @@ bool InterruptCheckInstalled() { return t_check != nullptr; }
 
 bool InterruptRequested() { return t_check != nullptr && t_check(t_context); }
 
+std::string InterruptedWaitMessage(int peer) {
+  std::string message = "interrupted by a signal while waiting";
+  if (peer >= 0) message += " for rank " + std::to_string(peer);
+  return message;
+}
+
 }  // namespace horovodlike

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <chrono>
+#include <string>
 
 namespace horovodlike {
 
@@ -36,5 +37,8 @@ class ScopedInterruptCheck {
 bool InterruptCheckInstalled();
 // Asks the installed check; false when none is installed.
 bool InterruptRequested();
+// What an interrupted wait says, the same on every link: "interrupted by a signal while
+// waiting for rank <peer>" (no rank when peer < 0).
+std::string InterruptedWaitMessage(int peer);
 
 }  // namespace horovodlike

@@ -48,7 +48,11 @@ std::shared_ptr<HandleState> HandleTable::Wait(int64_t handle) {
 }
 
 std::shared_ptr<HandleState> HandleTable::WaitFor(int64_t handle, double seconds) {
-  auto state = Get(handle);
+  return WaitFor(Get(handle), seconds);
+}
+
+std::shared_ptr<HandleState> HandleTable::WaitFor(const std::shared_ptr<HandleState>& state,
+                                                  double seconds) {
   std::unique_lock<std::mutex> lock(mutex_);
   const bool done = done_cv_.wait_for(
       lock, std::chrono::microseconds(static_cast<int64_t>(seconds * 1e6)),

@@ -41,6 +41,7 @@ class HandleTable {
   // Waits at most `seconds`; null when the handle is not done by then (so that a caller can
   // look at signals between waits).
   std::shared_ptr<HandleState> WaitFor(int64_t handle, double seconds);
+  std::shared_ptr<HandleState> WaitFor(const std::shared_ptr<HandleState>& state, double seconds);
   // Threads of this process blocked waiting on a handle, counted from the first slice of a
   // wait to its end (process-wide, so a wait that outlives shutdown() stays safe): the stall
   // inspector tells ranks that wait on each other (a deadlock) from ranks busy elsewhere.

@@ -401,7 +401,7 @@ std::shared_ptr<HandleState> Runtime::WaitDriving(int64_t handle, double seconds
   // What is left is the loop's: it takes new requests at once and runs a round every cycle
   // time while a peer is late.
   if (handles_.Done(state)) return state;
-  return handles_.WaitFor(handle, seconds);
+  return handles_.WaitFor(state, seconds);
 }
 
 void Runtime::TakeNewRequests(RoundState& state) {

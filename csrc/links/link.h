@@ -17,11 +17,14 @@ class Link {
   virtual ~Link() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  // Each call moves exactly n bytes or throws TransportError.
-  virtual void send(int peer, const void* buf, size_t n) = 0;
-  virtual void recv(int peer, void* buf, size_t n) = 0;
   // Sends to `to` while receiving from `from`; never deadlocks when both sides call it at once.
+  // Each call moves exactly sn and rn bytes or throws TransportError.
   virtual void sendrecv(int to, const void* sbuf, size_t sn, int from, void* rbuf, size_t rn) = 0;
+  // One direction only: sendrecv with nothing the other way, unless a link does better.
+  virtual void send(int peer, const void* buf, size_t n) {
+    sendrecv(peer, buf, n, peer, nullptr, 0);
+  }
+  virtual void recv(int peer, void* buf, size_t n) { sendrecv(peer, nullptr, 0, peer, buf, n); }
   // Closes every connection; pending and later calls throw TransportError.
   virtual void abort() = 0;
   // Short name for logs and --check-build ("tcp", "shm", "shm+tcp", "mpi", "gloo").

@@ -215,14 +215,6 @@ void GlooLink::ForgetPending() {
   pending_.clear();
 }
 
-void GlooLink::send(int peer, const void* buf, size_t n) {
-  sendrecv(peer, buf, n, peer, nullptr, 0);
-}
-
-void GlooLink::recv(int peer, void* buf, size_t n) {
-  sendrecv(peer, nullptr, 0, peer, buf, n);
-}
-
 void GlooLink::TakeFromInbox(int peer, char*& rp, size_t& rn) {
   Inbox& inbox = inbox_[peer];
   const size_t n = std::min(rn, inbox.bytes.size() - inbox.offset);

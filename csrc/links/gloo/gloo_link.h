@@ -39,8 +39,6 @@ class GlooLink : public Link {
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  void send(int peer, const void* buf, size_t n) override;
-  void recv(int peer, void* buf, size_t n) override;
   void sendrecv(int to, const void* sbuf, size_t sn, int from, void* rbuf, size_t rn) override;
   // Wakes a pending wait and closes every pair: the peers' pending and later calls fail too.
   void abort() override;

@@ -294,9 +294,8 @@ void MpiLink::WhileWaiting(Clock::time_point last_progress, const char* what, in
   }
   const auto idle = Clock::now() - last_progress;
   if (idle >= kInterruptAfter && InterruptRequested()) {
-    GiveUp(std::string("interrupted by a signal while waiting ") +
-               (silent >= 0 ? "for rank " + std::to_string(silent) + " " : "") + "in " + what,
-           silent, TransportError::Cause::kInterrupted, abandon);
+    GiveUp(InterruptedWaitMessage(silent) + " in " + what, silent,
+           TransportError::Cause::kInterrupted, abandon);
   }
   if (idle > std::chrono::milliseconds(timeout_ms_)) {
     GiveUp(std::string("no progress ") +
@@ -306,14 +305,6 @@ void MpiLink::WhileWaiting(Clock::time_point last_progress, const char* what, in
            silent, TransportError::Cause::kPeerTimeout, abandon);
   }
   Backoff(idle);
-}
-
-void MpiLink::send(int peer, const void* buf, size_t n) {
-  sendrecv(peer, buf, n, peer, nullptr, 0);
-}
-
-void MpiLink::recv(int peer, void* buf, size_t n) {
-  sendrecv(peer, nullptr, 0, peer, buf, n);
 }
 
 void MpiLink::TakeFromInbox(int peer, char*& rp, size_t& rn) {

@@ -29,8 +29,6 @@ class MpiLink : public Link {
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  void send(int peer, const void* buf, size_t n) override;
-  void recv(int peer, void* buf, size_t n) override;
   void sendrecv(int to, const void* sbuf, size_t sn, int from, void* rbuf, size_t rn) override;
   // Makes pending and later calls throw TransportError and tells every peer, whose pending and
   // later calls then throw too (MPI has no connection to close; MPI_Abort would end the job).

@@ -424,9 +424,9 @@ void ShmLink::WaitUntil(const Ready& ready, const Culprit& culprit) {
       asleep.set(false);
       if (peers_failed(true)) break;
       if (now - start >= kInterruptAfter && InterruptRequested()) {
-        throw TransportError("interrupted by a signal while waiting for rank " +
-                                 std::to_string(members_[culprit()]),
-                             members_[culprit()], TransportError::Cause::kInterrupted);
+        const int silent = members_[culprit()];
+        throw TransportError(InterruptedWaitMessage(silent), silent,
+                             TransportError::Cause::kInterrupted);
       }
       if (now - start > peer_timeout_) {
         char seconds[32];
@@ -515,14 +515,6 @@ size_t ShmLink::TryRecv(int from, uint8_t* buf, size_t n) {
   c.tail.store(tail + r, std::memory_order_release);
   Notify(from);
   return r;
-}
-
-void ShmLink::send(int peer, const void* buf, size_t n) {
-  sendrecv(peer, buf, n, peer, nullptr, 0);
-}
-
-void ShmLink::recv(int peer, void* buf, size_t n) {
-  sendrecv(peer, nullptr, 0, peer, buf, n);
 }
 
 void ShmLink::sendrecv(int to, const void* sbuf, size_t sn, int from, void* rbuf,

@@ -63,8 +63,6 @@ class ShmLink : public Link {
   // Job ranks of this group, in group order.
   const std::vector<int>& members() const { return members_; }
 
-  void send(int peer, const void* buf, size_t n) override;
-  void recv(int peer, void* buf, size_t n) override;
   void sendrecv(int to, const void* sbuf, size_t sn, int from, void* rbuf, size_t rn) override;
   void abort() override;
   const char* name() const override { return "shm"; }

@@ -446,14 +446,6 @@ void TcpLink::Fail(int peer, const std::string& what, TransportError::Cause caus
                        cause);
 }
 
-void TcpLink::send(int peer, const void* buf, size_t n) {
-  sendrecv(peer, buf, n, peer, nullptr, 0);
-}
-
-void TcpLink::recv(int peer, void* buf, size_t n) {
-  sendrecv(peer, nullptr, 0, peer, buf, n);
-}
-
 void TcpLink::sendrecv(int to, const void* sbuf, size_t sn, int from, void* rbuf,
                             size_t rn) {
   const int sfd = sn > 0 ? Fd(to) : -1;
@@ -499,9 +491,8 @@ void TcpLink::sendrecv(int to, const void* sbuf, size_t sn, int from, void* rbuf
           std::chrono::steady_clock::now() - idle_since);
       if (idle >= kInterruptAfter && InterruptRequested()) {
         const int silent = rn > 0 ? from : to;
-        throw TransportError("interrupted by a signal while waiting for rank " +
-                                 std::to_string(silent),
-                             silent, TransportError::Cause::kInterrupted);
+        throw TransportError(InterruptedWaitMessage(silent), silent,
+                             TransportError::Cause::kInterrupted);
       }
       const int left = timeout_ms_ - static_cast<int>(idle.count());
       slice_ms = std::max(0, std::min(left, 100));  // then every 100 ms
