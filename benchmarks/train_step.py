@@ -10,7 +10,10 @@ tensors as well as bandwidth. Each rank trains on its own synthetic batch with S
 each job reports samples/s over all ranks (median over its timed windows). The jobs run in
 turns (--repeat rounds); the table gives the median over rounds and the ratio to DDP.
 A third job, "no sync", trains the same ranks without any gradient exchange: the ceiling that
-communication can only lower.
+communication can only lower. A fourth, "exchange", runs only the exchange of a step (the
+model's 66 gradients allreduced as DistributedOptimizer does: all started, then all waited
+for), without forward or backward: with no core free for it, a step cannot take less than the
+ceiling's step plus that, which bounds what any overlap can reach.
 """
 
 from __future__ import annotations
@@ -53,6 +56,11 @@ def train(args, model, optimizer, rank, world):
         loss_fn(model(x), y).backward()
         optimizer.step()
 
+    return time_windows(args, step, world)
+
+
+def time_windows(args, step, world):
+    """Warm-up steps, then samples/s over all ranks in each timed window of `args.steps`."""
     for _ in range(args.warmup):
         step()
     rates = []
@@ -145,7 +153,28 @@ def worker_nosync(args):
         _write(args.out, rates, model)
 
 
-WORKERS = {"horovodlike": worker_horovodlike, "ddp": worker_ddp, "nosync": worker_nosync}
+def worker_exchange(args):
+    import torch
+    import horovodlike.torch as hvd
+    torch.set_num_threads(1)
+    hvd.init()
+    torch.manual_seed(0)
+    model = build_model()
+    grads = [(name, torch.randn_like(p)) for name, p in model.named_parameters()]
+
+    def step():
+        handles = [hvd.allreduce_async_(g, name=f"exchange.{name}") for name, g in grads]
+        for handle in handles:
+            hvd.synchronize(handle)
+
+    rates = time_windows(args, step, hvd.size())
+    if hvd.rank() == 0:
+        _write(args.out, rates, model)
+    hvd.shutdown()
+
+
+WORKERS = {"horovodlike": worker_horovodlike, "ddp": worker_ddp, "nosync": worker_nosync,
+           "exchange": worker_exchange}
 
 
 def _write(path, rates, model, settings=None):
@@ -164,7 +193,7 @@ def _free_port() -> int:
 def run_job(kind, args, worker_args, launcher_args=()):
     """One job; `launcher_args`: extra horovodlikerun flags for the horovodlike job."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_")}
-    if kind == "horovodlike":
+    if kind in LAUNCHED:
         env.update(getattr(args, "env", None) or {})
     env["OMP_NUM_THREADS"] = "1"
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"),
@@ -175,7 +204,7 @@ def run_job(kind, args, worker_args, launcher_args=()):
         tail = ["--worker", kind, "--out", out] + worker_args
         if kind == "horovodlike" and getattr(args, "trace_dir", None):
             tail += ["--trace-dir", os.path.abspath(args.trace_dir)]
-        if kind == "horovodlike":
+        if kind in LAUNCHED:
             procs = [subprocess.Popen([sys.executable, "-m", "horovodlike.runner.launch", "-np",
                                        str(args.np), *launcher_args, sys.executable, me] + tail,
                                       env=env,
@@ -195,7 +224,8 @@ def run_job(kind, args, worker_args, launcher_args=()):
 
 
 LABELS = {"horovodlike": "horovodlike DistributedOptimizer", "ddp": "torch DDP (Gloo)",
-          "nosync": "no sync (ceiling)"}
+          "nosync": "no sync (ceiling)", "exchange": "exchange alone (no compute)"}
+LAUNCHED = ("horovodlike", "exchange")  # the jobs horovodlikerun starts
 
 
 def main():
@@ -206,7 +236,9 @@ def main():
     parser.add_argument("--windows", type=int, default=5, help="timed windows per job")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--repeat", type=int, default=3, help="rounds of all jobs (default 3)")
-    parser.add_argument("--only", default="", help="comma-separated: horovodlike,ddp,nosync")
+    parser.add_argument("--only", default="",
+                        help="comma-separated: horovodlike,ddp,nosync,exchange (default: the "
+                        "first three)")
     parser.add_argument("--json", help="also write the results to this file")
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--trace-dir", help="horovodlike job: after the timed windows, 3 steps "
@@ -227,8 +259,11 @@ def main():
         WORKERS[args.worker](args)
         return
 
-    kinds = [k for k in ("horovodlike", "ddp", "nosync")
-             if not args.only or k in args.only.split(",")]
+    wanted = set(filter(None, args.only.split(",")))
+    if wanted - set(WORKERS):
+        parser.error(f"--only: {', '.join(sorted(wanted - set(WORKERS)))} is not one of "
+                     f"{', '.join(WORKERS)}")
+    kinds = [k for k in WORKERS if k in wanted or (not wanted and k != "exchange")]
     worker_args = ["--batch-size", str(args.batch_size), "--steps", str(args.steps),
                    "--windows", str(args.windows), "--warmup", str(args.warmup)]
     per_round = {k: [] for k in kinds}
@@ -250,6 +285,8 @@ def main():
           f"{args.repeat} rounds")
     rows = [["job", "samples/s", "vs DDP"]]
     for kind, rate in table.items():
+        if kind == "exchange":
+            continue
         ratio = f"{rate / table['ddp']:.2f}x" if "ddp" in table else "-"
         rows.append([LABELS[kind], f"{rate:.1f}", ratio])
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
@@ -258,6 +295,18 @@ def main():
                                 for j, (c, w) in enumerate(zip(row, widths))) + " |")
         if i == 0:
             print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    samples_per_step = args.batch_size * args.np
+    if "exchange" in table:
+        # The bound takes the fastest exchange seen: what a step could at best reach.
+        exchange_ms = 1e3 * samples_per_step / table["exchange"]
+        best_ms = 1e3 * samples_per_step / max(per_round["exchange"])
+        print(f"\nexchange alone (the step's gradients allreduced as DistributedOptimizer does, "
+              f"no compute): {exchange_ms:.1f} ms per step (best round {best_ms:.1f} ms)")
+        if "nosync" in table:
+            ceiling_ms = 1e3 * samples_per_step / table["nosync"]
+            print(f"ceiling step {ceiling_ms:.1f} ms; with no core free for the exchange a step "
+                  f"takes at least {ceiling_ms + best_ms:.1f} ms: at most "
+                  f"{ceiling_ms / (ceiling_ms + best_ms):.2f}x of the ceiling")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"np": args.np, "samples_per_s": table, "per_round": per_round,
