@@ -195,6 +195,9 @@ def run_job(kind, args, worker_args, launcher_args=()):
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_")}
     if kind in LAUNCHED:
         env.update(getattr(args, "env", None) or {})
+    if kind == "variant":  # the horovodlike job again, with --variant's settings
+        env.update(args.variant)
+        kind = "horovodlike"
     env["OMP_NUM_THREADS"] = "1"
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"),
                                                       os.path.join(REPO, "src")]))
@@ -225,7 +228,7 @@ def run_job(kind, args, worker_args, launcher_args=()):
 
 LABELS = {"horovodlike": "horovodlike DistributedOptimizer", "ddp": "torch DDP (Gloo)",
           "nosync": "no sync (ceiling)", "exchange": "exchange alone (no compute)"}
-LAUNCHED = ("horovodlike", "exchange")  # the jobs horovodlikerun starts
+LAUNCHED = ("horovodlike", "variant", "exchange")  # the jobs horovodlikerun starts
 
 
 def main():
@@ -247,12 +250,16 @@ def main():
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                         help="a setting for the horovodlike job (repeatable), e.g. "
                         "HOROVOD_CYCLE_TIME=5; the caller's HOROVOD_* variables are not passed on")
+    parser.add_argument("--variant", action="append", default=[], metavar="NAME=VALUE",
+                        help="run the horovodlike job a second time in every round with these "
+                        "settings (repeatable), to compare a setting within the same rounds")
     parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from allreduce import env_settings
     args.env = env_settings(parser, args.env)
+    args.variant = env_settings(parser, args.variant)
     if args.worker:
         from allreduce import own_session
         own_session()  # as horovodlike's launched ranks are: see allreduce.own_session
@@ -264,6 +271,10 @@ def main():
         parser.error(f"--only: {', '.join(sorted(wanted - set(WORKERS)))} is not one of "
                      f"{', '.join(WORKERS)}")
     kinds = [k for k in WORKERS if k in wanted or (not wanted and k != "exchange")]
+    if args.variant:
+        kinds.insert(kinds.index("horovodlike") + 1 if "horovodlike" in kinds else 0, "variant")
+        LABELS["variant"] = "horovodlike with " + " ".join(f"{k}={v}"
+                                                         for k, v in args.variant.items())
     worker_args = ["--batch-size", str(args.batch_size), "--steps", str(args.steps),
                    "--windows", str(args.windows), "--warmup", str(args.warmup)]
     per_round = {k: [] for k in kinds}
@@ -283,13 +294,13 @@ def main():
           f"{model_info.get('parameters', 0) / 1e6:.1f}M parameters in "
           f"{model_info.get('tensors', 0)} tensors, SGD with momentum, median of "
           f"{args.repeat} rounds")
-    rows = [["job", "samples/s", "vs DDP"]]
+    rows = [["job", "samples/s", "vs DDP", "vs ceiling"]]
     for kind, rate in table.items():
         if kind == "exchange":
             continue
-        ratio = f"{rate / table['ddp']:.2f}x" if "ddp" in table else "-"
-        rows.append([LABELS[kind], f"{rate:.1f}", ratio])
-    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+        ratios = [f"{rate / table[k]:.2f}x" if k in table else "-" for k in ("ddp", "nosync")]
+        rows.append([LABELS[kind], f"{rate:.1f}", *ratios])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for i, row in enumerate(rows):
         print("| " + " | ".join(c.ljust(w) if j == 0 else c.rjust(w)
                                 for j, (c, w) in enumerate(zip(row, widths))) + " |")

@@ -43,6 +43,15 @@ def test_waiting_callers_run_the_rounds(job):
                 assert rounds["caller_rounds"] == 0 and rounds["loop_rounds"] >= 200, (job, rounds)
 
 
+@pytest.mark.parametrize("flags", [[], ["--gloo"]], ids=["shm", "gloo"])
+def test_overlap_off_holds_asynchronous_work_for_a_waiting_caller(flags):
+    # HOROVOD_OVERLAP=0: over shared memory the waiting caller runs the rounds; over Gloo
+    # (whose waits cannot be interrupted) the loop runs them back to back while it waits.
+    result = launch(2, "caller_rounds_worker.py", "deferred", launcher_args=flags,
+                    env={"HOROVOD_OVERLAP": "0", "HOROVOD_CYCLE_TIME": "2000"}, timeout=120)
+    assert_all_ranks(result, 2, "DEFERRED OK")
+
+
 def test_a_signal_ends_a_round_the_caller_runs():
     # Rank 1 is stopped (SIGSTOP) while rank 0's calling thread waits for it inside a round;
     # the peer timeout is far away, and rank 0's SIGALRM handler must still end the wait. The

@@ -31,6 +31,9 @@ struct Config {
   // rounds itself instead of handing them to the background loop and being woken by it
   // (core/runtime.h, Runtime::WaitDriving); 0 leaves every round to the loop.
   bool caller_rounds = true;
+  // HOROVOD_OVERLAP=0: asynchronous collectives wait for a caller to wait on one of them (or
+  // for kDeferredCycle) instead of starting at once; for hosts with no core free for the exchange.
+  bool overlap = true;
   int cache_capacity = 1024;
   bool stall_check_enabled = true;
   double stall_warning_seconds = 60.0;

@@ -160,7 +160,8 @@ Runtime::Runtime(Config config, std::unique_ptr<Link> transport, int generation,
       tuner_(std::move(tuner)),
       p2p_(std::make_unique<PointToPoint>(config_.rank, config_.size, std::move(p2p_links),
                                           handles_, std::move(p2p_unavailable))),
-      caller_rounds_(config_.caller_rounds && transport_->interruptible()) {
+      caller_rounds_(config_.caller_rounds && transport_->interruptible()),
+      deferred_(!config_.overlap) {
   tuned_.parameters = process_sets_.Member(0)->controller->parameters();
   tuned_.parameters.tuning = config_.autotune;  // until rank 0's first round says otherwise
   round_state_.in_force = tuned_.parameters;
@@ -213,7 +214,10 @@ int64_t Runtime::Enqueue(EnqueueArgs args) {
   entry.process_set_id = args.process_set;
   entry.input = args.input;
   entry.output = args.output;
-  return Submit(std::move(entry), handles_.Create(), !(args.caller_waits && caller_rounds_));
+  // A caller that waits runs its own rounds where it can; asynchronous work wakes the loop,
+  // unless it is deferred until someone waits for it.
+  const bool wake_loop = args.caller_waits ? !caller_rounds_ : !deferred_;
+  return Submit(std::move(entry), handles_.Create(), wake_loop);
 }
 
 int64_t Runtime::EnqueueControl(OpType op, std::string name, ControlRequest control) {
@@ -326,8 +330,16 @@ void Runtime::Loop() {
   while (true) {
     // The cycle time may change between rounds (autotuning). Rounds that waiting callers ran
     // meanwhile count: an idle loop runs one a cycle time after the last round, whoever ran it.
-    const TensorQueue::Wake wake = queue_.WaitForWork(wait);
-    const auto cycle = std::chrono::microseconds(cycle_time_us_.load());
+    // Deferred (HOROVOD_OVERLAP=0): while a caller waits, this rank stays inside a round, so
+    // that a peer which submits the last part of the caller's collective finds it there at
+    // once (the round waits in the link for the peers without using a core, and their own
+    // rounds pace it); otherwise the loop turns only every kDeferredCycle.
+    const bool caller_waits = deferred_ && waiting_callers_.load(std::memory_order_relaxed) > 0;
+    const TensorQueue::Wake wake =
+        caller_waits ? TensorQueue::Wake::kNotified : queue_.WaitForWork(wait);
+    const auto cycle = deferred_ ? std::max(kDeferredCycle,
+                                            std::chrono::microseconds(cycle_time_us_.load()))
+                                 : std::chrono::microseconds(cycle_time_us_.load());
     auto since_last_round = [&] {
       return std::chrono::duration_cast<std::chrono::microseconds>(
           Clock::now().time_since_epoch() - std::chrono::nanoseconds(last_round_end_ns_.load()));
@@ -399,8 +411,15 @@ std::shared_ptr<HandleState> Runtime::WaitDriving(int64_t handle, double seconds
     }
   }
   // What is left is the loop's: it takes new requests at once and runs a round every cycle
-  // time while a peer is late.
+  // time while a peer is late (deferred: back to back while a caller waits).
   if (handles_.Done(state)) return state;
+  struct Waiting {
+    Runtime& runtime;
+    explicit Waiting(Runtime& r) : runtime(r) {
+      if (runtime.waiting_callers_.fetch_add(1) == 0 && runtime.deferred_) runtime.queue_.Notify();
+    }
+    ~Waiting() { runtime.waiting_callers_.fetch_sub(1); }
+  } waiting(*this);
   return handles_.WaitFor(state, seconds);
 }
 

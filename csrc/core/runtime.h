@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -149,6 +150,13 @@ class Runtime {
   std::atomic<int64_t> cycle_time_us_{1000};
   std::atomic<int64_t> loop_rounds_{0};
   std::atomic<int64_t> caller_rounds_run_{0};
+  // HOROVOD_OVERLAP=0: new requests do not wake the loop, which runs a round only when a
+  // caller waits, or kDeferredCycle after the last round.
+  const bool deferred_;
+  static constexpr std::chrono::microseconds kDeferredCycle{50000};
+  // Threads in WaitDriving waiting for a handle the rounds have not completed; with deferred_
+  // the loop runs rounds back to back while there is one (see Loop).
+  std::atomic<int> waiting_callers_{0};
   std::thread loop_;
 };
 

@@ -6,6 +6,9 @@
                                       runs on its calling thread: a signal handler on rank 0 that
                                       raises still ends the wait, then rank 1 is continued and
                                       both ranks see the runtime stopped
+    caller_rounds_worker.py deferred  HOROVOD_OVERLAP=0: an asynchronous collective waits for a
+                                      caller (or the loop's long cycle), then completes right,
+                                      with a late peer and with polling alone
 """
 
 import json
@@ -78,4 +81,31 @@ elif mode == "interrupt":
         raises(hvd.HorovodInternalError, lambda: hvd.allreduce_(torch.ones(4), name="after"),
                "stopped")
     print(f"rank {rank}: INTERRUPT OK", flush=True)
+    hvd.shutdown()
+
+elif mode == "deferred":
+    # Run with HOROVOD_OVERLAP=0 and a cycle time of 2 s: the loop turns every 2 s at most,
+    # unless a caller waits.
+    hvd.allreduce_(torch.zeros(1), name="sync")  # a round has just ended on every rank
+    time.sleep(0.1)  # and the round the loop may still run after a wait has ended too
+    x = torch.full((1000,), float(rank + 1))
+    handle = hvd.allreduce_async_(x, name="held", op=hvd.Sum)
+    time.sleep(0.2)
+    check(not hvd.poll(handle), "the asynchronous allreduce started before anyone waited for it")
+    if rank == 1:
+        time.sleep(0.3)  # rank 0 waits for a late peer
+    hvd.synchronize(handle)
+    np.testing.assert_array_equal(x.numpy(), np.full(1000, sum(r + 1 for r in range(size)),
+                                                     np.float32))
+    # Nobody waits: polling alone still completes it, within the loop's cycle.
+    y = torch.arange(5.0) * (rank + 1)
+    handle = hvd.allreduce_async_(y, name="polled", op=hvd.Average)
+    start = time.time()
+    while not hvd.poll(handle):
+        check(time.time() - start < 30, "a polled asynchronous allreduce never completed")
+        time.sleep(0.01)
+    hvd.synchronize(handle)
+    np.testing.assert_allclose(y.numpy(), np.arange(5.0) * np.mean([r + 1 for r in range(size)]),
+                               rtol=1e-6)
+    print(f"rank {rank}: DEFERRED OK", flush=True)
     hvd.shutdown()
