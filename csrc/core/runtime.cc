@@ -413,10 +413,11 @@ std::shared_ptr<HandleState> Runtime::WaitDriving(int64_t handle, double seconds
   // What is left is the loop's: it takes new requests at once and runs a round every cycle
   // time while a peer is late (deferred: back to back while a caller waits).
   if (handles_.Done(state)) return state;
+  if (!deferred_) return handles_.WaitFor(state, seconds);
   struct Waiting {
     Runtime& runtime;
     explicit Waiting(Runtime& r) : runtime(r) {
-      if (runtime.waiting_callers_.fetch_add(1) == 0 && runtime.deferred_) runtime.queue_.Notify();
+      if (runtime.waiting_callers_.fetch_add(1) == 0) runtime.queue_.Notify();
     }
     ~Waiting() { runtime.waiting_callers_.fetch_sub(1); }
   } waiting(*this);

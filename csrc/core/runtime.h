@@ -154,8 +154,8 @@ class Runtime {
   // caller waits, or kDeferredCycle after the last round.
   const bool deferred_;
   static constexpr std::chrono::microseconds kDeferredCycle{50000};
-  // Threads in WaitDriving waiting for a handle the rounds have not completed; with deferred_
-  // the loop runs rounds back to back while there is one (see Loop).
+  // With deferred_, the threads in WaitDriving waiting for a handle the rounds have not
+  // completed: the loop runs rounds back to back while there is one (see Loop).
   std::atomic<int> waiting_callers_{0};
   std::thread loop_;
 };
