@@ -32,3 +32,7 @@ run $R/train_step-np2.txt $PY benchmarks/train_step.py --np 2 --only horovodlike
     --repeat 3 --trace-dir $R/train_step-trace --json $R/train_step-np2.json
 run $R/train_step_timeline.txt $PY benchmarks/timeline_plot.py $R/train_step-trace \
     --png $R/train_step_timeline.png
+run $R/train_step-np2-bound.txt $PY benchmarks/train_step.py --np 2 \
+    --only horovodlike,nosync,exchange --windows 3 --repeat 3 --json $R/train_step-np2-bound.json
+run $R/train_step-np2-overlap-off.txt $PY benchmarks/train_step.py --np 2 --only horovodlike,nosync \
+    --variant HOROVOD_OVERLAP=0 --windows 3 --repeat 5 --json $R/train_step-np2-overlap-off.json
