@@ -249,6 +249,11 @@ def env_settings(parser, items: list[str]) -> dict:
     return settings
 
 
+def format_settings(settings: dict) -> str:
+    """`NAME=VALUE NAME=VALUE`, as the raw outputs record a job's settings."""
+    return " ".join(f"{k}={v}" for k, v in settings.items())
+
+
 def _module_available(name: str) -> bool:
     probe = subprocess.run([sys.executable, "-c", f"import {name}"], env=_base_env(),
                            capture_output=True)
@@ -383,8 +388,7 @@ def main():
     for note in skipped:
         print(f"skipped: {note}", flush=True)
     if settings:
-        print("horovodlike's jobs with " + " ".join(f"{k}={v}" for k, v in settings.items()),
-              flush=True)
+        print(f"horovodlike's jobs with {format_settings(settings)}", flush=True)
     worker_args = ["--sizes", ",".join(map(str, sizes)), "--iter-scale", str(args.iter_scale)]
     # medians[label][size] = per-round medians
     medians = {lib.label: {n: [] for n in sizes} for lib in libs}

@@ -86,8 +86,8 @@ def allreduce_job(build, label, sizes, args, settings):
         out = os.path.join(tmp, "out.json")
         run(build, [sys.executable, os.path.join(HERE, "allreduce.py"), "--np", str(args.np),
                     "--only", label, "--repeat", "1", "--sizes", args.sizes,
-                    "--iter-scale", str(args.iter_scale), "--json", out, *(f"--env={k}={v}" for k, v in settings.items())], {},
-            args.timeout)
+                    "--iter-scale", str(args.iter_scale), "--json", out,
+                    *(f"--env={k}={v}" for k, v in settings.items())], {}, args.timeout)
         with open(out) as f:
             medians = json.load(f)["median_seconds"][label]
     return {n: medians[str(n)] for n in sizes}
@@ -126,14 +126,19 @@ def print_table(title, per_round, sizes):
               f"{statistics.median(paired):9.2f}x | {faster:>12} |")
 
 
+def print_build(build, where, settings):
+    """`before: TREE with NAME=VALUE`: which build ran, and with what settings."""
+    extra = bench.format_settings(settings)
+    print(f"{build + ':':7} {where}{' with ' + extra if extra else ''}")
+
+
 def report(path):
     """The tables of a run saved with --json, printed again."""
     with open(path) as f:
         saved = json.load(f)
     for build, where in saved["builds"].items():
-        extra = " ".join(f"{k}={v}" for k, v in saved.get("settings", {}).get(build, {}).items())
-        print(f"{build + ':':7} {os.path.basename(where.rstrip(os.sep))}"
-              f"{' with ' + extra if extra else ''}")
+        print_build(build, os.path.basename(where.rstrip(os.sep)),
+                    saved.get("settings", {}).get(build, {}))
     for title, per_round in saved["per_round"].items():
         sizes = [int(n) for n in per_round["before"]]
         print_table(title, {b: {int(n): v for n, v in r.items()} for b, r in per_round.items()},
@@ -196,8 +201,7 @@ def main():
                       f"(load {os.getloadavg()[0]:.1f})", flush=True)
     print()
     for build in builds:
-        extra = " ".join(f"{k}={v}" for k, v in settings[build].items())
-        print(f"{build + ':':7} {builds[build]}{' with ' + extra if extra else ''}")
+        print_build(build, builds[build], settings[build])
     for title, _, _ in jobs:
         print_table(title, results[title], sizes)
     if args.json:

@@ -197,14 +197,15 @@ def run_job(kind, args, worker_args, launcher_args=()):
         env.update(getattr(args, "env", None) or {})
     if kind == "variant":  # the horovodlike job again, with --variant's settings
         env.update(args.variant)
-        kind = "horovodlike"
+    worker = "horovodlike" if kind == "variant" else kind
     env["OMP_NUM_THREADS"] = "1"
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"),
                                                       os.path.join(REPO, "src")]))
     me = os.path.abspath(__file__)
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "result.json")
-        tail = ["--worker", kind, "--out", out] + worker_args
+        tail = ["--worker", worker, "--out", out] + worker_args
+        # Only the job itself is traced: the variant would write over its trace.
         if kind == "horovodlike" and getattr(args, "trace_dir", None):
             tail += ["--trace-dir", os.path.abspath(args.trace_dir)]
         if kind in LAUNCHED:
@@ -257,7 +258,7 @@ def main():
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from allreduce import env_settings
+    from allreduce import env_settings, format_settings
     args.env = env_settings(parser, args.env)
     args.variant = env_settings(parser, args.variant)
     if args.worker:
@@ -273,8 +274,7 @@ def main():
     kinds = [k for k in WORKERS if k in wanted or (not wanted and k != "exchange")]
     if args.variant:
         kinds.insert(kinds.index("horovodlike") + 1 if "horovodlike" in kinds else 0, "variant")
-        LABELS["variant"] = "horovodlike with " + " ".join(f"{k}={v}"
-                                                         for k, v in args.variant.items())
+        LABELS["variant"] = f"horovodlike with {format_settings(args.variant)}"
     worker_args = ["--batch-size", str(args.batch_size), "--steps", str(args.steps),
                    "--windows", str(args.windows), "--warmup", str(args.warmup)]
     per_round = {k: [] for k in kinds}
