@@ -337,9 +337,8 @@ void Runtime::Loop() {
     const bool caller_waits = deferred_ && waiting_callers_.load(std::memory_order_relaxed) > 0;
     const TensorQueue::Wake wake =
         caller_waits ? TensorQueue::Wake::kNotified : queue_.WaitForWork(wait);
-    const auto cycle = deferred_ ? std::max(kDeferredCycle,
-                                            std::chrono::microseconds(cycle_time_us_.load()))
-                                 : std::chrono::microseconds(cycle_time_us_.load());
+    auto cycle = std::chrono::microseconds(cycle_time_us_.load());
+    if (deferred_) cycle = std::max(cycle, kDeferredCycle);
     auto since_last_round = [&] {
       return std::chrono::duration_cast<std::chrono::microseconds>(
           Clock::now().time_since_epoch() - std::chrono::nanoseconds(last_round_end_ns_.load()));
