@@ -16,6 +16,14 @@ better of the two at each size (both are printed; the JSON says which won where)
 a buffer of the size once, all ranks at once (an allreduce reads every input and writes every
 output at least once); its ratio to horovodlike's time is the fraction of the floor reached.
 mpi4py and matplotlib come with `pip install 'horovodlike[bench]'`.
+
+    python benchmarks/allreduce.py --np 2 --cuda
+
+times the same allreduce of CUDA tensors instead (rank r on GPU r mod the GPUs visible; each
+call followed by torch.cuda.synchronize()): horovodlike as configured (NCCL when each rank has
+a GPU of its own) and with HOROVOD_GPU_OPERATIONS=staged (through host memory), beside
+torch.distributed over NCCL (when each rank has a GPU of its own: NCCL refuses several ranks
+on one GPU) and over Gloo with CUDA tensors (2 ranks or more).
 """
 
 from __future__ import annotations
@@ -30,6 +38,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+from gpu_setup import bench_device, horovodlike_gpu_report, in_full, require_cuda, torch_peers
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_SIZES = "4K,16K,64K,256K,1M,4M,16M,64M"
@@ -96,18 +106,25 @@ def worker_horovodlike(args):
     torch.set_num_threads(1)
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
+    device, finish = bench_device(args.cuda, hvd.local_rank())
     results = {}
     for nbytes in args.sizes:
         count = nbytes // 4
-        buf = torch.full((count,), float(rank + 1))
+        buf = torch.full((count,), float(rank + 1), device=device)
         hvd.allreduce_(buf, op=hvd.Sum, name="bench.check")
         _check(float(buf[0]), size * (size + 1) / 2, f"horovodlike {nbytes} B first element")
         _check(float(buf[-1]), size * (size + 1) / 2, f"horovodlike {nbytes} B last element")
         buf.zero_()
         warmup, timed = iterations(nbytes, args.iter_scale)
-        results[nbytes] = _time_loop(lambda: hvd.allreduce_(buf, op=hvd.Sum, name="bench"),
-                                     warmup, timed)
+        results[nbytes] = _time_loop(
+            in_full(lambda: hvd.allreduce_(buf, op=hvd.Sum, name="bench"), finish),
+            warmup, timed)
     info = {"transport": _horovodlike_transport()}
+    if args.cuda:  # how the core ran them: "nccl" or "staged: <why>" (a core that says)
+        from horovodlike import _core
+        gpu_mode = getattr(_core, "gpu_mode", None)
+        info["gpu_mode"] = gpu_mode(0) if gpu_mode else \
+            os.environ.get("HOROVOD_GPU_OPERATIONS") or "default"
     if rank == 0:
         _write(args.out, results, info)
     hvd.shutdown()
@@ -148,23 +165,32 @@ def worker_mpi(args):
         _write(args.out, results, {"library": MPI.Get_library_version().splitlines()[0]})
 
 
-def worker_gloo(args):
+def worker_gloo(args, backend="gloo"):
     import torch
     import torch.distributed as dist
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")
+    device, finish = bench_device(args.cuda, int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group(backend)
     rank, size = dist.get_rank(), dist.get_world_size()
     results = {}
     for nbytes in args.sizes:
-        buf = torch.full((nbytes // 4,), float(rank + 1))
+        buf = torch.full((nbytes // 4,), float(rank + 1), device=device)
         dist.all_reduce(buf)
-        _check(float(buf[0]), size * (size + 1) / 2, f"torch.distributed gloo {nbytes} B")
+        _check(float(buf[0]), size * (size + 1) / 2, f"torch.distributed {backend} {nbytes} B")
         buf.zero_()
         warmup, timed = iterations(nbytes, args.iter_scale)
-        results[nbytes] = _time_loop(lambda: dist.all_reduce(buf), warmup, timed)
+        results[nbytes] = _time_loop(in_full(lambda: dist.all_reduce(buf), finish), warmup,
+                                     timed)
     if rank == 0:
-        _write(args.out, results, {"torch": torch.__version__})
+        info = {"torch": torch.__version__}
+        if backend == "nccl":
+            info["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        _write(args.out, results, info)
     dist.destroy_process_group()
+
+
+def worker_nccl(args):
+    worker_gloo(args, "nccl")
 
 
 def worker_horovod(args):
@@ -211,7 +237,7 @@ def worker_copy(args):
 
 
 WORKERS = {"horovodlike": worker_horovodlike, "mpi": worker_mpi, "gloo": worker_gloo,
-           "copy": worker_copy,
+           "nccl": worker_nccl, "copy": worker_copy,
            "horovod": worker_horovod}
 
 
@@ -262,7 +288,8 @@ def _module_available(name: str) -> bool:
 
 def _horovodlike_build_info() -> dict:
     probe = subprocess.run([sys.executable, "-c",
-                            "import json, horovodlike._core as c; print(json.dumps(dict(c.build_info())))"],
+                            "import json, horovodlike.common, horovodlike._core as c; "
+                            "print(json.dumps(dict(c.build_info())))"],
                            env=_base_env(), capture_output=True, text=True)
     return json.loads(probe.stdout) if probe.returncode == 0 else {}
 
@@ -274,11 +301,34 @@ class Library:
         self.label, self.worker, self.command, self.env = label, worker, command, env or {}
 
 
-def libraries(np_: int, wanted: set[str]) -> tuple[list[Library], list[str]]:
-    """The libraries to run, and a note for each one skipped."""
+def cuda_libraries(np_: int, gpus: int, launch: list[str], me: str
+                   ) -> tuple[list[Library], list[str]]:
+    """--cuda: horovodlike (as configured, and staged through the host) beside torch.distributed
+    over NCCL and over Gloo with CUDA tensors (gpu_setup.torch_peers)."""
+    py = sys.executable
+    found, skipped = [], []
+    if _horovodlike_build_info():
+        found.append(Library("hvdl-cuda", "horovodlike", launch + [py, me]))
+        found.append(Library("hvdl-cuda-staged", "horovodlike", launch + [py, me],
+                             {"HOROVOD_GPU_OPERATIONS": "staged"}))
+    else:
+        skipped.append("horovodlike: the core does not load (build it first)")
+    if not _module_available("torch.distributed"):
+        return found, skipped + ["torch.distributed: torch is not installed"]
+    peers, notes = torch_peers(np_, gpus)
+    return found + [Library(label, backend, None) for label, backend in peers], skipped + notes
+
+
+def libraries(np_: int, wanted: set[str], gpus: int | None = None
+              ) -> tuple[list[Library], list[str]]:
+    """The libraries to run, and a note for each one skipped; `gpus` (--cuda): the GPUs visible,
+    and the CUDA set of libraries instead of the host's."""
     py = sys.executable
     me = os.path.abspath(__file__)
     launch = [py, "-m", "horovodlike.runner.launch", "-np", str(np_)]
+    if gpus is not None:
+        found, skipped = cuda_libraries(np_, gpus, launch, me)
+        return _only(found, wanted), skipped
     found, skipped = [], []
     info = _horovodlike_build_info()
     if not info:
@@ -314,10 +364,15 @@ def libraries(np_: int, wanted: set[str]) -> tuple[list[Library], list[str]]:
     else:
         skipped.append("Horovod: not installed (`pip install horovod` does not build against "
                        "this PyTorch)")
-    if wanted:
-        found = [lib for lib in found if lib.label in wanted or lib.worker in wanted
-                 or lib.label.split()[0] in wanted]
-    return found, skipped
+    return _only(found, wanted), skipped
+
+
+def _only(found: list[Library], wanted: set[str]) -> list[Library]:
+    """--only: the libraries named by label, worker or the label's first word."""
+    if not wanted:
+        return found
+    return [lib for lib in found if lib.label in wanted or lib.worker in wanted
+            or lib.label.split()[0] in wanted]
 
 
 def run_job(lib: Library, np_: int, worker_args: list[str], timeout: float,
@@ -372,6 +427,9 @@ def main():
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                         help="a setting for horovodlike's jobs (repeatable), e.g. "
                         "HOROVOD_SHM_CHUNK_BYTES=4194304")
+    parser.add_argument("--cuda", action="store_true",
+                        help="allreduce CUDA tensors (rank r on GPU r mod the GPUs visible), "
+                        "beside torch.distributed over NCCL and over Gloo")
     parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -383,13 +441,17 @@ def main():
         WORKERS[args.worker](args)
         return
 
+    gpus = require_cuda(parser, _base_env()) if args.cuda else None
     wanted = {w.strip() for w in args.only.split(",") if w.strip()}
-    libs, skipped = libraries(args.np, wanted)
+    libs, skipped = libraries(args.np, wanted, gpus)
     for note in skipped:
         print(f"skipped: {note}", flush=True)
+    if args.cuda:
+        print(f"{gpus} GPU(s) visible\n{horovodlike_gpu_report(_base_env())}", flush=True)
     if settings:
         print(f"horovodlike's jobs with {format_settings(settings)}", flush=True)
     worker_args = ["--sizes", ",".join(map(str, sizes)), "--iter-scale", str(args.iter_scale)]
+    worker_args += ["--cuda"] if args.cuda else []
     # medians[label][size] = per-round medians
     medians = {lib.label: {n: [] for n in sizes} for lib in libs}
     infos = {}
@@ -402,9 +464,13 @@ def main():
                 print(f"round {round_ + 1}: {error}", flush=True)
                 continue
             infos[lib.label] = result["info"]
-            expected = lib.label.split("-", 1)[1] if lib.label.startswith("hvdl-") else None
+            expected = lib.label.split("-", 1)[1] if lib.label.startswith("hvdl-") and \
+                not args.cuda else None
             if expected and result["info"].get("transport") not in (expected, None):
                 print(f"note: {lib.label} ran on {result['info']['transport']}", flush=True)
+            if round_ == 0 and result["info"].get("gpu_mode"):
+                print(f"note: {lib.label} ran CUDA tensors as {result['info']['gpu_mode']}",
+                      flush=True)
             for n in sizes:
                 medians[lib.label][n].append(statistics.median(result["samples"][str(n)]))
             print(f"round {round_ + 1}/{args.repeat}: {lib.label} done in "
@@ -415,13 +481,14 @@ def main():
     if mpi_choice:
         print("MPI: the better binding per size (median over rounds): " + ", ".join(
             f"{format_size(n)} {mpi_choice[n]}" for n in sizes if n in mpi_choice), flush=True)
-    print_table(table, sizes, args.np)
+    print_table(table, sizes, args.np, " of CUDA tensors" if args.cuda else "")
     print_round_ratios(medians, sizes)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"np": args.np, "median_seconds": table, "per_round": medians,
-                       "mpi_binding": mpi_choice, "load_average": os.getloadavg(),
-                       "settings": settings, "info": infos}, f, indent=1, default=str)
+            json.dump({"np": args.np, "cuda": args.cuda, "median_seconds": table,
+                       "per_round": medians, "mpi_binding": mpi_choice,
+                       "load_average": os.getloadavg(), "settings": settings, "info": infos},
+                      f, indent=1, default=str)
 
 
 def best_binding(table: dict, medians: dict, sizes: list[int]) -> dict:
@@ -476,13 +543,13 @@ def _fmt_time(seconds: float) -> str:
     return f"{us / 1000:.2f} ms"
 
 
-def print_table(table: dict, sizes: list[int], np_: int) -> None:
+def print_table(table: dict, sizes: list[int], np_: int, what: str = "") -> None:
     labels = [label for label in table if table[label]]
     ours = [label for label in labels if label.startswith("hvdl")]
     peers = [label for label in labels if not label.startswith(("hvdl", "MPI "))]
     reference = ours[0] if ours else None
     print()
-    print(f"float32 allreduce (Sum, in place), {np_} ranks, median time per call; "
+    print(f"float32 allreduce (Sum, in place){what}, {np_} ranks, median time per call; "
           f"busbw = size / time x 2(N-1)/N")
     header = ["size"] + labels
     if reference:

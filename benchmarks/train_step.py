@@ -14,6 +14,12 @@ communication can only lower. A fourth, "exchange", runs only the exchange of a 
 model's 66 gradients allreduced as DistributedOptimizer does: all started, then all waited
 for), without forward or backward: with no core free for it, a step cannot take less than the
 ceiling's step plus that, which bounds what any overlap can reach.
+
+    python benchmarks/train_step.py --np 2 --cuda
+
+runs the same step on GPUs (rank r on GPU r mod the GPUs visible; each timed window ends with
+torch.cuda.synchronize()): horovodlike's DistributedOptimizer, no exchange, and DDP over NCCL
+(which needs a GPU per rank: NCCL refuses several ranks on one GPU, and DDP is then left out).
 """
 
 from __future__ import annotations
@@ -43,12 +49,21 @@ def build_model():
     return nn.Sequential(*layers)
 
 
-def train(args, model, optimizer, rank, world):
+def setup(args, local_rank):
+    """One compute thread per rank, and (--cuda) this rank's GPU: (device, finish), finish
+    waiting for the GPU's queued work (gpu_setup.bench_device)."""
+    import torch
+    from gpu_setup import bench_device
+    torch.set_num_threads(1)
+    return bench_device(args.cuda, local_rank)
+
+
+def train(args, model, optimizer, rank, world, device=None, finish=None):
     """Runs warm-up then timed windows of steps; returns samples/s over all ranks per window."""
     import torch
     generator = torch.Generator().manual_seed(1234 + rank)
-    x = torch.randn(args.batch_size, WIDTHS[0], generator=generator)
-    y = torch.randint(0, CLASSES, (args.batch_size,), generator=generator)
+    x = torch.randn(args.batch_size, WIDTHS[0], generator=generator).to(device)
+    y = torch.randint(0, CLASSES, (args.batch_size,), generator=generator).to(device)
     loss_fn = torch.nn.CrossEntropyLoss()
 
     def step():
@@ -56,18 +71,22 @@ def train(args, model, optimizer, rank, world):
         loss_fn(model(x), y).backward()
         optimizer.step()
 
-    return time_windows(args, step, world)
+    return time_windows(args, step, world, finish)
 
 
-def time_windows(args, step, world):
-    """Warm-up steps, then samples/s over all ranks in each timed window of `args.steps`."""
+def time_windows(args, step, world, finish=None):
+    """Warm-up steps, then samples/s over all ranks in each timed window of `args.steps`;
+    `finish` (CUDA) waits for the queued work at the end of the warm-up and of each window."""
+    finish = finish or (lambda: None)
     for _ in range(args.warmup):
         step()
+    finish()
     rates = []
     for _ in range(args.windows):
         start = time.perf_counter()
         for _ in range(args.steps):
             step()
+        finish()
         elapsed = time.perf_counter() - start
         rates.append(args.batch_size * world * args.steps / elapsed)
     return rates
@@ -78,12 +97,13 @@ def worker_horovodlike(args):
     import horovodlike.torch as hvd
     torch.set_num_threads(1)
     hvd.init()
+    device, finish = setup(args, hvd.local_rank())
     torch.manual_seed(0)
-    model = build_model()
+    model = build_model().to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
-    rates = train(args, model, optimizer, hvd.rank(), hvd.size())
+    rates = train(args, model, optimizer, hvd.rank(), hvd.size(), device, finish)
     if args.trace_dir:
         trace_steps(args, model, optimizer, hvd)
     if hvd.rank() == 0:
@@ -101,8 +121,9 @@ def trace_steps(args, model, optimizer, hvd, steps=3):
     both are CLOCK_MONOTONIC)."""
     import torch
     generator = torch.Generator().manual_seed(99)
-    x = torch.randn(args.batch_size, WIDTHS[0], generator=generator)
-    y = torch.randint(0, CLASSES, (args.batch_size,), generator=generator)
+    device = next(model.parameters()).device
+    x = torch.randn(args.batch_size, WIDTHS[0], generator=generator).to(device)
+    y = torch.randint(0, CLASSES, (args.batch_size,), generator=generator).to(device)
     loss_fn = torch.nn.CrossEntropyLoss()
     before = time.perf_counter()
     hvd.start_timeline(os.path.join(args.trace_dir, "timeline.json"))
@@ -130,12 +151,13 @@ def trace_steps(args, model, optimizer, hvd, steps=3):
 def worker_ddp(args):
     import torch
     import torch.distributed as dist
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo")
+    device, finish = setup(args, int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group("nccl" if args.cuda else "gloo")
     torch.manual_seed(0)
-    model = torch.nn.parallel.DistributedDataParallel(build_model())
+    model = torch.nn.parallel.DistributedDataParallel(build_model().to(device))
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-    rates = train(args, model, optimizer, dist.get_rank(), dist.get_world_size())
+    rates = train(args, model, optimizer, dist.get_rank(), dist.get_world_size(), device,
+                  finish)
     if dist.get_rank() == 0:
         _write(args.out, rates, model)
     dist.destroy_process_group()
@@ -143,12 +165,12 @@ def worker_ddp(args):
 
 def worker_nosync(args):
     import torch
-    torch.set_num_threads(1)
+    device, finish = setup(args, int(os.environ["LOCAL_RANK"]))
     torch.manual_seed(0)
-    model = build_model()
+    model = build_model().to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    rates = train(args, model, optimizer, rank, world)
+    rates = train(args, model, optimizer, rank, world, device, finish)
     if rank == 0:
         _write(args.out, rates, model)
 
@@ -158,8 +180,9 @@ def worker_exchange(args):
     import horovodlike.torch as hvd
     torch.set_num_threads(1)
     hvd.init()
+    device, finish = setup(args, hvd.local_rank())
     torch.manual_seed(0)
-    model = build_model()
+    model = build_model().to(device)
     grads = [(name, torch.randn_like(p)) for name, p in model.named_parameters()]
 
     def step():
@@ -167,7 +190,7 @@ def worker_exchange(args):
         for handle in handles:
             hvd.synchronize(handle)
 
-    rates = time_windows(args, step, hvd.size())
+    rates = time_windows(args, step, hvd.size(), finish)
     if hvd.rank() == 0:
         _write(args.out, rates, model)
     hvd.shutdown()
@@ -232,6 +255,20 @@ LABELS = {"horovodlike": "horovodlike DistributedOptimizer", "ddp": "torch DDP (
 LAUNCHED = ("horovodlike", "variant", "exchange")  # the jobs horovodlikerun starts
 
 
+def cuda_kinds(parser, args, kinds, env):
+    """--cuda: fails clearly without a GPU; DDP runs over NCCL, and is left out (with a note)
+    when ranks would share a GPU, which NCCL refuses."""
+    from gpu_setup import horovodlike_gpu_report, require_cuda
+    gpus = require_cuda(parser, env)
+    print(f"{gpus} GPU(s) visible\n{horovodlike_gpu_report(env)}", flush=True)
+    LABELS["ddp"] = "torch DDP (NCCL)"
+    if "ddp" in kinds and args.np > gpus:
+        print(f"skipped: torch DDP (NCCL): {args.np} ranks on {gpus} GPU(s), and NCCL refuses "
+              "several ranks on one GPU", flush=True)
+        kinds = [k for k in kinds if k != "ddp"]
+    return kinds
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--np", type=int, default=2)
@@ -254,11 +291,13 @@ def main():
     parser.add_argument("--variant", action="append", default=[], metavar="NAME=VALUE",
                         help="run the horovodlike job a second time in every round with these "
                         "settings (repeatable), to compare a setting within the same rounds")
+    parser.add_argument("--cuda", action="store_true",
+                        help="train on GPUs (rank r on GPU r mod the GPUs visible), DDP over NCCL")
     parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from allreduce import env_settings, format_settings
+    from allreduce import _base_env, env_settings, format_settings
     args.env = env_settings(parser, args.env)
     args.variant = env_settings(parser, args.variant)
     if args.worker:
@@ -272,11 +311,14 @@ def main():
         parser.error(f"--only: {', '.join(sorted(wanted - set(WORKERS)))} is not one of "
                      f"{', '.join(WORKERS)}")
     kinds = [k for k in WORKERS if k in wanted or (not wanted and k != "exchange")]
+    if args.cuda:
+        kinds = cuda_kinds(parser, args, kinds, _base_env())
     if args.variant:
         kinds.insert(kinds.index("horovodlike") + 1 if "horovodlike" in kinds else 0, "variant")
         LABELS["variant"] = f"horovodlike with {format_settings(args.variant)}"
     worker_args = ["--batch-size", str(args.batch_size), "--steps", str(args.steps),
                    "--windows", str(args.windows), "--warmup", str(args.warmup)]
+    worker_args += ["--cuda"] if args.cuda else []
     per_round = {k: [] for k in kinds}
     model_info = {}
     for round_ in range(args.repeat):
@@ -290,7 +332,8 @@ def main():
 
     table = {k: statistics.median(v) for k, v in per_round.items() if v}
     print()
-    print(f"training throughput, {args.np} ranks, batch {args.batch_size} per rank, "
+    print(f"training throughput{' on GPUs' if args.cuda else ''}, {args.np} ranks, batch "
+          f"{args.batch_size} per rank, "
           f"{model_info.get('parameters', 0) / 1e6:.1f}M parameters in "
           f"{model_info.get('tensors', 0)} tensors, SGD with momentum, median of "
           f"{args.repeat} rounds")

@@ -4,9 +4,13 @@
 
 --batch-size is per rank and --lr is for the global batch (batch size x ranks), so
 `-np 2 --batch-size 16` takes the same steps as `-np 1 --batch-size 32`.
+
+--cuda trains on the GPU cuda:<local rank> (one GPU per rank, as Horovod's examples pin them):
+the model, the batches and the gradients' allreduces live there (docs/gpu.md).
 """
 
 import argparse
+import sys
 
 import numpy as np
 import torch
@@ -27,7 +31,27 @@ def parse_args():
     parser.add_argument("--lr", type=float, default=0.2, help="learning rate for the global batch")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--save-weights", metavar="PATH", help="rank 0 writes the final weights here (.npz)")
+    parser.add_argument("--cuda", action="store_true", help="train on the GPU cuda:<local rank>")
     return parser.parse_args()
+
+
+def check_cuda():
+    """--cuda without a GPU that PyTorch can use: say so before joining the job."""
+    if not torch.cuda.is_available():
+        sys.exit(f"--cuda: this PyTorch ({torch.__version__}) sees no CUDA device "
+                 f"(torch.version.cuda = {torch.version.cuda}); install a CUDA build of PyTorch "
+                 "on a machine with a GPU, or leave out --cuda")
+
+
+def pick_device(use_cuda):
+    """cuda:<local rank> with --cuda (after hvd.init()), else the CPU."""
+    if not use_cuda:
+        return torch.device("cpu")
+    if hvd.local_rank() >= torch.cuda.device_count():
+        sys.exit(f"--cuda: local rank {hvd.local_rank()} has no GPU of its own "
+                 f"({torch.cuda.device_count()} visible); start at most that many ranks per host")
+    torch.cuda.set_device(hvd.local_rank())
+    return torch.device("cuda", hvd.local_rank())
 
 
 def load_data():
@@ -44,10 +68,11 @@ def build_model():
     return nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
 
 
-def train_epoch(model, optimizer, loader):
+def train_epoch(model, optimizer, loader, device):
     model.train()
-    total = torch.zeros(())
+    total = torch.zeros((), device=device)
     for x, y in loader:
+        x, y = x.to(device), y.to(device)
         optimizer.zero_grad()
         loss = F.cross_entropy(model(x), y)
         loss.backward()
@@ -58,21 +83,24 @@ def train_epoch(model, optimizer, loader):
     return hvd.allreduce(total / len(loader), name="train_loss", op=hvd.Average).item()
 
 
-def held_out_accuracy(model, test):
+def held_out_accuracy(model, test, device):
     # Each rank scores every size-th test example; summing the counts gives the whole set.
     model.eval()
     x, y = test.tensors
-    x, y = x[hvd.rank() :: hvd.size()], y[hvd.rank() :: hvd.size()]
+    x, y = x[hvd.rank() :: hvd.size()].to(device), y[hvd.rank() :: hvd.size()].to(device)
     with torch.no_grad():
         correct = (model(x).argmax(dim=1) == y).sum()
-    counts = torch.tensor([correct.item(), len(y)], dtype=torch.float64)
+    counts = torch.tensor([correct.item(), len(y)], dtype=torch.float64, device=device)
     correct, total = hvd.allreduce(counts, name="test_counts", op=hvd.Sum).tolist()
     return correct / total
 
 
 def main():
     args = parse_args()
+    if args.cuda:
+        check_cuda()
     hvd.init()
+    device = pick_device(args.cuda)
     torch.manual_seed(args.seed)
     # Ranks share the host's cores; one thread each avoids oversubscribing them.
     torch.set_num_threads(1)
@@ -85,7 +113,7 @@ def main():
     )
     loader = DataLoader(train, batch_size=args.batch_size, sampler=sampler, drop_last=True)
 
-    model = build_model()
+    model = build_model().to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
@@ -93,8 +121,8 @@ def main():
 
     for epoch in range(1, args.epochs + 1):
         sampler.set_epoch(epoch)
-        loss = train_epoch(model, optimizer, loader)
-        accuracy = held_out_accuracy(model, test)
+        loss = train_epoch(model, optimizer, loader, device)
+        accuracy = held_out_accuracy(model, test, device)
         if hvd.rank() == 0:
             print(f"epoch {epoch}: loss {loss:.4f} test accuracy {100 * accuracy:.2f}%", flush=True)
 

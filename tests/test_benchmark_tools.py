@@ -15,6 +15,7 @@ from conftest import REPO
 sys.path.insert(0, str(REPO / "benchmarks"))
 import alphabeta  # noqa: E402
 import allreduce  # noqa: E402
+import gpu_setup  # noqa: E402
 import latency_breakdown  # noqa: E402
 import multihost  # noqa: E402
 
@@ -152,3 +153,25 @@ def test_env_settings_are_parsed_and_bad_ones_refused():
     assert allreduce.env_settings(parser, ["A=1", "B=x=y"]) == {"A": "1", "B": "x=y"}
     with pytest.raises(SystemExit):
         allreduce.env_settings(parser, ["NOVALUE"])
+
+
+@pytest.mark.parametrize("np_,gpus,peers", [(1, 1, ["torch-nccl"]),
+                                            (2, 1, ["torch-gloo-cuda"]),
+                                            (2, 2, ["torch-nccl", "torch-gloo-cuda"])])
+def test_cuda_peers_leave_out_nccl_when_ranks_share_a_gpu(np_, gpus, peers):
+    chosen, skipped = gpu_setup.torch_peers(np_, gpus)
+    assert [label for label, _ in chosen] == peers
+    assert len(chosen) + len(skipped) == 2
+    if "torch-nccl" not in peers:
+        assert "NCCL refuses several ranks on one GPU" in skipped[0]
+
+
+@pytest.mark.parametrize("script", ["allreduce.py", "train_step.py"])
+def test_cuda_mode_without_a_gpu_fails_clearly(script):
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: --cuda would run")
+    run = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), "--np", "2",
+                          "--cuda"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "--cuda: this PyTorch" in run.stderr and "sees no CUDA device" in run.stderr

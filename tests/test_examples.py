@@ -88,3 +88,13 @@ def test_two_ranks_of_16_train_like_one_rank_of_32(tmp_path):
     # A different global batch must give different weights, or the comparison above proves nothing.
     other = load_weights(bigger_batch)
     assert not all(np.allclose(other[name], expected[name], rtol=1e-4, atol=1e-5) for name in expected)
+
+
+def test_cuda_without_a_gpu_fails_clearly():
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: --cuda would train on it")
+    result = subprocess.run([sys.executable, EXAMPLE, "--cuda"], env=job_env(), cwd=REPO,
+                            capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "--cuda: this PyTorch" in result.stderr and "sees no CUDA device" in result.stderr

@@ -373,7 +373,10 @@ def test_hostfile_flag(tmp_path):
 def test_check_build_reports_the_real_core():
     # The extension this checkout built, not a stand-in: what it reports must match what it is.
     from horovodlike import _core
+    import horovodlike.common  # noqa: F401 (hands the core the wheels' folders first)
     info = _core.build_info()
+    gpu = dict(_core.gpu_info()) if hasattr(_core, "gpu_info") else None
+    nccl = info["nccl"] or bool(gpu and gpu["nccl"]["found"])
     result = launch(["--check-build"])
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
@@ -386,7 +389,11 @@ def test_check_build_reports_the_real_core():
     operations = lines[lines.index("Available Tensor Operations:") + 1:][:5]
     # Shared memory is always built in, and the report must say so.
     assert operations == ["    [X] TCP", "    [X] SHM", f"    [{mark(info['mpi'])}] MPI",
-                          f"    [{mark(info['gloo'])}] Gloo", "    [ ] NCCL"]
+                          f"    [{mark(info['gloo'])}] Gloo", f"    [{mark(nccl)}] NCCL"]
+    if gpu is not None:  # a core with GPU support says what it found, or why not
+        libraries = lines[lines.index("GPU Libraries (loaded at run time):") + 1:][:2]
+        assert libraries[0].startswith(f"    [{mark(gpu['cuda']['found'])}] CUDA runtime")
+        assert libraries[1].startswith(f"    [{mark(gpu['nccl']['found'])}] NCCL")
     providers = lines[lines.index("Collective Providers (tried in order):") + 1:]
     assert providers[0].startswith("    allreduce: shm_allreduce"), providers
     assert providers[0].endswith("ring_allreduce"), providers
@@ -409,6 +416,25 @@ def test_check_build_report_format():
     assert report.startswith("horovodlike v9.9:\n\nAvailable Frameworks:\n    [X] PyTorch\n"
                              "    [ ] TensorFlow\n    [ ] Keras\n")
     assert report.endswith("Other Features:\n    [X] cuda\n")
+
+
+def test_check_build_report_gpu_libraries():
+    gpu_info = {"cuda": {"found": True, "path": "/w/nvidia/cuda_runtime/lib/libcudart.so.12",
+                         "version": 12080, "devices": 2, "error": ""},
+                "nccl": {"found": False, "path": "", "version": 0,
+                         "error": "libnccl.so.2: cannot open shared object file"},
+                "search": [["/w/nvidia/cuda_runtime/lib"], []]}
+    report = format_report({"version": "9.9", "tcp": True, "nccl": False}, {}, gpu_info)
+    assert "    [ ] NCCL\n\nGPU Libraries (loaded at run time):\n" \
+           "    [X] CUDA runtime 12.8: /w/nvidia/cuda_runtime/lib/libcudart.so.12 (2 devices)\n" \
+           "    [ ] NCCL: libnccl.so.2: cannot open shared object file\n" \
+           "    searched for the CUDA runtime: /w/nvidia/cuda_runtime/lib\n" in report
+    gpu_info["nccl"] = {"found": True, "path": "/w/libnccl.so.2", "version": 22305, "error": ""}
+    report = format_report({"version": "9.9", "tcp": True, "nccl": False}, {}, gpu_info)
+    gpu_info["search"] = ["/w/a", "/w/b"]  # the contract's flat list
+    report = format_report({"version": "9.9", "tcp": True, "nccl": False}, {}, gpu_info)
+    assert "    [X] NCCL\n" in report and "    [X] NCCL 2.23.5: /w/libnccl.so.2\n" in report
+    assert report.endswith("    searched: /w/a, /w/b\n")
 
 
 # ---------------------------------------------------------------- the rendezvous server

@@ -8,7 +8,7 @@ from pathlib import Path
 
 CSRC = Path(__file__).resolve().parents[1] / "csrc"
 # Lowest first: a folder may include itself and the folders before it.
-LAYERS = ["common", "reduce", "links", "collectives", "core", "python"]
+LAYERS = ["common", "reduce", "links", "cuda", "collectives", "core", "python"]
 
 
 def sources():

@@ -40,3 +40,9 @@ def test_tensorflow2_digits_example(tmp_path):
     assert two[-1][2] >= 95.0, two
     assert two[-1][1] < two[0][1], two
     check_same_weights(tmp_path / "np1.npz", tmp_path / "np2.npz", one, two)
+
+
+def test_gpu_device_strings_go_through_the_host():
+    # tf.device("/GPU:0") and device_dense="/gpu:0" (docs/gpu.md): same values, no crash.
+    result = launch(2, "tf_gpu_device_worker.py", launcher_args=SLOW_START, timeout=300)
+    assert_all_ranks(result, 2, "tensorflow gpu device strings OK")

@@ -1,6 +1,7 @@
 // What the core calls to run a collective: a provider, either one of our algorithms over a link
-// (ring, hierarchical, shared memory) or a library's own collective (MPI_Allreduce). The
-// ProviderTable (provider_table.h) says which one runs each operation.
+// (ring, hierarchical, shared memory) or a library's own collective (MPI_Allreduce). Each
+// backend registers its providers (provider_registry.h); the ProviderTable (provider_table.h)
+// says which one runs each operation. kOperation names the operation in --check-build.
 #pragma once
 
 #include <cstddef>
@@ -13,6 +14,7 @@ namespace horovodlike {
 
 class AllreduceProvider {
  public:
+  static constexpr const char* kOperation = "allreduce";
   virtual ~AllreduceProvider() = default;
   // Short name for --check-build and stats ("ring_allreduce", "shm_allreduce", ...).
   virtual const char* name() const = 0;
@@ -26,6 +28,7 @@ class AllreduceProvider {
 
 class AllgatherProvider {
  public:
+  static constexpr const char* kOperation = "allgather";
   virtual ~AllgatherProvider() = default;
   virtual const char* name() const = 0;
   // In-place allgatherv of blocks in rank order (`block_bytes[r]` from rank r; this rank's
@@ -35,6 +38,7 @@ class AllgatherProvider {
 
 class ReducescatterProvider {
  public:
+  static constexpr const char* kOperation = "reducescatter";
   virtual ~ReducescatterProvider() = default;
   virtual const char* name() const = 0;
   // `buf` holds the blocks in rank order, block_counts[r] elements each, and is work space; on
@@ -45,6 +49,7 @@ class ReducescatterProvider {
 
 class AlltoallProvider {
  public:
+  static constexpr const char* kOperation = "alltoall";
   virtual ~AlltoallProvider() = default;
   virtual const char* name() const = 0;
   // send_bytes[j] of `input` (packed in rank order) go to rank j; recv_bytes[j] from rank j
@@ -55,6 +60,7 @@ class AlltoallProvider {
 
 class BroadcastProvider {
  public:
+  static constexpr const char* kOperation = "broadcast";
   virtual ~BroadcastProvider() = default;
   virtual const char* name() const = 0;
   // `bytes` of `buf` from rank `root` to every rank, in place.
@@ -63,6 +69,7 @@ class BroadcastProvider {
 
 class AdasumProvider {
  public:
+  static constexpr const char* kOperation = "adasum";
   virtual ~AdasumProvider() = default;
   virtual const char* name() const = 0;
   // Combines `buf` in place: `counts` are the element counts of the tensors laid end to end in

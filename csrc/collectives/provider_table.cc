@@ -1,135 +1,13 @@
 #include "provider_table.h"
 
 #include <cctype>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <set>
 
-#include "../links/per_peer_link.h"
-#include "../reduce/reduce.h"
-#include "adasum_allreduce.h"
-#include "chain_broadcast.h"
-#include "hierarchical_allgather.h"
-#include "hierarchical_allreduce.h"
-#include "ring_allgather.h"
-#include "pairwise_alltoall.h"
-#include "ring_allreduce.h"
-#include "ring_reducescatter.h"
-#include "shm/shm_allreduce.h"
-#ifdef HOROVODLIKE_MPI_FOUND
-#include "../links/mpi/mpi_link.h"
-#include "mpi/mpi_allreduce.h"
-#endif
-
 namespace horovodlike {
 namespace {
-
-// Our algorithms seen through the provider interfaces.
-class RingAllreduceProvider final : public AllreduceProvider {
- public:
-  explicit RingAllreduceProvider(Link& link) : link_(link) {}
-  const char* name() const override { return "ring_allreduce"; }
-  void Run(void* buf, size_t count, DataType dtype, ReduceOp op, double scale) override {
-    if (link_.size() > 1) ring_.Run(link_, buf, count, dtype, op);
-    ScaleInPlace(buf, count, dtype, scale);
-  }
-
- private:
-  Link& link_;
-  RingAllreduce ring_;
-};
-
-class HierarchicalAllreduceProvider final : public AllreduceProvider {
- public:
-  HierarchicalAllreduceProvider(const HostHierarchy& hosts, AllreduceProvider* host_allreduce)
-      : hosts_(hosts), host_allreduce_(host_allreduce) {}
-  const char* name() const override { return "hierarchical_allreduce"; }
-  void Run(void* buf, size_t count, DataType dtype, ReduceOp op, double scale) override {
-    algorithm_.Run(hosts_, host_allreduce_, buf, count, dtype, op);
-    ScaleInPlace(buf, count, dtype, scale);
-  }
-
- private:
-  const HostHierarchy& hosts_;
-  AllreduceProvider* host_allreduce_;
-  HierarchicalAllreduce algorithm_;
-};
-
-class RingAllgatherProvider final : public AllgatherProvider {
- public:
-  explicit RingAllgatherProvider(Link& link) : link_(link) {}
-  const char* name() const override { return "ring_allgather"; }
-  void Run(void* out, const std::vector<size_t>& block_bytes) override {
-    RingAllgatherv(link_, out, block_bytes);
-  }
-
- private:
-  Link& link_;
-};
-
-class HierarchicalAllgatherProvider final : public AllgatherProvider {
- public:
-  explicit HierarchicalAllgatherProvider(const HostHierarchy& hosts) : hosts_(hosts) {}
-  const char* name() const override { return "hierarchical_allgather"; }
-  void Run(void* out, const std::vector<size_t>& block_bytes) override {
-    algorithm_.Run(hosts_, out, block_bytes);
-  }
-
- private:
-  const HostHierarchy& hosts_;
-  HierarchicalAllgather algorithm_;
-};
-
-class RingReducescatterProvider final : public ReducescatterProvider {
- public:
-  explicit RingReducescatterProvider(Link& link) : link_(link) {}
-  const char* name() const override { return "ring_reducescatter"; }
-  void Run(void* buf, const std::vector<size_t>& block_counts, DataType dtype,
-           ReduceOp op) override {
-    algorithm_.Run(link_, buf, block_counts, dtype, op);
-  }
-
- private:
-  Link& link_;
-  RingReducescatter algorithm_;
-};
-
-class PairwiseAlltoallProvider final : public AlltoallProvider {
- public:
-  explicit PairwiseAlltoallProvider(Link& link) : link_(link) {}
-  const char* name() const override { return "pairwise_alltoall"; }
-  void Run(const void* input, const std::vector<size_t>& send_bytes, void* output,
-           const std::vector<size_t>& recv_bytes) override {
-    PairwiseAlltoall(link_, input, send_bytes, output, recv_bytes);
-  }
-
- private:
-  Link& link_;
-};
-
-class ChainBroadcastProvider final : public BroadcastProvider {
- public:
-  explicit ChainBroadcastProvider(Link& link) : link_(link) {}
-  const char* name() const override { return "chain_broadcast"; }
-  void Run(void* buf, size_t bytes, int root) override { ChainBroadcast(link_, buf, bytes, root); }
-
- private:
-  Link& link_;
-};
-
-class AdasumAllreduceProvider final : public AdasumProvider {
- public:
-  explicit AdasumAllreduceProvider(Link& link) : link_(link) {}
-  const char* name() const override { return "adasum_allreduce"; }
-  void Run(void* buf, const size_t* counts, size_t num_tensors, DataType dtype,
-           const std::string& tensor) override {
-    algorithm_.Run(link_, buf, counts, num_tensors, dtype, tensor);
-  }
-
- private:
-  Link& link_;
-  AdasumAllreduce algorithm_;
-};
 
 std::mutex g_mutex;  // guards what follows
 
@@ -155,40 +33,73 @@ std::string MakeLabel(const char* provider, const Link* link) {
   return label;
 }
 
+// The registered cpu providers of Provider's operation that can run in `context`, in order
+// (`every`), or the first of them; each owned by `owned`.
+template <class Provider>
+std::vector<ProviderTable::Entry<Provider>> Pick(const ProviderContext& context, bool every,
+                                                 std::vector<std::shared_ptr<void>>* owned) {
+  std::vector<ProviderTable::Entry<Provider>> entries;
+  for (const ProviderRegistration<Provider>& registration : ProviderRegistry<Provider>::All()) {
+    if (registration.make == nullptr || std::strcmp(registration.device, kCpuDevice) != 0) {
+      continue;
+    }
+    std::shared_ptr<Provider> provider = registration.make(context);
+    if (provider == nullptr) continue;
+    const Link* over = (registration.traits & kOverLink) ? &context.link : nullptr;
+    entries.push_back({provider.get(), Intern(MakeLabel(provider->name(), over)),
+                       (registration.traits & kByHost) != 0});
+    owned->push_back(std::move(provider));
+    if (!every) break;
+  }
+  if (entries.empty()) {  // the algorithms over links run everywhere: a registration is missing
+    throw InvalidArgument(std::string("no ") + Provider::kOperation + " provider can run over " +
+                          context.link.name());
+  }
+  return entries;
+}
+
+// Appends (operation, what runs it in order) for the registrations of `device` that may run
+// with `cpu_operations`; nothing when none may.
+template <class Provider>
+void AppendAvailable(const char* device, const std::string& cpu_operations,
+                     std::vector<std::pair<std::string, std::string>>* available) {
+  const bool cpu = std::strcmp(device, kCpuDevice) == 0;
+  // Over the link HOROVOD_CPU_OPERATIONS names, the providers for any link say which it is.
+  const std::string over = OverBuiltInLinks(cpu_operations) || !cpu
+                               ? ""
+                               : " (over " + cpu_operations + ")";
+  std::string providers;
+  for (const ProviderRegistration<Provider>& registration : ProviderRegistry<Provider>::All()) {
+    if (std::strcmp(registration.device, device) != 0 || !registration.offered(cpu_operations)) {
+      continue;
+    }
+    if (!providers.empty()) providers += ", ";
+    providers += registration.name;
+    providers += *registration.applies != '\0' ? std::string(" (") + registration.applies + ")"
+                                               : over;
+  }
+  if (providers.empty()) return;
+  const std::string operation = Provider::kOperation;
+  available->emplace_back(cpu ? operation : operation + " (" + device + ")", providers);
+}
+
+template <class... Providers>
+void AppendEachAvailable(const char* device, const std::string& cpu_operations,
+                         std::vector<std::pair<std::string, std::string>>* available) {
+  (AppendAvailable<Providers>(device, cpu_operations, available), ...);
+}
+
 }  // namespace
 
-ProviderTable::ProviderTable(Link& link) : link_(link) {}
+ProviderTable::ProviderTable(const ProviderContext& context)
+    : allreduce_(Pick<AllreduceProvider>(context, /*every=*/true, &owned_)),
+      allgather_(Pick<AllgatherProvider>(context, false, &owned_)[0]),
+      reducescatter_(Pick<ReducescatterProvider>(context, false, &owned_)[0]),
+      alltoall_(Pick<AlltoallProvider>(context, false, &owned_)[0]),
+      broadcast_(Pick<BroadcastProvider>(context, false, &owned_)[0]),
+      adasum_(Pick<AdasumProvider>(context, false, &owned_)[0]) {}
+
 ProviderTable::~ProviderTable() = default;
-
-void ProviderTable::AddAllreduce(std::unique_ptr<AllreduceProvider> provider, const Link* link) {
-  allreduce_.push_back({provider.get(), Intern(MakeLabel(provider->name(), link))});
-  owned_allreduce_.push_back(std::move(provider));
-}
-
-void ProviderTable::SetAllgather(std::unique_ptr<AllgatherProvider> provider, const Link* link) {
-  allgather_ = {provider.get(), Intern(MakeLabel(provider->name(), link))};
-  owned_allgather_ = std::move(provider);
-}
-
-template <class Provider>
-ProviderTable::Entry<Provider> Own(std::unique_ptr<Provider> provider, const Link& link,
-                                   std::unique_ptr<Provider>* owner) {
-  ProviderTable::Entry<Provider> entry{provider.get(),
-                                       Intern(MakeLabel(provider->name(), &link))};
-  *owner = std::move(provider);
-  return entry;
-}
-
-void ProviderTable::SetOthers() {
-  reducescatter_ = Own<ReducescatterProvider>(std::make_unique<RingReducescatterProvider>(link_),
-                                              link_, &owned_reducescatter_);
-  alltoall_ = Own<AlltoallProvider>(std::make_unique<PairwiseAlltoallProvider>(link_), link_,
-                                    &owned_alltoall_);
-  broadcast_ = Own<BroadcastProvider>(std::make_unique<ChainBroadcastProvider>(link_), link_,
-                                      &owned_broadcast_);
-  adasum_ = Own<AdasumProvider>(std::make_unique<AdasumAllreduceProvider>(link_), link_,
-                                &owned_adasum_);
-}
 
 std::unique_ptr<ProviderTable> ProviderTable::ForJob(Link& link,
                                                    const std::string& cpu_operations) {
@@ -200,32 +111,8 @@ std::unique_ptr<ProviderTable> ProviderTable::ForJob(Link& link,
                           " asks for its operations, but the job's ranks are connected over " +
                           link.name());
   }
-  std::unique_ptr<ProviderTable> table(new ProviderTable(link));
-  const HostHierarchy* hosts = nullptr;
-  if (auto* per_peer = dynamic_cast<PerPeerLink*>(&link)) {
-    hosts = per_peer->hierarchy();
-    if (ShmLink* shm = per_peer->shm()) table->shm_ = std::make_unique<ShmAllreduce>(*shm);
-    if (table->shm_ && per_peer->shm()->size() == link.size()) {
-      // Every rank on this host: shared memory's own allreduce for everything.
-      table->allreduce_.push_back({table->shm_.get(), Intern(MakeLabel("shm_allreduce", nullptr))});
-    }
-  }
-#ifdef HOROVODLIKE_MPI_FOUND
-  if (auto* mpi = dynamic_cast<MpiLink*>(&link)) {
-    table->AddAllreduce(std::make_unique<MpiAllreduce>(*mpi, cpu_operations == "mpi"), nullptr);
-  }
-#endif
-  if (hosts != nullptr && hosts->allreduce()) {
-    table->AddAllreduce(std::make_unique<HierarchicalAllreduceProvider>(*hosts, table->shm_.get()),
-                        nullptr);
-  }
-  table->AddAllreduce(std::make_unique<RingAllreduceProvider>(link), &link);
-  if (hosts != nullptr && hosts->allgather()) {
-    table->SetAllgather(std::make_unique<HierarchicalAllgatherProvider>(*hosts), nullptr);
-  } else {
-    table->SetAllgather(std::make_unique<RingAllgatherProvider>(link), &link);
-  }
-  table->SetOthers();
+  std::unique_ptr<ProviderTable> table(
+      new ProviderTable(ProviderContext(link, /*spans_job=*/true, cpu_operations)));
   auto described = table->Describe();
   std::lock_guard<std::mutex> lock(g_mutex);
   if (g_running_job == nullptr) g_running_job = new std::vector<std::pair<std::string, std::string>>();
@@ -234,11 +121,8 @@ std::unique_ptr<ProviderTable> ProviderTable::ForJob(Link& link,
 }
 
 std::unique_ptr<ProviderTable> ProviderTable::ForSubset(Link& view) {
-  std::unique_ptr<ProviderTable> table(new ProviderTable(view));
-  table->AddAllreduce(std::make_unique<RingAllreduceProvider>(view), &view);
-  table->SetAllgather(std::make_unique<RingAllgatherProvider>(view), &view);
-  table->SetOthers();
-  return table;
+  return std::unique_ptr<ProviderTable>(
+      new ProviderTable(ProviderContext(view, /*spans_job=*/false, "")));
 }
 
 ProviderTable::Entry<AllreduceProvider> ProviderTable::Allreduce(size_t count, DataType dtype,
@@ -271,29 +155,13 @@ std::vector<std::pair<std::string, std::string>> ProviderTable::ForRunningJob() 
 
 std::vector<std::pair<std::string, std::string>> ProviderTable::Available(
     const std::string& cpu_operations) {
-  // Over MPI or Gloo there is neither shared memory nor a host hierarchy (per_peer_link.h).
-  const bool per_peer = cpu_operations.empty() || cpu_operations == "tcp";
-  std::string allreduce = per_peer ? "shm_allreduce (every rank on one host), " : "";
-#ifdef HOROVODLIKE_MPI_FOUND
-  if (cpu_operations == "mpi") {
-    allreduce += "mpi_allreduce (every size, HOROVOD_CPU_OPERATIONS=mpi), ";
-  } else if (cpu_operations.empty()) {
-    allreduce += "mpi_allreduce (over MPI, up to 256 KiB), ";
+  std::vector<std::pair<std::string, std::string>> available;
+  for (const char* device : {kCpuDevice, kCudaDevice}) {
+    AppendEachAvailable<AllreduceProvider, AllgatherProvider, ReducescatterProvider,
+                        AlltoallProvider, BroadcastProvider, AdasumProvider>(
+        device, cpu_operations, &available);
   }
-#endif
-  if (per_peer) {
-    allreduce += "hierarchical_allreduce (HOROVOD_HIERARCHICAL_ALLREDUCE=1), ";
-  }
-  const std::string over = per_peer ? "" : " (over " + cpu_operations + ")";
-  allreduce += "ring_allreduce" + over;
-  return {{"allreduce", allreduce},
-          {"allgather", per_peer ? "hierarchical_allgather (HOROVOD_HIERARCHICAL_ALLGATHER=1), "
-                                   "ring_allgather"
-                                 : "ring_allgather" + over},
-          {"reducescatter", "ring_reducescatter" + over},
-          {"alltoall", "pairwise_alltoall" + over},
-          {"broadcast", "chain_broadcast" + over},
-          {"adasum", "adasum_allreduce" + over}};
+  return available;
 }
 
 void ProviderTable::CountRun(const char* label) {

@@ -1,9 +1,11 @@
-// The one place that decides which provider runs each collective of a process set, from what
-// the links offer: built once per set at init (or when the set is added), then only looked up.
+// The one place that decides which provider runs each collective of a process set: built once
+// per set at init (or when the set is added) from the registered providers
+// (provider_registry.h), each asked whether it can run over the set's link, then only looked up.
 // Its Describe() is what --check-build and the stats print; each provider's timeline label
 // names the algorithm and the link it runs over.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <utility>
@@ -11,21 +13,21 @@
 
 #include "../links/link.h"
 #include "provider.h"
+#include "provider_registry.h"
 
 namespace horovodlike {
 
-class ShmAllreduce;
-class HostHierarchy;
-
 class ProviderTable {
  public:
-  // For the job's global process set over `link` (the link ConnectLink returned): shared
-  // memory's allreduce when it spans the job, MPI's over MPI (for small messages; at every size
-  // with `cpu_operations` "mpi", HOROVOD_CPU_OPERATIONS), by host when the job asked for it,
-  // and the ring over `link` for the rest. Throws InvalidArgument when `cpu_operations` names
+  // For the job's global process set over `link` (the link ConnectLink returned): per
+  // operation, the registered cpu providers that can run over it, in their order. Shared
+  // memory's allreduce when it spans the job, MPI's over MPI (small messages; every size with
+  // `cpu_operations` "mpi", HOROVOD_CPU_OPERATIONS), by host when the job asked for it, and the
+  // ring over `link` for the rest. Throws InvalidArgument when `cpu_operations` names
   // operations that `link` cannot run.
   static std::unique_ptr<ProviderTable> ForJob(Link& link, const std::string& cpu_operations);
-  // For a process set: the algorithms over its view of the job's link.
+  // For a process set: the providers that run over its view of the job's link (the algorithms
+  // over links: the others need the job's own link).
   static std::unique_ptr<ProviderTable> ForSubset(Link& view);
   ~ProviderTable();
 
@@ -36,6 +38,7 @@ class ProviderTable {
   struct Entry {
     Provider* provider;
     const char* label;
+    bool by_host;  // runs inside each host, then across hosts (kByHost)
   };
   // The first allreduce provider, in the table's order, that takes these arguments.
   Entry<AllreduceProvider> Allreduce(size_t count, DataType dtype, ReduceOp op) const;
@@ -50,7 +53,8 @@ class ProviderTable {
   std::vector<std::pair<std::string, std::string>> Describe() const;
 
   // What this build can run, per operation, in the order tried, each with when it applies,
-  // as ForJob would pick them for `cpu_operations` (HOROVOD_CPU_OPERATIONS).
+  // as ForJob would pick them for `cpu_operations` (HOROVOD_CPU_OPERATIONS); then the GPU
+  // path's, per operation ("allreduce (cuda)"). All from the registered providers.
   static std::vector<std::pair<std::string, std::string>> Available(
       const std::string& cpu_operations);
   // Describe() of the last table ForJob built (the running job's), empty before the first.
@@ -62,27 +66,15 @@ class ProviderTable {
   static void CountRun(const char* label);
 
  private:
-  explicit ProviderTable(Link& link);
-  // Appends `provider` to the allreduce's list (owned), labelled for `link` (null: no prefix).
-  void AddAllreduce(std::unique_ptr<AllreduceProvider> provider, const Link* link);
-  void SetAllgather(std::unique_ptr<AllgatherProvider> provider, const Link* link);
-  // The operations with one algorithm of ours over the set's link.
-  void SetOthers();
+  explicit ProviderTable(const ProviderContext& context);
 
-  Link& link_;
-  std::vector<std::unique_ptr<AllreduceProvider>> owned_allreduce_;
-  std::unique_ptr<ShmAllreduce> shm_;  // shared memory's own, used by host or over the job
+  std::vector<std::shared_ptr<void>> owned_;  // every provider below; first, so built first
   std::vector<Entry<AllreduceProvider>> allreduce_;
-  std::unique_ptr<AllgatherProvider> owned_allgather_;
-  Entry<AllgatherProvider> allgather_{nullptr, nullptr};
-  std::unique_ptr<ReducescatterProvider> owned_reducescatter_;
-  Entry<ReducescatterProvider> reducescatter_{nullptr, nullptr};
-  std::unique_ptr<AlltoallProvider> owned_alltoall_;
-  Entry<AlltoallProvider> alltoall_{nullptr, nullptr};
-  std::unique_ptr<BroadcastProvider> owned_broadcast_;
-  Entry<BroadcastProvider> broadcast_{nullptr, nullptr};
-  std::unique_ptr<AdasumProvider> owned_adasum_;
-  Entry<AdasumProvider> adasum_{nullptr, nullptr};
+  Entry<AllgatherProvider> allgather_;
+  Entry<ReducescatterProvider> reducescatter_;
+  Entry<AlltoallProvider> alltoall_;
+  Entry<BroadcastProvider> broadcast_;
+  Entry<AdasumProvider> adasum_;
 };
 
 }  // namespace horovodlike

@@ -108,8 +108,21 @@ std::string GetBackend(const char* name) {
   return v;
 }
 
+std::string GetGpuOperations() {
+  const char* value = Get("HOROVOD_GPU_OPERATIONS");
+  std::string v = value != nullptr ? value : "";
+  for (char& c : v) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (!(v.empty() || v == "nccl" || v == "staged" || v == "mpi" || v == "gloo")) {
+    throw InvalidArgument("HOROVOD_GPU_OPERATIONS='" + std::string(value) +
+                          "' is not one of nccl, staged (GPU tensors through host memory), "
+                          "mpi, gloo");
+  }
+  return v;
+}
+
 void ReadLinkSettings(Config& c) {
   c.cpu_operations = GetBackend("HOROVOD_CPU_OPERATIONS");
+  c.gpu_operations = GetGpuOperations();
   c.controller = GetBackend("HOROVOD_CONTROLLER");
   c.shm_disabled = GetBool("HOROVOD_SHM_DISABLE", false);
   if (const char* host = Get("HOROVOD_HOSTNAME")) c.launcher_hostname = host;
@@ -127,6 +140,11 @@ void ReadLinkSettings(Config& c) {
 }  // namespace
 
 std::string CpuOperationsFromEnvironment() { return GetBackend("HOROVOD_CPU_OPERATIONS"); }
+
+std::string GpuLibraryPathFromEnvironment(const char* variable) {
+  const char* value = Get(variable);
+  return value != nullptr ? value : "";
+}
 
 Config Config::FromEnvironment() {
   Config c;

@@ -67,6 +67,10 @@ struct Config {
   // defaults), and the controller (HOROVOD_CONTROLLER). The job's link is the one the first of
   // them that is set names, else MPI under mpirun, else TCP (links/connect.cc).
   std::string cpu_operations;
+  // HOROVOD_GPU_OPERATIONS, lower case: "" (NCCL when every rank can), "nccl" (NCCL or an
+  // error), "staged" (GPU tensors through host memory and the CPU operations; also "mpi",
+  // "gloo").
+  std::string gpu_operations;
   std::string controller;
   // Links (read here so that no link reads the environment): HOROVOD_SHM_DISABLE, the host
   // name the launcher gave this rank (HOROVOD_HOSTNAME; ranks with the same one may share
@@ -93,4 +97,7 @@ namespace horovodlike {
 // HOROVOD_CPU_OPERATIONS alone, checked as FromEnvironment checks it (for --check-build, which
 // reports the providers it would pick without starting a job).
 std::string CpuOperationsFromEnvironment();
+// A GPU library's explicit path (HOROVOD_CUDART_PATH, HOROVOD_NCCL_PATH); "" when unset. Read
+// when the library is first needed, which may be before init() (gpu_info()).
+std::string GpuLibraryPathFromEnvironment(const char* variable);
 }  // namespace horovodlike

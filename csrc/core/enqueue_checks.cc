@@ -43,10 +43,6 @@ void CheckTensorArgs(const EnqueueArgs& args) {
   for (int64_t d : args.shape) {
     if (d < 0) throw InvalidArgument("tensor '" + args.name + "' has a negative dimension");
   }
-  if (args.device >= 0) {
-    throw InvalidArgument("tensor '" + args.name + "' is on GPU " + std::to_string(args.device) +
-                          ", but this build of horovodlike has no GPU support");
-  }
   if (args.dtype == DataType::kBool &&
       (args.reduce_op == ReduceOp::kAverage || args.prescale != 1.0 || args.postscale != 1.0) &&
       (args.op == OpType::kAllreduce || args.op == OpType::kReducescatter)) {

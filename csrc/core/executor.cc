@@ -72,23 +72,14 @@ void Executor::Execute(const Response* const* parts, size_t count) {
   }
   timeline_.OperationStart(parts, count);
   try {
-    switch (response.type) {
-      case Response::Type::kAllreduce: Allreduce(response, entries); break;
-      case Response::Type::kAllgather: Allgather(parts, entries); break;
-      case Response::Type::kReducescatter: Reducescatter(response, entries); break;
-      case Response::Type::kAlltoall: Alltoall(response, entries.at(0)); break;
-      case Response::Type::kBroadcast: Broadcast(response, entries.at(0)); break;
-      case Response::Type::kJoin:
-        entries.at(0).handle->integers = {response.control.last_joined_rank};
-        break;
-      case Response::Type::kAddProcessSet:
-      case Response::Type::kRemoveProcessSet:
-        entries.at(0).handle->integers = {on_process_set_change_(response)};
-        break;
-      case Response::Type::kBarrier:
-      case Response::Type::kError:
-        break;
+    if (response.device >= 0 && OnDevice(response.type)) {
+      ExecuteOnDevice(parts, count, entries);
+      // The handles are GpuCompletions' now: completed when the GPU work is done.
+      timeline_.OperationEnd();
+      entries.clear();
+      return;
     }
+    RunOnHost(parts, count, entries);
   } catch (const TransportError& e) {
     // The loop stops on this: the entries go back to the queue and fail with everything else,
     // with the loop's account of what happened (which may name the rank that failed first).
@@ -109,6 +100,68 @@ void Executor::Execute(const Response* const* parts, size_t count) {
   complete(Status::Ok());
 }
 
+bool Executor::OnDevice(Response::Type type) {
+  switch (type) {
+    case Response::Type::kAllreduce:
+    case Response::Type::kAllgather:
+    case Response::Type::kBroadcast:
+    case Response::Type::kAlltoall:
+    case Response::Type::kReducescatter:
+      return true;
+    default:
+      return false;
+  }
+}
+
+void Executor::RunOnHost(const Response* const* parts, size_t count,
+                         std::vector<TensorEntry>& entries) {
+  const Response& response = *parts[0];
+  switch (response.type) {
+    case Response::Type::kAllreduce: Allreduce(response, entries); break;
+    case Response::Type::kAllgather: Allgather(parts, entries); break;
+    case Response::Type::kReducescatter: Reducescatter(response, entries); break;
+    case Response::Type::kAlltoall: Alltoall(response, entries.at(0)); break;
+    case Response::Type::kBroadcast: Broadcast(response, entries.at(0)); break;
+    case Response::Type::kJoin:
+      entries.at(0).handle->integers = {response.control.last_joined_rank};
+      break;
+    case Response::Type::kAddProcessSet:
+    case Response::Type::kRemoveProcessSet:
+      entries.at(0).handle->integers = {on_process_set_change_(response)};
+      break;
+    case Response::Type::kBarrier:
+    case Response::Type::kError:
+      break;
+  }
+}
+
+void Executor::AdoptNccl(std::shared_ptr<NcclCollectives> nccl) {
+  device_ = std::make_unique<DeviceCollectives>(transport_.rank(), transport_.size(),
+                                                gpu_settings_, *gpu_, timeline_);
+  device_->Adopt(std::move(nccl));
+}
+
+void Executor::ExecuteOnDevice(const Response* const* parts, size_t count,
+                               std::vector<TensorEntry>& entries) {
+  if (gpu_ == nullptr) {
+    throw InvalidArgument("'" + parts[0]->names.at(0) + "' is in GPU memory, but this process "
+                          "set has no GPU path");
+  }
+  if (!device_) {
+    device_ = std::make_unique<DeviceCollectives>(transport_.rank(), transport_.size(),
+                                                  gpu_settings_, *gpu_, timeline_);
+  }
+  DeviceCollectives::Host host;
+  host.run_collective = [&] { RunOnHost(parts, count, entries); };
+  host.allgather = [&](void* out, const std::vector<size_t>& block_bytes) {
+    Gather(out, block_bytes);
+  };
+  host.broadcast = [&](void* buf, size_t bytes, int root) {
+    if (transport_.size() > 1) providers_->Broadcast().provider->Run(buf, bytes, root);
+  };
+  device_->Execute(parts, count, entries, host);
+}
+
 void Executor::Reduce(void* buf, size_t count, DataType dtype, ReduceOp op, double scale) {
   if (count == 0) return;
   if (transport_.size() == 1) {
@@ -119,9 +172,7 @@ void Executor::Reduce(void* buf, size_t count, DataType dtype, ReduceOp op, doub
   timeline_.ActivityStart(chosen.label);
   chosen.provider->Run(buf, count, dtype, op, scale);
   ProviderTable::CountRun(chosen.label);
-  if (std::strcmp(chosen.provider->name(), "hierarchical_allreduce") == 0) {
-    ++hierarchical_allreduces_;
-  }
+  if (chosen.by_host) ++hierarchical_allreduces_;
   timeline_.ActivityEnd();
 }
 
@@ -145,9 +196,7 @@ void Executor::Gather(void* out, const std::vector<size_t>& block_bytes) {
   timeline_.ActivityStart(chosen.label);
   chosen.provider->Run(out, block_bytes);
   ProviderTable::CountRun(chosen.label);
-  if (std::strcmp(chosen.provider->name(), "hierarchical_allgather") == 0) {
-    ++hierarchical_allgathers_;
-  }
+  if (chosen.by_host) ++hierarchical_allgathers_;
   timeline_.ActivityEnd();
 }
 

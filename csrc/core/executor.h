@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "device_collectives.h"
 #include "fusion_buffer.h"
 #include "handle_table.h"
 #include "message.h"
@@ -25,12 +26,19 @@ class Executor {
   // `providers`: which provider runs each collective over `transport` (provider_table.h).
   Executor(Link& transport, std::unique_ptr<ProviderTable> providers, TensorQueue& queue,
            HandleTable& handles, Timeline& timeline, int process_set_id,
-           ProcessSetChange on_process_set_change = nullptr)
+           ProcessSetChange on_process_set_change = nullptr, GpuCompletions* gpu = nullptr,
+           GpuSettings gpu_settings = {})
       : transport_(transport), providers_(std::move(providers)), queue_(queue),
         handles_(handles), timeline_(timeline), process_set_id_(process_set_id),
-        on_process_set_change_(std::move(on_process_set_change)) {}
+        on_process_set_change_(std::move(on_process_set_change)), gpu_(gpu),
+        gpu_settings_(std::move(gpu_settings)) {}
 
   const ProviderTable& providers() const { return *providers_; }
+  // The set's GPU path, once a GPU collective ran (null before).
+  const DeviceCollectives* device() const { return device_.get(); }
+  // The set's NCCL communicator, made from another's (ncclCommSplit) before its first GPU
+  // collective.
+  void AdoptNccl(std::shared_ptr<NcclCollectives> nccl);
 
   // Sizes the storage reused by every collective for up to `parts` tensors in one collective
   // and the fusion buffer for `fused_bytes` packed, so that later rounds, however they happen
@@ -60,6 +68,12 @@ class Executor {
   }
 
  private:
+  static bool OnDevice(Response::Type type);
+  // The collective over host memory (the entries' own, or GPU tensors staged there).
+  void RunOnHost(const Response* const* parts, size_t count, std::vector<TensorEntry>& entries);
+  // Tensors in GPU memory: DeviceCollectives runs them and completes their handles.
+  void ExecuteOnDevice(const Response* const* parts, size_t count,
+                       std::vector<TensorEntry>& entries);
   void Allreduce(const Response& response, std::vector<TensorEntry>& entries);
   void Allgather(const Response* const* parts, std::vector<TensorEntry>& entries);
   void Reducescatter(const Response& response, std::vector<TensorEntry>& entries);
@@ -84,6 +98,9 @@ class Executor {
   Timeline& timeline_;
   int process_set_id_;
   ProcessSetChange on_process_set_change_;
+  GpuCompletions* gpu_;
+  GpuSettings gpu_settings_;
+  std::unique_ptr<DeviceCollectives> device_;
   FusionBuffer fusion_;
   // Reused by every collective, so that running one allocates nothing.
   std::vector<TensorEntry> entries_;

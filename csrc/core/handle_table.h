@@ -27,6 +27,15 @@ struct HandleState {
   // gradient); alltoall, the rows received from each rank; join, the last rank to join;
   // add/remove_process_set, the set's id; a point-to-point receive, the sender's dtype code.
   std::vector<int64_t> integers;
+  // CUDA work (device_collectives.h): the core's completion event, recorded on its stream
+  // after the last of the operation's work, and the stream the caller enqueued on, which waits
+  // for it before the caller's next kernel (GpuCompletions::AfterWait).
+  int device = -1;
+  std::shared_ptr<void> completion_event;
+  void* caller_stream = nullptr;
+  // An output the core allocated in device memory (the bytes above are then empty).
+  std::shared_ptr<uint8_t> device_output;
+  size_t device_output_bytes = 0;
 };
 
 class HandleTable {

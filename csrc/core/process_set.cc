@@ -8,9 +8,9 @@ namespace horovodlike {
 
 ProcessSetTable::ProcessSetTable(Link& transport, const Config& config, TensorQueue& queue,
                                  HandleTable& handles, Timeline& timeline,
-                                 Executor::ProcessSetChange on_change)
+                                 Executor::ProcessSetChange on_change, GpuCompletions* gpu)
     : transport_(transport), config_(config), queue_(queue), handles_(handles),
-      timeline_(timeline), on_change_(std::move(on_change)) {
+      timeline_(timeline), on_change_(std::move(on_change)), gpu_(gpu) {
   auto global = std::make_unique<ProcessSet>();
   global->id = 0;
   for (int r = 0; r < transport.size(); ++r) global->ranks.push_back(r);
@@ -18,7 +18,8 @@ ProcessSetTable::ProcessSetTable(Link& transport, const Config& config, TensorQu
                                                     /*carries_parameters=*/true);
   global->executor = std::make_unique<Executor>(
       transport_, ProviderTable::ForJob(transport_, config_.cpu_operations), queue_, handles_,
-      timeline_, 0, on_change_);
+      timeline_, 0, on_change_, gpu_,
+      GpuSettings{config_.gpu_operations, config_.launcher_hostname, transport_.hosts()});
   sets_[0] = std::move(global);
 }
 
@@ -50,7 +51,10 @@ int ProcessSetTable::Add(const std::vector<int>& ranks) {
     set->view = std::make_unique<SubsetLink>(transport_, sorted);
     set->controller = std::make_unique<Controller>(*set->view, config_);
     set->executor = std::make_unique<Executor>(*set->view, ProviderTable::ForSubset(*set->view),
-                                               queue_, handles_, timeline_, set->id);
+                                               queue_, handles_, timeline_, set->id, nullptr,
+                                               gpu_,
+                                               GpuSettings{config_.gpu_operations,
+                                                           config_.launcher_hostname});
   }
   const int id = set->id;
   sets_[id] = std::move(set);

@@ -27,7 +27,8 @@ class ProcessSetTable {
  public:
   // Registers the global set over `transport`.
   ProcessSetTable(Link& transport, const Config& config, TensorQueue& queue,
-                  HandleTable& handles, Timeline& timeline, Executor::ProcessSetChange on_change);
+                  HandleTable& handles, Timeline& timeline, Executor::ProcessSetChange on_change,
+                  GpuCompletions* gpu = nullptr);
 
   // Adds a set (background thread only); throws InvalidArgument for bad or duplicate ranks.
   int Add(const std::vector<int>& ranks);
@@ -49,6 +50,7 @@ class ProcessSetTable {
   HandleTable& handles_;
   Timeline& timeline_;
   Executor::ProcessSetChange on_change_;
+  GpuCompletions* gpu_;
   std::mutex mutex_;
   std::map<int, std::unique_ptr<ProcessSet>> sets_;
   int next_id_ = 1;

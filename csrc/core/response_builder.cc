@@ -41,9 +41,8 @@ using Describe = std::function<std::string(const Request&)>;
 std::string OpOf(const Request& r) { return OpTypeName(r.op); }
 std::string DtypeOf(const Request& r) { return DataTypeName(r.dtype); }
 std::string ShapeOf(const Request& r) { return ShapeString(r.shape); }
-std::string DeviceOf(const Request& r) {
-  return r.device < 0 ? std::string("cpu") : "cuda:" + std::to_string(r.device);
-}
+// The kind of memory only: each rank uses its own GPU (cuda:local_rank), as in Horovod.
+std::string DeviceOf(const Request& r) { return r.device < 0 ? "cpu" : "cuda"; }
 std::string ReduceOf(const Request& r) { return ReduceOpName(r.reduce_op); }
 std::string ScaleOf(const Request& r) {
   return "prescale " + FormatDouble(r.prescale) + ", postscale " + FormatDouble(r.postscale);

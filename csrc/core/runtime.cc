@@ -8,6 +8,7 @@
 #include <map>
 
 #include "enqueue_checks.h"
+#include "../cuda/device_context.h"
 #include "../common/logging.h"
 #include "../collectives/adasum_allreduce.h"
 #include "../links/connect.h"
@@ -155,8 +156,10 @@ Runtime::Runtime(Config config, std::unique_ptr<Link> transport, int generation,
                  std::unique_ptr<Link> p2p_links, std::string p2p_unavailable)
     : config_(std::move(config)), generation_(generation), transport_(std::move(transport)),
       timeline_(std::move(timeline)),
+      gpu_completions_(handles_, [this] { queue_.Notify(); }),
       process_sets_(*transport_, config_, queue_, handles_, *timeline_,
-                    [this](const Response& r) { return ChangeProcessSets(r); }),
+                    [this](const Response& r) { return ChangeProcessSets(r); },
+                    &gpu_completions_),
       tuner_(std::move(tuner)),
       p2p_(std::make_unique<PointToPoint>(config_.rank, config_.size, std::move(p2p_links),
                                           handles_, std::move(p2p_unavailable))),
@@ -178,6 +181,7 @@ void Runtime::Close() {
   shutdown_requested_ = true;
   queue_.Notify();
   if (loop_.joinable()) loop_.join();
+  gpu_completions_.WaitIdle(10.0);  // GPU work already queued finishes; then the rest fails
   timeline_->Stop();
   // Point-to-point waits are not in the queue: they fail here, not when the object goes.
   p2p_->Abort(Status::Error(StatusCode::kShutdown, "horovodlike was shut down"));
@@ -214,6 +218,12 @@ int64_t Runtime::Enqueue(EnqueueArgs args) {
   entry.process_set_id = args.process_set;
   entry.input = args.input;
   entry.output = args.output;
+  if (args.device >= 0) {
+    // The point in the caller's stream at which the input is ready: the core's stream waits
+    // for it before touching the tensor (never a host-side synchronize here).
+    entry.stream = args.stream;
+    entry.ready_event = DeviceContext::For(args.device).RecordOn(args.stream);
+  }
   // A caller that waits runs its own rounds where it can; asynchronous work wakes the loop,
   // unless it is deferred until someone waits for it.
   const bool wake_loop = args.caller_waits ? !caller_rounds_ : !deferred_;
@@ -260,6 +270,7 @@ void Runtime::FailEverything(StatusCode code, const std::string& message) {
     }
   }
   for (TensorEntry& entry : queue_.TakeAll()) handles_.Complete(entry.handle, stop_status_);
+  gpu_completions_.Fail(stop_status_);
 }
 
 void Runtime::CheckPointToPoint(const PointToPoint::Message& message, const char* what) {
@@ -297,6 +308,28 @@ void Runtime::NotifyPointToPointFailure(int set_id, const std::string& reason) {
   if (process_sets_.Ranks(set_id, &members)) p2p_->NotifyFailure(set_id, members, reason);
 }
 
+void Runtime::SplitNcclCommunicator(int id, const std::vector<int>& ranks) {
+  // Every rank runs this response at the same point, members or not: when the job's set
+  // already has an NCCL communicator, the new set's is split from it (ncclCommSplit, cheaper
+  // than a new one); otherwise the set makes its own at its first GPU collective.
+  const DeviceCollectives* global = process_sets_.Member(0)->executor->device();
+  if (global == nullptr || !global->nccl() || !Nccl().has_split) return;
+  std::vector<int> sorted(ranks);
+  std::sort(sorted.begin(), sorted.end());
+  const auto it = std::lower_bound(sorted.begin(), sorted.end(), config_.rank);
+  const bool member = it != sorted.end() && *it == config_.rank;
+  std::shared_ptr<NcclCollectives> nccl = NcclCollectives::Split(
+      *global->nccl(), member, config_.rank, static_cast<int>(it - sorted.begin()),
+      static_cast<int>(sorted.size()));
+  if (member) process_sets_.Member(id)->executor->AdoptNccl(std::move(nccl));
+}
+
+std::string Runtime::DeviceMode(int id) {
+  ProcessSet* set = process_sets_.Member(id);
+  if (set == nullptr || set->executor->device() == nullptr) return "";
+  return set->executor->device()->mode();
+}
+
 std::vector<int> Runtime::ProcessSetRanks(int id) {
   std::vector<int> ranks;
   if (!process_sets_.Ranks(id, &ranks)) {
@@ -307,8 +340,10 @@ std::vector<int> Runtime::ProcessSetRanks(int id) {
 
 int64_t Runtime::ChangeProcessSets(const Response& response) {
   if (response.type == Response::Type::kAddProcessSet) {
-    return process_sets_.Add(std::vector<int>(response.control.ranks.begin(),
-                                              response.control.ranks.end()));
+    const std::vector<int> ranks(response.control.ranks.begin(), response.control.ranks.end());
+    const int id = process_sets_.Add(ranks);
+    SplitNcclCommunicator(id, ranks);
+    return id;
   }
   process_sets_.Remove(response.control.process_set_id);
   return response.control.process_set_id;
@@ -369,6 +404,7 @@ void Runtime::Loop() {
 bool Runtime::RunRoundLocked() {
   RoundState& state = round_state_;
   try {
+    if (gpu_completions_.failed()) throw TransportError(gpu_completions_.failure());
     TakeNewRequests(state);
     std::vector<int> shutdown_ranks;
     const bool shutdown = RunSets(state, &shutdown_ranks);

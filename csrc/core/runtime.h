@@ -16,6 +16,7 @@
 #include "runtime_args.h"
 #include "../common/env_config.h"
 #include "executor.h"
+#include "gpu_completions.h"
 #include "handle_table.h"
 #include "parameter_manager.h"
 #include "point_to_point.h"
@@ -44,6 +45,7 @@ class Runtime {
   // collectives; its handle reports the last rank to join or the set's id.
   int64_t EnqueueControl(OpType op, std::string name, ControlRequest control);
   HandleTable& handles() { return handles_; }
+  GpuCompletions& gpu_completions() { return gpu_completions_; }
   // Waits up to `seconds` for `handle`, like handles().WaitFor, but first runs negotiation
   // rounds on this thread while that brings the handle closer (the peers take part in them
   // too, from their loop or their own waiting callers): no hand-off to the loop and back,
@@ -74,6 +76,8 @@ class Runtime {
   // Ranks of a process set; throws InvalidArgument when it does not exist.
   std::vector<int> ProcessSetRanks(int id);
   std::vector<int> ProcessSetIds() { return process_sets_.Ids(); }
+  // How process set `id` runs GPU tensors ("nccl", "staged: <why>"); "" before its first.
+  std::string DeviceMode(int id);
   // The parameters in force (the same on every rank after each round) and the global round in
   // which they took effect.
   struct TunedState {
@@ -119,6 +123,8 @@ class Runtime {
   void Stop(StatusCode code, const std::string& cause, int origin, const char* kind,
             bool internal);
   int64_t ChangeProcessSets(const Response& response);
+  // A new set's NCCL communicator, split from the job's when it has one.
+  void SplitNcclCommunicator(int id, const std::vector<int>& ranks);
   // Queues an entry whose handle is `handle` (or completes it at once when the loop stopped).
   int64_t Submit(TensorEntry entry, int64_t handle, bool wake_loop = true);
   void FailEverything(StatusCode code, const std::string& message);
@@ -129,6 +135,7 @@ class Runtime {
   TensorQueue queue_;
   HandleTable handles_;
   std::unique_ptr<Timeline> timeline_;  // before the executors, which record into it
+  GpuCompletions gpu_completions_;        // likewise: the executors hand GPU work to it
   ProcessSetTable process_sets_;
   std::unique_ptr<ParameterManager> tuner_;  // rank 0 with HOROVOD_AUTOTUNE only
   std::mutex tuned_mutex_;

@@ -21,7 +21,8 @@ struct EnqueueArgs {
   double prescale = 1.0;
   double postscale = 1.0;
   int root_rank = 0;
-  int device = -1;
+  int device = -1;       // CUDA ordinal; -1: host memory
+  void* stream = nullptr;  // CUDA: the caller's stream, on which the input is ready
   int process_set = 0;
   std::vector<int64_t> splits;  // alltoall: rows per destination
   int64_t group_id = 0;

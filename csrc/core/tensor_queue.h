@@ -26,6 +26,10 @@ struct TensorEntry {
   Request request;
   const void* input = nullptr;
   void* output = nullptr;  // allreduce and broadcast write here; may equal input
+  // CUDA tensors: the caller's stream and an event recorded on it at enqueue, the point at
+  // which the input is ready (the core's stream waits for it).
+  void* stream = nullptr;
+  std::shared_ptr<void> ready_event;
   std::shared_ptr<HandleState> handle;
 };
 

@@ -12,6 +12,10 @@
 
 namespace horovodlike {
 
+class HostHierarchy;
+class MpiLink;
+class ShmLink;
+
 class Link {
  public:
   virtual ~Link() = default;
@@ -33,6 +37,14 @@ class Link {
   // TransportError (cause kInterrupted) when it says so. A caller's thread runs rounds itself
   // only over links that do.
   virtual bool interruptible() const { return false; }
+
+  // What the link offers the collective providers besides bytes (their registrations check it,
+  // collectives/provider_registry.h); null where it has none. The shared-memory link among the
+  // ranks of this host, the job's ranks grouped by host (when the job asked for hierarchical
+  // collectives), and the MPI link itself, whose communicator runs MPI's own collectives.
+  virtual ShmLink* shared_memory() const { return nullptr; }
+  virtual const HostHierarchy* hosts() const { return nullptr; }
+  virtual MpiLink* mpi() { return nullptr; }
 };
 
 }  // namespace horovodlike

@@ -51,8 +51,8 @@ class PerPeerLink : public Link {
   // For the collective providers: the shared-memory link among the ranks of this host (null
   // when this rank is alone on it), and the ranks grouped by host when the job asked for
   // hierarchical collectives (null otherwise; the same on every rank).
-  ShmLink* shm() const { return shm_.get(); }
-  const HostHierarchy* hierarchy() const { return hierarchy_.get(); }
+  ShmLink* shared_memory() const override { return shm_.get(); }
+  const HostHierarchy* hosts() const override { return hierarchy_.get(); }
 
  private:
   PerPeerLink(std::unique_ptr<Link> tcp, std::unique_ptr<ShmLink> shm,

@@ -14,7 +14,9 @@
 #include "../core/message.h"
 #include "../core/runtime.h"
 #include "../collectives/provider_table.h"
+#include "../cuda/nccl_api.h"
 #include "../links/connect.h"
+#include "gpu.h"
 #include "testing.h"
 
 namespace py = pybind11;
@@ -29,7 +31,7 @@ namespace {
 int64_t EnqueueCall(int op, const std::string& name, uintptr_t input, uintptr_t output, int dtype,
                     std::vector<int64_t> shape, int reduce_op, double prescale, double postscale,
                     int root_rank, int device, int process_set, std::vector<int64_t> splits,
-                    int64_t group_id, int group_size, bool caller_waits) {
+                    int64_t group_id, int group_size, bool caller_waits, uintptr_t stream) {
   if (!IsValidDataType(dtype)) {
     throw InvalidArgument("tensor '" + name + "' has an unsupported dtype code " +
                           std::to_string(dtype));
@@ -57,6 +59,7 @@ int64_t EnqueueCall(int op, const std::string& name, uintptr_t input, uintptr_t 
   args.group_id = group_id;
   args.group_size = group_size;
   args.caller_waits = caller_waits;
+  args.stream = reinterpret_cast<void*>(stream);
   return Runtime::Get()->Enqueue(std::move(args));
 }
 
@@ -130,7 +133,11 @@ std::shared_ptr<HandleState> WaitState(int64_t handle) {
                     "the round could not be finished, so horovodlike stopped on this rank and "
                     "the other ranks fail too: call shutdown() (and init() to start again)");
     }
-    if (state) break;
+    if (state) {
+      // GPU work: the caller's stream waits for the core's completion event.
+      if (state->completion_event) GpuCompletions::AfterWait(*state);
+      break;
+    }
     CheckSignals("waited for a collective to complete; it is still pending on this rank, and "
                  "its buffers stay alive until it completes or shutdown() is called");
   }
@@ -150,10 +157,10 @@ py::tuple WaitCall(int64_t handle) {
 // the caller keeps the buffers alive), as with wait().
 py::object RunCall(int op, const std::string& name, uintptr_t input, uintptr_t output, int dtype,
                   std::vector<int64_t> shape, int reduce_op, double prescale, double postscale,
-                  int root_rank, int device, int process_set) {
+                  int root_rank, int device, int process_set, uintptr_t stream) {
   const int64_t handle = EnqueueCall(op, name, input, output, dtype, std::move(shape), reduce_op,
                                      prescale, postscale, root_rank, device, process_set, {}, 0,
-                                     0, /*caller_waits=*/true);
+                                     0, /*caller_waits=*/true, stream);
   const std::shared_ptr<HandleState> state = WaitState(handle);
   Runtime::Get()->handles().Release(handle);
   if (state->status.ok()) return py::none();
@@ -303,7 +310,8 @@ py::dict BuildInfo() {
 #else
   info["gloo"] = false;
 #endif
-  info["nccl"] = false;
+  info["nccl"] = NcclStatus().found;
+  info["cuda"] = CudaStatus().found;
   // HOROVOD_HIERARCHICAL_ALLREDUCE over the built-in transport (always built in).
   info["hierarchical_allreduce"] = true;
   info["hierarchical_allgather"] = true;
@@ -380,7 +388,7 @@ PYBIND11_MODULE(_core, m) {
         py::arg("prescale") = 1.0, py::arg("postscale") = 1.0, py::arg("root_rank") = 0,
         py::arg("device") = -1, py::arg("process_set") = 0,
         py::arg("splits") = std::vector<int64_t>(), py::arg("group_id") = 0,
-        py::arg("group_size") = 0, py::arg("caller_waits") = false);
+        py::arg("group_size") = 0, py::arg("caller_waits") = false, py::arg("stream") = 0);
   // Join and process-set changes: control operations, with their own arguments (no tensor).
   m.def("enqueue_control", [](int op, const std::string& name, std::vector<int32_t> ranks,
                               int process_set_id) {
@@ -418,6 +426,7 @@ PYBIND11_MODULE(_core, m) {
       state = Runtime::Get()->handles().WaitFor(handle, seconds);
     }
     if (!state) return py::none();
+    if (state->completion_event) GpuCompletions::AfterWait(*state);
     return py::make_tuple(static_cast<int>(state->status.code), state->status.message);
   }, py::arg("handle"), py::arg("seconds"),
      "Like wait, but returns None when the handle is not done within `seconds`.");
@@ -426,6 +435,7 @@ PYBIND11_MODULE(_core, m) {
   m.def("run", &RunCall, py::arg("op"), py::arg("name"), py::arg("input"), py::arg("output"),
         py::arg("dtype"), py::arg("shape"), py::arg("reduce_op"), py::arg("prescale"),
         py::arg("postscale"), py::arg("root_rank"), py::arg("device"), py::arg("process_set"),
+        py::arg("stream") = 0,
         "enqueue + wait + release: runs a collective whose output is the caller's buffer; "
         "returns None, or (status code, message) when it failed. Pass every argument "
         "positionally (faster).");
@@ -446,4 +456,5 @@ PYBIND11_MODULE(_core, m) {
 
   // Test-only entry points live in their own submodule (testing.cc).
   DefineTestingModule(m);
+  DefineGpuFunctions(m);
 }

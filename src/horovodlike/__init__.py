@@ -5,3 +5,7 @@ Import the framework module you train with, as with Horovod:
 """
 
 __version__ = "0.1.0"
+
+# Tells the core where NVIDIA's CUDA and NCCL wheels are, before anything can ask it for them
+# (common/gpu_libraries.py).
+import horovodlike.common  # noqa: E402,F401

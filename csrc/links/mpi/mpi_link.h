@@ -37,6 +37,7 @@ class MpiLink : public Link {
   bool interruptible() const override { return true; }
 
   // For the providers that run MPI's own collectives (collectives/mpi/).
+  MpiLink* mpi() override { return this; }
   MPI_Comm comm() const { return comm_; }
   // Throws TransportError once the link has failed or was aborted.
   void CheckUsable();

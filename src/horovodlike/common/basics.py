@@ -2,6 +2,7 @@
 
 import atexit
 import os
+import re
 
 from horovodlike import _core
 from horovodlike.common.exceptions import HorovodInternalError
@@ -228,8 +229,31 @@ def gloo_built():
     return bool(_core.build_info()["gloo"])
 
 
+def _gpu_info():
+    """The core's report on the CUDA runtime and NCCL it found (``_core.gpu_info()``)."""
+    return dict(_core.gpu_info())
+
+
+def _nccl_version_code(version):
+    """NCCL's NCCL_VERSION_CODE: major*10000 + minor*100 + patch from 2.9 on (2.23.5 is 22305),
+    major*1000 + minor*100 + patch before; ``version`` is that int or "2.23.5"."""
+    if isinstance(version, int) and not isinstance(version, bool):
+        return version
+    found = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", str(version))
+    if found is None:
+        return 0
+    major, minor, patch = (int(part or 0) for part in found.groups())
+    if (major, minor) >= (2, 9):
+        return major * 10000 + minor * 100 + patch
+    return major * 1000 + minor * 100 + patch
+
+
 def nccl_built():
-    return bool(_core.build_info()["nccl"])
+    """As in Horovod, NCCL's version code (e.g. 22305 for 2.23.5) when NCCL is available, else
+    0. The core loads NCCL at run time, so this says whether it found a loadable libnccl
+    (``horovodlikerun --check-build`` says where, or why not)."""
+    nccl = _gpu_info().get("nccl") or {}
+    return _nccl_version_code(nccl.get("version")) if nccl.get("found") else 0
 
 
 def ddl_built():
@@ -241,7 +265,9 @@ def ccl_built():
 
 
 def cuda_built():
-    return bool(_core.build_info()["nccl"])
+    """True when the core found a loadable CUDA runtime (it is loaded at run time, so one build
+    serves machines with and without GPUs)."""
+    return bool((_gpu_info().get("cuda") or {}).get("found"))
 
 
 def rocm_built():

@@ -19,6 +19,10 @@ HorovodInternalError. Inside tf.function, bad arguments raise when the function 
 failures while the graph runs come out as TensorFlow's errors (tf.errors.UnknownError, whose
 message names TensorMismatchError or HorovodInternalError and what differed), because TensorFlow
 converts every Python exception raised by a graph node.
+
+Tensors on a GPU work, through host memory: TensorFlow copies them to the host and back around
+each collective, whatever ``tf.device`` scope or ``device_dense`` / ``device_sparse`` is given
+(those are accepted as in Horovod). NCCL serves PyTorch's CUDA tensors only (docs/gpu.md).
 """
 
 from horovodlike.common.basics import (init, shutdown, is_initialized, rank, size, local_rank,

@@ -1,6 +1,9 @@
 """Runs collectives on TensorFlow tensors through the NumPy layer, eagerly or inside graphs.
 
 Eagerly, tensors become NumPy arrays with ``.numpy()`` and the results become tensors again.
+Tensors on a GPU therefore go through host memory (``.numpy()`` copies them there; in a graph
+the collective node is placed on the host and TensorFlow copies its inputs and outputs): the
+core's CUDA and NCCL path serves PyTorch's tensors only (docs/gpu.md).
 Inside a ``tf.function``, one ``tf.numpy_function`` node runs a whole group of collectives: it
 enqueues them all, then waits for them all, so the core sees them together and fuses them.
 
@@ -228,11 +231,15 @@ def _graph_node(function, inputs, out_types, name):
             placeholders = [np.zeros(0, dtype=t.as_numpy_dtype) for t in out_types]
             return placeholders + [np.bytes_(errors.status_path(str(e).encode()))]
 
-    with tf.control_dependencies(previous):
-        flat = tf.numpy_function(call, inputs, list(out_types) + [tf.string], stateful=True,
-                                 name=name)
-    state.last = flat[0].op
-    return errors.checked(flat[:-1], flat[-1])
+    # On the host whatever device scope the caller is in: a py_func and the string ops of
+    # errors.checked have no GPU kernel, so under tf.device("/GPU:0") without soft placement
+    # they could not be placed; TensorFlow copies GPU inputs and outputs across.
+    with tf.device("/CPU:0"):
+        with tf.control_dependencies(previous):
+            flat = tf.numpy_function(call, inputs, list(out_types) + [tf.string], stateful=True,
+                                     name=name)
+        state.last = flat[0].op
+        return errors.checked(flat[:-1], flat[-1])
 
 
 def run(specs, tensors, extra_inputs=()):

@@ -67,8 +67,25 @@ def _check_tensor(tensor, what, name):
         raise TypeError(f"{what} '{name}': {problem}")
 
 
-def _device(tensor):
-    return tensor.device.index if tensor.is_cuda else -1
+def _cuda_stream(tensor):
+    """The current CUDA stream on ``tensor``'s device, as an int (a cudaStream_t): the core
+    starts once the work queued on it so far (what produced the tensor) is done, and the stream
+    waits for the core's result before what is queued on it later."""
+    return torch.cuda.current_stream(tensor.device).cuda_stream
+
+
+def _output_tensor(handle, raw, shape, source):
+    """The output the core allocated for ``handle`` (allgather, alltoall, reducescatter), as a
+    tensor on ``source``'s device: copied from the core's bytes ``raw`` on the host, or by the
+    core into a new device tensor, ordered on the current stream."""
+    if source.is_cuda:
+        out = torch.empty(shape, dtype=source.dtype, device=source.device)
+        if out.numel():
+            _core.output_to_device(handle, out.data_ptr(), _cuda_stream(out))
+        return out
+    if raw.size:
+        return torch.from_numpy(raw).view(source.dtype).reshape(shape)
+    return torch.empty(shape, dtype=source.dtype)
 
 
 def _check_inplace(tensor, what, name):
@@ -103,8 +120,11 @@ def _enqueue(op, name, tensor, output, result, keep, process_set, **kwargs):
     with _lock:
         if key in _names_in_flight:
             _raise_in_flight(name)
+    if tensor.is_cuda:  # the output, when given, is on the same device
+        kwargs["device"] = tensor.device.index
+        kwargs["stream"] = _cuda_stream(tensor)
     handle = _core.enqueue(op, name, tensor.data_ptr(), 0 if output is None else output.data_ptr(),
-                           _DTYPES[tensor.dtype], list(tensor.shape), device=_device(tensor),
+                           _DTYPES[tensor.dtype], list(tensor.shape),
                            process_set=set_id(process_set), **kwargs)
     with _lock:
         _handle_map[handle] = (result, keep, op)
@@ -133,14 +153,26 @@ def _run(op, name, tensor, output, process_set, reduce_op, prescale, postscale, 
     if _names_in_flight and (set_, name) in _names_in_flight:
         _raise_in_flight(name)
     try:
-        failed = _core.run(op, name, tensor.data_ptr(), output.data_ptr(), _DTYPES[tensor.dtype],
-                           tensor.shape, reduce_op, prescale, postscale, root_rank,
-                           tensor.device.index if tensor.is_cuda else -1, set_)
+        if tensor.is_cuda:
+            failed = _run_on_device(op, name, tensor, output, reduce_op, prescale, postscale,
+                                    root_rank, set_)
+        else:
+            failed = _core.run(op, name, tensor.data_ptr(), output.data_ptr(),
+                               _DTYPES[tensor.dtype], tensor.shape, reduce_op, prescale,
+                               postscale, root_rank, -1, set_)
     except BaseException:
         _interrupted_buffers.append((tensor, output))
         raise
     if failed is not None:
         raise_for_status(*failed)
+
+
+def _run_on_device(op, name, tensor, output, reduce_op, prescale, postscale, root_rank, set_):
+    """_run's call into the core for a CUDA tensor (``output`` on the same device): ordered
+    after the work queued on the current stream, and that stream waits for the result."""
+    args = (op, name, tensor.data_ptr(), output.data_ptr(), _DTYPES[tensor.dtype], tensor.shape,
+            reduce_op, prescale, postscale, root_rank, tensor.device.index, set_)
+    return _core.run(*args, stream=_cuda_stream(tensor))
 
 
 class _GroupHandle:

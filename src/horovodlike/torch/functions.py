@@ -72,6 +72,8 @@ def broadcast_optimizer_state(optimizer, root_rank):
     structure = broadcast_object(structure, root_rank, name="broadcast_optimizer_state.structure")
     placeholders = []
     _strip_tensors_meta(structure, placeholders)
+    # The state travels on the host whatever its device: every rank then uses the same device
+    # for each tensor, and load_state_dict moves the values to their parameters' devices.
     if basics.rank() == root_rank:
         tensors = [t.detach().cpu().contiguous() for t in own]
     else:

@@ -80,14 +80,14 @@ class MoE(torch.nn.Module):
         # Choice-major order: every token's first choice is served before any second choice.
         flat_experts = experts.t().reshape(-1)
         flat_weights = weights.t().reshape(-1)
-        flat_tokens = torch.arange(count).repeat(self.top_k)
+        flat_tokens = torch.arange(count, device=tokens.device).repeat(self.top_k)
         one_hot = F.one_hot(flat_experts, self.num_experts)
         position = (one_hot.cumsum(dim=0) * one_hot).sum(dim=1) - 1
         keep = position < self.capacity
         self.dropped_tokens = int((~keep).sum())
         # Switch Transformer's balance loss: fraction routed (first choice) times mean prob.
         fraction = F.one_hot(experts[:, 0], self.num_experts).float().mean(dim=0) \
-            if count else torch.zeros(self.num_experts)
+            if count else torch.zeros(self.num_experts, device=probs.device)
         self.aux_loss = self.num_experts * (fraction * probs.mean(dim=0)).sum() \
             if count else probs.sum() * 0.0
         order = torch.argsort(flat_experts[keep], stable=True)

@@ -1,7 +1,8 @@
 """PyTorch collectives: asynchronous handles, synchronous forms, in-place forms, autograd.
 
-Tensors go to the core as raw pointers; the Python side keeps them alive until the handle is
-synchronized, and checks every argument before anything is queued.
+Tensors go to the core as raw pointers (CUDA tensors with their device and the current stream,
+docs/gpu.md); the Python side keeps them alive until the handle is synchronized, and checks
+every argument before anything is queued.
 """
 
 import torch
@@ -21,7 +22,7 @@ from horovodlike.common.exceptions import raise_for_status
 from horovodlike.common.process_sets import global_process_set, set_id, set_ranks
 from horovodlike.torch._queue import (  # noqa: F401 (_DTYPES and _auto_name: other modules')
     _DTYPES, _lock, _handle_map, _group_ids, _names_in_flight, _key_of_handle, _auto_name,
-    _check_tensor, _check_inplace, _resolve_op, _enqueue, _run, _GroupHandle)
+    _check_tensor, _check_inplace, _resolve_op, _enqueue, _output_tensor, _run, _GroupHandle)
 
 
 # ---------------------------------------------------------------------------------- allreduce
@@ -464,9 +465,7 @@ def _synchronize(handle, want_extra=False):
         if op in (_OP_ALLGATHER, _OP_ALLTOALL, _OP_REDUCESCATTER, _OP_JOIN):
             raw, shape, extra = _core.output(handle)
             if op != _OP_JOIN:
-                dtype = keep[0].dtype
-                result = torch.from_numpy(raw).view(dtype).reshape(shape) if raw.size else \
-                    torch.empty(shape, dtype=dtype)
+                result = _output_tensor(handle, raw, shape, keep[0])
             if op == _OP_ALLTOALL:
                 result = (result, torch.tensor(extra, dtype=torch.int32))
             elif op == _OP_JOIN:
@@ -493,7 +492,10 @@ def barrier(process_set=global_process_set):
 
 def join(device=-1):
     """Declares that this rank has no more data. Until every rank has joined, the others'
-    allreduces go on with this rank contributing zeros. Returns the last rank to join."""
+    allreduces go on with this rank contributing zeros. Returns the last rank to join.
+
+    ``device`` is Horovod's (the GPU for this rank's zeros, -1 for the host); it is accepted and
+    not passed on: the core makes the zeros itself, and a join request names no device."""
     handle = _core.enqueue_control(_OP_JOIN, "join")
     with _lock:
         _handle_map[handle] = (None, (), _OP_JOIN)

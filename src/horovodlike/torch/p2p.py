@@ -14,6 +14,13 @@ checks that the dtype and number of elements are the sender's: a mismatch raises
 ``TensorMismatchError`` naming both ranks on the receiver, and on the sender at its pending or
 next operation with that peer. ``send_differentiable`` / ``recv_differentiable`` are the autograd
 pair: the gradient of what was received flows back to the sender during the backward pass.
+
+CUDA tensors go through host memory: a send copies the tensor to the host first (which waits
+for the work queued on its stream), a receive into a CUDA tensor lands in a host buffer that
+``wait()`` copies into the tensor. Messages travel as bytes between processes, so a CUDA
+tensor's sender and a CPU tensor's receiver match (and the reverse). ``irecv_any`` and
+``recv_differentiable`` return CPU tensors; ``.to(device)`` moves one to a GPU, and the
+gradient of ``recv_differentiable``'s result still flows back through that copy.
 """
 
 import torch
@@ -29,9 +36,9 @@ def _check_tensor(tensor, what):
     problem = _tensor_problem(tensor)
     if problem is not None:
         raise TypeError(f"{what}: {problem}")
-    if tensor.device.type != "cpu":
+    if tensor.device.type not in ("cpu", "cuda"):
         raise ValueError(f"{what}: the tensor is on {tensor.device}; point-to-point takes CPU "
-                         "tensors in this build")
+                         "and CUDA tensors")
 
 
 def isend(tensor, dst, tag=0, process_set=global_process_set):
@@ -42,7 +49,9 @@ def isend(tensor, dst, tag=0, process_set=global_process_set):
     direction = "to"
     tag = core.check_tag(tag, f"{what} {direction} rank {peer}")
     source = tensor.detach()
-    if not source.is_contiguous():
+    if source.is_cuda:  # staged through host memory (see the module's docstring)
+        source = source.to("cpu", memory_format=torch.contiguous_format)
+    elif not source.is_contiguous():
         source = source.contiguous()
     return core.send_raw(source.data_ptr(), _DTYPES[source.dtype], source.shape, source, dst,
                          tag, process_set)
@@ -57,10 +66,12 @@ def irecv(tensor, src, tag=0, process_set=global_process_set):
     direction = "from"
     tag = core.check_tag(tag, f"{what} {direction} rank {peer}")
     target = tensor.detach()
-    if target.is_contiguous():
+    if target.is_contiguous() and not target.is_cuda:
         return core.recv_raw(target.data_ptr(), _DTYPES[target.dtype], target.shape, target, src,
                              tag, process_set, lambda _: tensor)
-    staging = target.contiguous()
+    # Received into a contiguous host buffer, then copied into the tensor by wait().
+    staging = torch.empty(target.shape, dtype=target.dtype) if target.is_cuda \
+        else target.contiguous()
 
     def copy_back(_):
         with torch.no_grad():
@@ -108,13 +119,13 @@ class _SendFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, dst, tag, process_set):
         ctx.peer, ctx.tag, ctx.process_set = dst, tag, process_set
-        ctx.shape, ctx.dtype = tensor.shape, tensor.dtype
+        ctx.shape, ctx.dtype, ctx.device = tensor.shape, tensor.dtype, tensor.device
         send(tensor, dst, tag, process_set)
         return tensor.new_zeros(())
 
     @staticmethod
     def backward(ctx, _):
-        grad = torch.zeros(ctx.shape, dtype=ctx.dtype)
+        grad = torch.zeros(ctx.shape, dtype=ctx.dtype, device=ctx.device)
         recv(grad, ctx.peer, ctx.tag, ctx.process_set)
         return grad, None, None, None
 

@@ -15,7 +15,8 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         # Sums in float64 so the global mean and variance do not lose precision.
         x64 = x.detach().to(torch.float64)
         local = torch.cat([x64.sum(dims), (x64 * x64).sum(dims),
-                           torch.tensor([x.numel() / channels], dtype=torch.float64)])
+                           torch.tensor([x.numel() / channels], dtype=torch.float64,
+                                        device=x.device)])
         total = allreduce(local, op=Sum, name=None, process_set=process_set)
         count = total[-1].item()
         if count <= 1:

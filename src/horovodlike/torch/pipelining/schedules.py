@@ -153,7 +153,7 @@ class _PipelineSchedule:
         tag = _tag(peer_stage, backward, microbatch)  # the peer stage sent it
         if peer == basics.rank():
             return self._local.pop(tag)
-        return irecv_any(peer, tag, self.process_set).wait()
+        return irecv_any(peer, tag, self.process_set).wait().to(stage.device)
 
     def _send(self, stage, tensor, peer_stage, backward, microbatch, pending):
         peer = stage.rank_of(peer_stage)

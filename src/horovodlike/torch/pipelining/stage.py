@@ -3,7 +3,8 @@
 Stage ``i`` of ``num_stages`` runs on the ``i % n``-th rank of the set (n ranks), so a rank
 holds one stage when ``num_stages == n`` and several (interleaved) when it is a multiple of n.
 A stage keeps, per micro-batch in flight, its input and output so that its backward can run
-later; the schedule decides when.
+later; the schedule decides when. Activations and gradients travel between ranks through host
+memory (point-to-point stages CUDA tensors there) and arrive on the stage's ``device``.
 """
 
 import torch
@@ -12,12 +13,22 @@ from horovodlike.common import basics
 from horovodlike.common.process_sets import global_process_set, set_ranks
 
 
-class PipelineStage:
-    """``PipelineStage(submodule, stage_index, num_stages, process_set=None)``, as in
-    ``torch.distributed.pipelining``: ``submodule`` is this stage's part of the model (its
-    forward takes and returns one tensor)."""
+def _module_device(module):
+    for tensor in module.parameters():
+        return tensor.device
+    for tensor in module.buffers():
+        return tensor.device
+    return torch.device("cpu")
 
-    def __init__(self, submodule, stage_index, num_stages, process_set=None):
+
+class PipelineStage:
+    """``PipelineStage(submodule, stage_index, num_stages, process_set=None, device=None)``, as in
+    ``torch.distributed.pipelining``: ``submodule`` is this stage's part of the model (its
+    forward takes and returns one tensor). ``device``: where the stage's inputs and incoming
+    gradients are put (default: the device of the submodule's first parameter or buffer, else
+    the CPU)."""
+
+    def __init__(self, submodule, stage_index, num_stages, process_set=None, device=None):
         if not isinstance(submodule, torch.nn.Module):
             raise TypeError("PipelineStage: submodule must be a torch.nn.Module, got "
                             f"{type(submodule).__name__}")
@@ -34,6 +45,7 @@ class PipelineStage:
                              f"the {len(self.ranks)} ranks {self.ranks} of the process set; use "
                              "a multiple of the set's size")
         self.submodule = submodule
+        self.device = torch.device(device) if device is not None else _module_device(submodule)
         self.stage_index = stage_index
         self.num_stages = num_stages
         self.rank = self.rank_of(stage_index)

@@ -1,0 +1,123 @@
+#include "cuda_api.h"
+
+#include <mutex>
+
+#include "../common/common.h"
+#include "library_search.h"
+
+namespace horovodlike {
+namespace {
+
+struct Loaded {
+  bool located = false;  // the file was found (it may still be unusable: `error`)
+  CudaApi api;
+  std::string error;  // set: the runtime is not usable
+};
+
+template <class Fn>
+bool Resolve(void* handle, const char* name, Fn* out, std::string* missing) {
+  *out = reinterpret_cast<Fn>(LibrarySymbol(handle, name));
+  if (*out == nullptr) *missing += std::string(missing->empty() ? "" : ", ") + name;
+  return *out != nullptr;
+}
+
+Loaded* Load() {
+  auto* loaded = new Loaded();
+  FoundLibrary found = FindLibrary("HOROVOD_CUDART_PATH",
+                                   {"libcudart.so.13", "libcudart.so.12", "libcudart.so"},
+                                   CudartDirs());
+  if (found.handle == nullptr) {
+    loaded->error = "the CUDA runtime (libcudart) was " + found.error;
+    return loaded;
+  }
+  loaded->located = true;
+  CudaApi& api = loaded->api;
+  api.path = found.path;
+  void* h = found.handle;
+  std::string missing;
+  Resolve(h, "cudaGetDeviceCount", &api.GetDeviceCount, &missing);
+  Resolve(h, "cudaSetDevice", &api.SetDevice, &missing);
+  Resolve(h, "cudaGetDevice", &api.GetDevice, &missing);
+  Resolve(h, "cudaDeviceGetPCIBusId", &api.DeviceGetPCIBusId, &missing);
+  Resolve(h, "cudaStreamCreateWithFlags", &api.StreamCreateWithFlags, &missing);
+  Resolve(h, "cudaStreamSynchronize", &api.StreamSynchronize, &missing);
+  Resolve(h, "cudaStreamWaitEvent", &api.StreamWaitEvent, &missing);
+  Resolve(h, "cudaEventCreateWithFlags", &api.EventCreateWithFlags, &missing);
+  Resolve(h, "cudaEventDestroy", &api.EventDestroy, &missing);
+  Resolve(h, "cudaEventRecord", &api.EventRecord, &missing);
+  Resolve(h, "cudaEventQuery", &api.EventQuery, &missing);
+  Resolve(h, "cudaEventSynchronize", &api.EventSynchronize, &missing);
+  Resolve(h, "cudaMemcpyAsync", &api.MemcpyAsync, &missing);
+  Resolve(h, "cudaMalloc", &api.Malloc, &missing);
+  Resolve(h, "cudaFree", &api.Free, &missing);
+  Resolve(h, "cudaHostAlloc", &api.HostAlloc, &missing);
+  Resolve(h, "cudaFreeHost", &api.FreeHost, &missing);
+  Resolve(h, "cudaGetErrorString", &api.GetErrorString, &missing);
+  Resolve(h, "cudaRuntimeGetVersion", &api.RuntimeGetVersion, &missing);
+  Resolve(h, "cudaDriverGetVersion", &api.DriverGetVersion, &missing);
+  if (!missing.empty()) {
+    loaded->error = "the CUDA runtime " + api.path + " lacks " + missing;
+    return loaded;
+  }
+  api.RuntimeGetVersion(&api.runtime_version);
+  if (api.DriverGetVersion(&api.driver_version) != kCudaSuccess) api.driver_version = 0;
+  const cudaError_t error = api.GetDeviceCount(&api.device_count);
+  if (error != kCudaSuccess || api.device_count <= 0) {
+    api.device_count = 0;
+    api.no_device = "no GPU is usable on this machine (" + api.path + ": " +
+                    (error != kCudaSuccess ? api.ErrorString(error) : "0 devices") +
+                    (api.driver_version == 0 ? "; no NVIDIA driver is installed" : "") + ")";
+  }
+  return loaded;
+}
+
+const Loaded& Get() { return LoadOnce(&Load); }
+
+std::string VersionString(int v) {
+  return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10);
+}
+
+}  // namespace
+
+std::string CudaApi::ErrorString(cudaError_t error) const {
+  const char* text = GetErrorString != nullptr ? GetErrorString(error) : nullptr;
+  return (text != nullptr ? text : "CUDA error") + std::string(" (") + std::to_string(error) + ")";
+}
+
+void CudaApi::Check(cudaError_t error, const char* what) const {
+  if (error != kCudaSuccess) throw TransportError(std::string(what) + ": " + ErrorString(error));
+}
+
+GpuLibraryStatus CudaStatus() {
+  const Loaded& loaded = Get();
+  GpuLibraryStatus status;
+  status.found = loaded.error.empty();
+  status.path = loaded.api.path;
+  status.error = !loaded.error.empty() ? loaded.error : loaded.api.no_device;
+  if (status.found) status.version = VersionString(loaded.api.runtime_version);
+  status.devices = loaded.api.device_count;
+  return status;
+}
+
+const CudaApi& Cuda() {
+  const Loaded& loaded = Get();
+  if (!loaded.error.empty()) {
+    throw InvalidArgument(loaded.error + ". Install NVIDIA's CUDA runtime (pip install "
+                          "nvidia-cuda-runtime-cu12), or set HOROVOD_CUDART_PATH to "
+                          "libcudart.so");
+  }
+  if (loaded.api.device_count == 0) throw InvalidArgument(loaded.api.no_device);
+  return loaded.api;
+}
+
+DeviceGuard::DeviceGuard(int device) : device_(device) {
+  const CudaApi& cuda = Cuda();
+  cuda.Check(cuda.GetDevice(&previous_), "cudaGetDevice");
+  if (previous_ != device_) cuda.Check(cuda.SetDevice(device_), "cudaSetDevice");
+}
+
+DeviceGuard::~DeviceGuard() {
+  if (previous_ >= 0 && previous_ != device_) Cuda().SetDevice(previous_);
+}
+
+}  // namespace horovodlike
