@@ -5,8 +5,9 @@
 --batch-size is per rank and --lr is for the global batch (batch size x ranks), so
 `-np 2 --batch-size 16` takes the same steps as `-np 1 --batch-size 32`.
 
---cuda trains on the GPU cuda:<local rank> (one GPU per rank, as Horovod's examples pin them):
-the model, the batches and the gradients' allreduces live there (docs/gpu.md).
+--cuda trains on the GPU cuda:<local rank> (one GPU per rank, as Horovod's examples pin them;
+ranks beyond the GPUs share them): the model, the batches and the gradients' allreduces live
+there (docs/gpu.md).
 """
 
 import argparse
@@ -44,14 +45,14 @@ def check_cuda():
 
 
 def pick_device(use_cuda):
-    """cuda:<local rank> with --cuda (after hvd.init()), else the CPU."""
+    """cuda:<local rank> with --cuda (after hvd.init()), else the CPU. With more ranks than GPUs
+    on a host, ranks share them (local rank modulo the GPUs): NCCL takes one rank per GPU, so
+    horovodlike then stages their tensors through host memory (docs/gpu.md)."""
     if not use_cuda:
         return torch.device("cpu")
-    if hvd.local_rank() >= torch.cuda.device_count():
-        sys.exit(f"--cuda: local rank {hvd.local_rank()} has no GPU of its own "
-                 f"({torch.cuda.device_count()} visible); start at most that many ranks per host")
-    torch.cuda.set_device(hvd.local_rank())
-    return torch.device("cuda", hvd.local_rank())
+    index = hvd.local_rank() % torch.cuda.device_count()
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
 
 
 def load_data():

@@ -283,10 +283,11 @@ def collect_notices(args) -> None:
         args.notices.append("--tcp: ranks talk over TCP already (sets NCCL_IB_DISABLE=1, which "
                             "matters only to NCCL)")
     if args.num_nccl_streams is not None:
-        args.notices.append("--num-nccl-streams has no effect: this build has no GPU support")
+        args.notices.append("--num-nccl-streams has no effect: NCCL's collectives run on one "
+                            "stream per GPU (docs/gpu.md)")
     if args.torus_allreduce:
-        args.notices.append("--torus-allreduce has no effect: it is an NCCL (GPU) algorithm, "
-                            "and this build has no GPU support")
+        args.notices.append("--torus-allreduce has no effect: use --hierarchical-allreduce "
+                            "(NCCL inside hosts, the CPU transport across them)")
     if args.mpi_threads_disable and not args.use_mpi:
         args.notices.append("--mpi-threads-disable applies to the MPI transport (--mpi) only")
     if args.gloo_timeout_seconds is not None and not args.use_gloo:
