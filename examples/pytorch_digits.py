@@ -69,7 +69,7 @@ def build_model():
     return nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
 
 
-def train_epoch(model, optimizer, loader, device):
+def train_epoch(model, optimizer, loader, device=torch.device("cpu")):
     model.train()
     total = torch.zeros((), device=device)
     for x, y in loader:
@@ -84,7 +84,7 @@ def train_epoch(model, optimizer, loader, device):
     return hvd.allreduce(total / len(loader), name="train_loss", op=hvd.Average).item()
 
 
-def held_out_accuracy(model, test, device):
+def held_out_accuracy(model, test, device=torch.device("cpu")):
     # Each rank scores every size-th test example; summing the counts gives the whole set.
     model.eval()
     x, y = test.tensors
