@@ -1,9 +1,12 @@
-"""Elastic training with real processes: a worker killed mid-epoch, and a host added by the
-discovery script. The final model must equal a single-process replay of the committed steps,
-and each epoch must use every sample exactly once."""
+"""Elastic training with real processes: a worker killed mid-epoch, a worker that stops
+responding (SIGSTOP) mid-epoch, and a host added by the discovery script. The final model must
+equal a single-process replay of the committed steps, and each epoch must use every sample
+exactly once."""
 
 import json
 import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,7 +19,7 @@ N, FEATURES, CLASSES = 60, 5, 3
 
 
 def run_elastic(tmp_path, scenario, np_, hosts, min_np, max_np, extra=(),
-                worker="elastic_worker.py"):
+                worker="elastic_worker.py", env=None):
     hosts_file = tmp_path / "hosts.txt"
     hosts_file.write_text(hosts + "\n")
     script = tmp_path / "discover.sh"
@@ -28,7 +31,10 @@ def run_elastic(tmp_path, scenario, np_, hosts, min_np, max_np, extra=(),
                "--host-discovery-script", str(script), *extra,
                sys.executable, str(WORKERS / worker), str(report), scenario,
                str(hosts_file)]
-    result = subprocess.run(command, env=job_env(), capture_output=True, text=True, timeout=240)
+    started = time.monotonic()
+    result = subprocess.run(command, env=job_env(env), capture_output=True, text=True,
+                            timeout=240)
+    result.elapsed = time.monotonic() - started
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     return json.loads(report.read_text()), result
 
@@ -67,6 +73,27 @@ def test_killed_worker_job_finishes_with_the_others(tmp_path):
     assert sizes[0] == 3 and sizes[-1] == 2 and report["size"] == 2, sizes
     assert "worker localhost/2 was killed by signal 9" in result.stderr
     check_report(report)
+
+
+def test_stopped_worker_is_failed_after_the_peer_timeout(tmp_path):
+    """Worker localhost/2 stops (SIGSTOP) just after a commit, as a hung worker would. The others
+    give up on it after HOROVOD_PEER_TIMEOUT_SECONDS and report it; the driver stops it rather
+    than waiting for it to ask for the next round, and the job goes on with the other two from
+    the last commit."""
+    report, result = run_elastic(tmp_path, "stop", 3, "localhost:3", min_np=2, max_np=3,
+                                 extra=["--elastic-timeout", "30"],
+                                 env={"HOROVOD_PEER_TIMEOUT_SECONDS": "3"})
+    sizes = [len(per_rank) for _, per_rank in report["steps"]]
+    assert sizes[0] == 3 and sizes[-1] == 2 and report["size"] == 2, sizes
+    assert "horovodlikerun: worker localhost/2 (rank 2 of round 0) stopped responding: rank " \
+           in result.stderr, result.stderr[-4000:]
+    assert "was killed by signal" not in result.stderr, result.stderr[-4000:]
+    stopped = int((tmp_path / "stopped.pid").read_text())
+    assert not Path(f"/proc/{stopped}").exists(), "the stopped worker is still there"
+    check_report(report)
+    # The peer timeout, the grace, the stop and one more round: far less than the survivors'
+    # wait for a round (--elastic-timeout) and the driver's wait for enough workers after it.
+    assert result.elapsed < 45, result.elapsed
 
 
 def test_host_added_by_discovery_joins(tmp_path):

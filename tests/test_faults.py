@@ -239,3 +239,18 @@ def test_choosing_the_rank_that_failed_first_in_cause():
     # The origin ended cleanly (it finished while rank 0 still needed it): rank 0 is named.
     done = {0: FailureRecord(0, 1, "shutdown", "r")}
     assert trace_cause(0, {0: 1, 1: 0}, done, running=set()) == (0, None)
+
+
+def test_which_ranks_stopped_responding():
+    """What the elastic driver reads from one round's reports: the rank the timeouts blame,
+    following a rank that timed out on another that was itself waiting on a third."""
+    from horovodlike.runner.failures import FailureRecord, stopped_responding
+    chain = {0: FailureRecord(0, 2, "timeout", "r"), 1: FailureRecord(1, 0, "timeout", "r")}
+    assert stopped_responding(chain) == {2: chain[0]}
+    # A blamed rank that reported a failure of its own is running: not blamed.
+    lost = {0: FailureRecord(0, 1, "timeout", "r"), 1: FailureRecord(1, 0, "lost", "r")}
+    assert stopped_responding(lost) == {}
+    # Only timeouts blame: a rank that shut down or was lost is not "stopped responding".
+    assert stopped_responding({0: FailureRecord(0, 1, "shutdown", "r"),
+                               2: FailureRecord(2, 1, "lost", "r")}) == {}
+    assert stopped_responding({0: FailureRecord(0, 0, "timeout", "r")}) == {}

@@ -167,6 +167,23 @@ def test_alltoall_split_matrix_of_more_than_1024_ranks_decodes():
         _testing.decode_responses(truncated)
 
 
+def test_decoders_refuse_what_enqueue_refuses():
+    # A name over MAX_NAME_BYTES and a process set with a negative rank raise on the caller
+    # (tests/workers/input_checks_worker.py); from the wire they stay malformed messages.
+    def allreduce(name):
+        return encode_requests([dict(rank=1, op=OP["allreduce"], name=name, dtype=DTYPE["int8"],
+                                     shape=[1], reduce=REDUCE["Sum"], prescale=1.0,
+                                     postscale=1.0, root=0, splits=[], group=0, group_size=0)])
+    longest = allreduce(b"n" * _core.MAX_NAME_BYTES)
+    assert _testing.decode_requests(longest) == longest
+    with pytest.raises(ValueError, match="bad string length"):
+        _testing.decode_requests(allreduce(b"n" * (_core.MAX_NAME_BYTES + 1)))
+    negative = encode_requests([dict(rank=1, op=OP["add_process_set"], name=b"add", ranks=[-1, 0],
+                                     set_id=-1)])
+    with pytest.raises(ValueError, match="bad rank"):
+        _testing.decode_requests(negative)
+
+
 def _check(data: bytes) -> None:
     """The property fuzzed: either ValueError, or the message re-encodes to the same bytes."""
     for decode in (_testing.decode_requests, _testing.decode_responses):

@@ -27,6 +27,10 @@ class OnCuda1(torch.Tensor):
         return True
 
     @property
+    def is_cpu(self):
+        return False
+
+    @property
     def device(self):
         return torch.device("cuda", 1)
 

@@ -11,6 +11,13 @@ def test_mismatches_and_bad_input():
     assert_all_ranks(result, 3, "errors OK")
 
 
+def test_inputs_the_core_cannot_send_raise_on_the_caller():
+    # Meta tensors, null pointers, names over the wire's limit, process sets with ranks outside
+    # the job: each raises on the rank that made the call, and the job goes on.
+    result = launch(2, "input_checks_worker.py", env={"HOROVOD_DYNAMIC_PROCESS_SETS": "1"})
+    assert_all_ranks(result, 2, "input checks OK")
+
+
 def test_killed_rank_fails_the_others_quickly(tmp_path):
     start = time.time()
     result = launch(3, "kill_worker.py", tmp_path, timeout=60)

@@ -5,10 +5,10 @@
 
 namespace horovodlike {
 namespace {
-// Bounds that no legitimate message comes near; anything above is a corrupt or hostile stream.
-// Vectors have no item bound of their own: an alltoall's split matrix holds size^2 items
-// (over a million past 1,024 ranks); their length is checked against the bytes received.
-constexpr int64_t kMaxStringBytes = 1 << 20;
+// Bounds that no legitimate message comes near; anything above is a corrupt or hostile stream
+// (strings: kMaxWireStringBytes, message.h). Vectors have no item bound of their own: an
+// alltoall's split matrix holds size^2 items (over a million past 1,024 ranks); their length is
+// checked against the bytes received.
 constexpr int64_t kMaxListItems = 1 << 24;
 
 DataType CheckedDataType(int32_t v) {
@@ -91,7 +91,7 @@ void PutTensorResponse(const Response& r, WireWriter& out) {
   out.PutI64(r.total_bytes);
   out.PutI64(r.group_id);
   out.PutI32(r.group_size);
-  out.PutString(r.error_message);
+  out.PutText(r.error_message);
 }
 
 void GetTensorResponse(WireReader& in, Response& r) {
@@ -143,6 +143,18 @@ void WireWriter::PutString(const std::string& s) {
   PutI64(static_cast<int64_t>(s.size()));
   Put(s.data(), s.size());
 }
+void WireWriter::PutText(const std::string& s) {
+  if (static_cast<int64_t>(s.size()) <= kMaxWireStringBytes) return PutString(s);
+  // The middle goes: what grows is a name quoted in it, and the end says what went wrong.
+  const std::string cut = " [...] ";
+  const size_t keep = (static_cast<size_t>(kMaxWireStringBytes) - cut.size()) / 2;
+  auto continues_char = [&](size_t i) { return (static_cast<uint8_t>(s[i]) & 0xC0) == 0x80; };
+  size_t head = keep;
+  while (head > 0 && continues_char(head)) --head;
+  size_t tail = s.size() - keep;
+  while (tail < s.size() && continues_char(tail)) ++tail;
+  PutString(s.substr(0, head) + cut + s.substr(tail));
+}
 void WireWriter::PutI64Vector(const std::vector<int64_t>& v) {
   PutI64(static_cast<int64_t>(v.size()));
   Put(v.data(), v.size() * sizeof(int64_t));
@@ -158,7 +170,9 @@ int64_t WireReader::GetI64() { int64_t v; Get(&v, sizeof(v)); return v; }
 double WireReader::GetF64() { double v; Get(&v, sizeof(v)); return v; }
 std::string WireReader::GetString() {
   int64_t n = GetI64();
-  if (n < 0 || n > kMaxStringBytes) throw TransportError("malformed message: bad string length");
+  if (n < 0 || n > kMaxWireStringBytes) {
+    throw TransportError("malformed message: bad string length");
+  }
   // Checked before allocating, so a corrupt length costs nothing.
   if (static_cast<uint64_t>(n) > size_ - pos_) throw TransportError("malformed message: truncated");
   std::string s(static_cast<size_t>(n), '\0');

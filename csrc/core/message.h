@@ -16,6 +16,11 @@
 
 namespace horovodlike {
 
+// The longest string a message carries (a tensor name, an error text): the decoder refuses a
+// longer one as a corrupt stream. So the runtime refuses longer names before anything is sent
+// (enqueue_checks.h), and texts that quote names are clipped when written (PutText).
+constexpr int64_t kMaxWireStringBytes = int64_t{1} << 20;
+
 // Join: nothing. add_process_set: the new set's ranks. remove_process_set: the set's id.
 struct ControlRequest {
   std::vector<int32_t> ranks;
@@ -84,6 +89,10 @@ class WireWriter {
   void PutI64(int64_t v);
   void PutF64(double v);
   void PutString(const std::string& s);
+  // A text for people (an error, a stall report): one over kMaxWireStringBytes loses its middle
+  // (cut at UTF-8 character boundaries), so that a long name quoted in it never makes the
+  // message unreadable.
+  void PutText(const std::string& s);
   void PutI64Vector(const std::vector<int64_t>& v);
   std::vector<uint8_t>& bytes() { return bytes_; }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "enqueue_checks.h"
 #include "../links/subset_link.h"
 
 namespace horovodlike {
@@ -24,18 +25,9 @@ ProcessSetTable::ProcessSetTable(Link& transport, const Config& config, TensorQu
 }
 
 int ProcessSetTable::Add(const std::vector<int>& ranks) {
+  CheckProcessSetRanks(ranks, transport_.size());
   std::vector<int> sorted(ranks);
   std::sort(sorted.begin(), sorted.end());
-  if (sorted.empty()) throw InvalidArgument("a process set needs at least one rank");
-  if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {
-    throw InvalidArgument("a process set lists a rank twice: " +
-                          ShapeString(std::vector<int64_t>(ranks.begin(), ranks.end())));
-  }
-  if (sorted.front() < 0 || sorted.back() >= transport_.size()) {
-    throw InvalidArgument("process set " +
-                          ShapeString(std::vector<int64_t>(ranks.begin(), ranks.end())) +
-                          " names a rank outside 0.." + std::to_string(transport_.size() - 1));
-  }
   std::lock_guard<std::mutex> lock(mutex_);
   for (const auto& [id, set] : sets_) {
     if (set->ranks == sorted) {

@@ -236,6 +236,10 @@ int64_t Runtime::EnqueueControl(OpType op, std::string name, ControlRequest cont
                           "operation");
   }
   if (name.empty()) throw InvalidArgument(std::string(OpTypeName(op)) + " needs a name");
+  CheckNameLength(name, std::string(OpTypeName(op)) + " name");
+  // Checked here, on the caller's rank, as well as where every rank applies the change: a
+  // negative rank cannot even be sent (the decoder refuses it).
+  if (op == OpType::kAddProcessSet) CheckProcessSetRanks(control.ranks, config_.size);
   TensorEntry entry;
   entry.request.rank = config_.rank;
   entry.request.op = op;

@@ -85,7 +85,7 @@ void Controller::JudgeStallReports(const std::vector<std::vector<uint8_t>>& repo
   // Ranks of a process set other than the global one are numbered within the set; only the
   // global set's are job ranks the launcher can name.
   verdict.PutI32(n == config_.size ? judged.origin : -1);
-  verdict.PutString(judged.shutdown_message);
+  verdict.PutText(judged.shutdown_message);
 }
 
 }  // namespace horovodlike

@@ -19,6 +19,9 @@ namespace {
 
 constexpr size_t kNonceBytes = 32;
 constexpr size_t kMaxReplyBytes = 8192;
+// The server drops the connections silent longest when too many are authenticating at once
+// (strangers flooding its port): one dropped before the server's answer is made this many times.
+constexpr int kAuthAttempts = 3;
 constexpr char kClientContext[] = "horovodlike rendezvous client";
 constexpr char kServerContext[] = "horovodlike rendezvous server";
 
@@ -75,12 +78,23 @@ RendezvousClient::RendezvousClient(const std::string& host, int port, const std:
   const std::string what = "rendezvous server " + host_;
   fd_ = retry ? ConnectWithRetry(host, port, deadline, what)
               : ConnectOnce(host, port, deadline, what);
-  try {
-    Authenticate(secret);
-  } catch (...) {
-    ::close(fd_);
-    fd_ = -1;
-    throw;
+  for (int attempt = 1;; ++attempt) {
+    try {
+      Authenticate(secret);
+      return;
+    } catch (...) {
+      ::close(fd_);
+      fd_ = -1;
+      if (!closed_ || attempt == kAuthAttempts) throw;
+    }
+    closed_ = false;
+    pending_.clear();
+    try {
+      fd_ = ConnectOnce(host, port, std::chrono::steady_clock::now() + std::chrono::seconds(5),
+                        what);
+    } catch (const TransportError&) {
+      throw TransportError(what + " closed the connection (the launcher has ended)");
+    }
   }
 }
 
@@ -136,7 +150,8 @@ std::string RendezvousClient::ReadLine(std::chrono::steady_clock::time_point dea
     if (rc == 0) throw TransportError(what + ": no reply in time");
     char chunk[1024];
     ssize_t got = ::recv(fd_, chunk, sizeof(chunk), MSG_DONTWAIT);
-    if (got == 0) {
+    if (got == 0 || (got < 0 && errno == ECONNRESET)) {
+      closed_ = true;
       throw TransportError(what + " closed the connection (the launcher has ended)");
     }
     if (got < 0) {

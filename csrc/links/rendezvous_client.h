@@ -21,8 +21,10 @@ struct Config;
 
 class RendezvousClient {
  public:
-  // Connects (retrying until the deadline when `retry`) and authenticates; throws
-  // TransportError when the server is unreachable, refuses the secret or cannot prove its own.
+  // Connects (retrying until the deadline when `retry`) and authenticates, connecting again
+  // when the server drops the connection unanswered (it sheds silent connections under a
+  // flood); throws TransportError when the server is unreachable, refuses the secret or cannot
+  // prove its own.
   RendezvousClient(const std::string& host, int port, const std::string& secret,
                    std::chrono::steady_clock::time_point deadline, bool retry = true);
   ~RendezvousClient();
@@ -45,6 +47,7 @@ class RendezvousClient {
   std::string host_;
   std::chrono::steady_clock::time_point deadline_;
   std::string pending_;  // bytes read past the last line
+  bool closed_ = false;  // the server closed the connection
 };
 
 // Why a rank's runtime stopped: `origin` is the job rank that caused it (this rank's own when it

@@ -362,6 +362,8 @@ void DefineConstants(py::module_& m) {
   m.attr("FLOATING_DTYPES") = py::tuple(floating);
   m.attr("REDUCE_OPS") = reduce_ops;
   m.attr("OPS") = ops;
+  // The longest name a collective may have, in UTF-8 bytes (what a message carries).
+  m.attr("MAX_NAME_BYTES") = kMaxWireStringBytes;
   m.attr("STATUS_OK") = static_cast<int>(StatusCode::kOk);
   m.attr("STATUS_INVALID_ARGUMENT") = static_cast<int>(StatusCode::kInvalidArgument);
   m.attr("STATUS_MISMATCH") = static_cast<int>(StatusCode::kMismatch);

@@ -1,4 +1,4 @@
-"""A test rank: does what its flags say, in this order: record, join, print, fail, sleep."""
+"""A test rank: does what its flags say, in this order: init, record, join, print, fail, sleep."""
 
 import argparse
 import json
@@ -23,6 +23,7 @@ parser.add_argument("--fail", help="RANK:CODE exit with CODE on RANK (after --fa
 parser.add_argument("--fail-delay", type=float, default=0.0)
 parser.add_argument("--sigkill", type=int, help="this rank kills itself with SIGKILL")
 parser.add_argument("--child", action="store_true", help="start a sleeping child process")
+parser.add_argument("--init", action="store_true", help="horovodlike's init() (no framework)")
 parser.add_argument("--ignore-term-ranks", default="", help="ranks that ignore SIGTERM")
 parser.add_argument("--sleep", type=float, default=0.0)
 parser.add_argument("words", nargs="*")
@@ -34,12 +35,15 @@ if args.child:
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
 if str(rank) in args.ignore_term_ranks.split(","):
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+if args.init:
+    from horovodlike.common import basics
+    basics.init()
 if args.record:
     record = {"env": {k: v for k, v in os.environ.items()
                       if k.startswith("HOROVOD_") or k in ("PYTHONUNBUFFERED", "PATH", "HOME",
                                                           "PYTHONPATH", "FROM_LAUNCHER")},
               "cwd": os.getcwd(), "words": args.words, "pid": os.getpid(),
-              "child_pid": child.pid if child else None}
+              "child_pid": child.pid if child else None, "pgid": os.getpgrp()}
     path = os.path.join(args.record, f"rank.{rank}.json")
     with open(path + ".tmp", "w") as f:
         json.dump(record, f)

@@ -1,5 +1,6 @@
-"""Elastic training under test: a worker may kill itself mid-epoch, or rank 0 may add a host to
-the discovery file. Every committed step is kept in the elastic state (so rolled-back steps
+"""Elastic training under test: a worker may kill itself mid-epoch, or stop itself (SIGSTOP, as
+a hung worker: it writes its pid to stopped.pid next to the report first), or rank 0 may add a
+host to the discovery file. Every committed step is kept in the elastic state (so rolled-back steps
 vanish with it); rank 0 writes them and the final weights for the test to replay."""
 
 import json
@@ -47,9 +48,13 @@ def train(state):
             state.steps.append([state.epoch, hvd.allgather_object(idx, name="log.indices")])
             sampler.record_batch(b, BATCH)
             state.batch += 1
-            if scenario == "kill" and worker == "localhost/2" and state.epoch == 1 and \
-                    state.batch == 3:
-                os.kill(os.getpid(), signal.SIGKILL)  # just after a commit at batch 2
+            if scenario in ("kill", "stop") and worker == "localhost/2" and \
+                    state.epoch == 1 and state.batch == 3:  # just after a commit at batch 2
+                if scenario == "stop":
+                    with open(os.path.join(os.path.dirname(report_path), "stopped.pid"),
+                              "w") as f:
+                        f.write(str(os.getpid()))
+                os.kill(os.getpid(), signal.SIGKILL if scenario == "kill" else signal.SIGSTOP)
             if scenario == "grow" and hvd.rank() == 0 and state.epoch == 0 and \
                     state.batch == 2 and hvd.size() == 2:
                 with open(hosts_file, "w") as f:

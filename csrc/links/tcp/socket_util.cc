@@ -18,13 +18,14 @@
 #include "../../common/common.h"
 
 namespace horovodlike {
-namespace {
 
 int MillisUntil(std::chrono::steady_clock::time_point deadline) {
   auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
       deadline - std::chrono::steady_clock::now());
   return left.count() < 0 ? 0 : static_cast<int>(std::min<int64_t>(left.count(), 1 << 30));
 }
+
+namespace {
 
 bool Resolve(const std::string& host, int port, sockaddr_in* out) {
   addrinfo hints{};
@@ -138,7 +139,11 @@ int ListenOn(const std::string& address, int* port) {
     ::close(fd);
     throw TransportError("cannot listen on '" + address + "': not an IPv4 address");
   }
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::listen(fd, 128) != 0) {
+  // A long queue (the system caps it at net.core.somaxconn): connections wait there while the
+  // rank dials its lower ranks, and strangers filling a short one would keep the higher ranks
+  // out.
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      ::listen(fd, 4096) != 0) {
     std::string err = std::strerror(errno);
     ::close(fd);
     throw TransportError("cannot listen on " + address + ": " + err);

@@ -23,6 +23,8 @@ std::string InterfaceAddress(const std::string& interface_name);
 std::string FirstNonLoopbackAddress();
 // The local IPv4 address the kernel would use to reach `host`.
 std::string LocalAddressToward(const std::string& host, int port);
+// Milliseconds left until the deadline, for poll(): 0 once it has passed.
+int MillisUntil(std::chrono::steady_clock::time_point deadline);
 void SetNonBlocking(int fd, bool on);
 void SetNoDelay(int fd);
 // Blocking exact-size I/O with a deadline (for set-up only; the data path has its own loops).

@@ -38,7 +38,8 @@ def init(comm=None, process_sets=None):
                         for ps in process_sets]
     if comm is not None:
         _check_world_communicator(comm)
-    from horovodlike.common import elastic
+    from horovodlike.common import elastic, launcher_watch
+    launcher_watch.start()  # a rank whose launcher dies ends too, with its children
     starting = not _core.is_initialized()  # init() of a running job changes nothing
     for attempt in range(_ELASTIC_ROUND_ATTEMPTS):
         if elastic.is_elastic() and not _core.is_initialized():

@@ -29,6 +29,9 @@ OP_NAMES = {code: name for name, code in _core.OPS.items()}
 DTYPES = dict(_core.DTYPES)
 FLOATING_DTYPES = tuple(_core.FLOATING_DTYPES)
 
+# The longest name of a collective, in UTF-8 bytes: the most a message carries per string.
+MAX_NAME_BYTES = _core.MAX_NAME_BYTES
+
 STATUS_OK = _core.STATUS_OK
 STATUS_INVALID_ARGUMENT = _core.STATUS_INVALID_ARGUMENT
 STATUS_MISMATCH = _core.STATUS_MISMATCH

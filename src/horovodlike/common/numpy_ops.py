@@ -19,6 +19,7 @@ from horovodlike.common import basics
 from horovodlike.common.constants import (  # noqa: F401  (re-exported)
     ADD_PROCESS_SET, ALLGATHER, ALLREDUCE, ALLTOALL, BARRIER, BROADCAST, DTYPES, FLOATING_DTYPES,
     JOIN, REDUCESCATTER, REMOVE_PROCESS_SET, Adasum, Average, Max, Min, Product, Sum)
+from horovodlike.common.constants import MAX_NAME_BYTES
 from horovodlike.common.constants import OP_NAMES as KIND_NAMES
 from horovodlike.common.constants import REDUCE_OP_NAMES as OP_NAMES
 from horovodlike.common.exceptions import raise_for_status
@@ -80,8 +81,20 @@ def new_group(count):
 def check_name(name, what):
     if not isinstance(name, str) or not name:
         raise ValueError(f"{what}: the name must be a non-empty string, got {name!r}")
+    check_name_length(name, what)
     if any(c.isspace() for c in name):
         raise ValueError(f"{what}: the name {name!r} must not contain spaces or newlines")
+
+
+def check_name_length(name, what):
+    """A name longer than a message carries (the core refuses it too, but only as it enqueues:
+    checked here, a grouped call raises before its first member is queued)."""
+    if len(name) * 4 > MAX_NAME_BYTES:  # up to 4 bytes a character: only a long name is encoded
+        nbytes = len(name.encode("utf-8", "surrogatepass"))
+        if nbytes > MAX_NAME_BYTES:
+            raise ValueError(f"{what}: the name '{name[:40]}...' is {nbytes} bytes long; names "
+                             f"travel in messages that carry at most {MAX_NAME_BYTES} bytes "
+                             "(1 MiB) per string: use a shorter name")
 
 
 def check_dtype(dtype, what):

@@ -6,9 +6,13 @@ worker has said it is ready (rendezvous key ``elastic/ready/<worker>/<attempt>``
 them (ranks ordered by host, then slot) and answers each one
 (``elastic/assign/<worker>/<attempt>`` = ``round,rank,size,local_rank,local_size,cross_rank,
 cross_size,hosts_version``). A worker that fails is not restarted (its slot is retired); the
-others raise HorovodInternalError, roll back to their last commit and ask for the next round. New
-slots get new workers, and the host-set version (``elastic/hosts_version``) tells the running
-workers to re-form at their next commit.
+others raise HorovodInternalError, roll back to their last commit and ask for the next round. A
+worker that stops responding (stopped, hung, swapped out) fails the same way: the others give up
+on it after HOROVOD_PEER_TIMEOUT_SECONDS and report it (failures.py), and the driver, which
+would otherwise wait for its ready key, stops it (SIGTERM, then SIGKILL) and retires its slot
+once it has not asked for the next round within HUNG_GRACE_S of the reports. New slots get new
+workers, and the host-set version (``elastic/hosts_version``) tells the running workers to
+re-form at their next commit.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from dataclasses import dataclass, field
 from queue import Empty, SimpleQueue
 from typing import Callable
 
+from horovodlike.runner import failures
 from horovodlike.runner.hosts import HostError, HostSlots, RankAssignment, parse_hosts
 from horovodlike.runner.job import KILL_GRACE_S, stop_processes
 from horovodlike.runner.output import Console, join_forwarders
@@ -28,6 +33,9 @@ from horovodlike.runner.rank_process import RankExited, RankProcess, describe_ex
 from horovodlike.runner.rendezvous import RendezvousServer
 
 DISCOVERY_INTERVAL_S = 1.0
+# How long a worker the others reported as stopped responding has to show otherwise (by asking
+# for the next round) before it is stopped: the reports of a race between two timeouts settle.
+HUNG_GRACE_S = 2.0
 _POLL_S = 0.05
 _HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -56,6 +64,7 @@ class Worker:
     running: bool = True
     exit_code: int | None = None
     removed: bool = False  # stopped because its host left
+    hung: bool = False     # stopped because it stopped responding
 
     @property
     def id(self) -> str:
@@ -94,6 +103,7 @@ class ElasticDriver:
         self._round: Round | None = None
         self._hosts_version = 0
         self._short_since: float | None = None
+        self._suspects: dict[int, float] = {}  # worker index -> when first reported hung
         # Why the job stopped (the driver's last word), for an API that raises instead of
         # printing: ElasticRayExecutor.run, spark.run_elastic.
         self.stop_reason: str | None = None
@@ -157,7 +167,7 @@ class ElasticDriver:
         worker.running = False
         worker.exit_code = returncode
         worker.process.join_output(timeout=0.5)
-        if returncode != 0 and not worker.removed:
+        if returncode != 0 and not worker.removed and not worker.hung:
             self._retired.add(worker.slot)
             what, _ = describe_exit(returncode)
             self._console.message(f"worker {worker.id} {what}; its slot is retired and the job "
@@ -225,7 +235,36 @@ class ElasticDriver:
         keys = self._server.keys()
         if all(f"elastic/ready/{w.id}/{w.attempt}" in keys for w in running):
             return self._form_round(running)
+        self._stop_hung_workers(keys)
         return None
+
+    def _stop_hung_workers(self, keys: set[str]) -> None:
+        """Stops each worker of the current round that the others reported as stopped responding
+        and that has not asked for the next round within HUNG_GRACE_S since: the next round can
+        form without it."""
+        if self._round is None:
+            return
+        blamed = failures.stopped_responding(
+            failures.read_records(self._server, generation=self._round.number))
+        now = time.monotonic()
+        suspects, hung = {}, []
+        for rank, record in sorted(blamed.items()):
+            worker = self._round.members[rank] if 0 <= rank < len(self._round.members) else None
+            if (worker is None or not worker.running
+                    or f"elastic/ready/{worker.id}/{worker.attempt}" in keys):
+                continue
+            suspects[worker.index] = self._suspects.get(worker.index, now)
+            if now - suspects[worker.index] >= HUNG_GRACE_S:
+                hung.append((worker, rank, record))
+        self._suspects = suspects
+        for worker, rank, record in hung:
+            worker.hung = True
+            self._retired.add(worker.slot)
+            self._console.message(
+                f"worker {worker.id} (rank {rank} of round {self._round.number}) "
+                f"{failures.describe_blame(record, record.rank)}; stopping it (SIGTERM, then "
+                f"SIGKILL) and retiring its slot; the job goes on with the others")
+        self._stop([worker for worker, _, _ in hung])
 
     def _form_round(self, workers: list[Worker]) -> int | None:
         number = 0 if self._round is None else self._round.number + 1

@@ -10,7 +10,8 @@ lost (connection closed), timeout (a peer silent for HOROVOD_PEER_TIMEOUT_SECOND
 peer shut down), stall (stall shutdown) or error.
 
 After the first non-zero exit the launcher waits up to GRACE_S for a rank that failed by itself
-(primary_failure); failing that, it follows the origins (trace_cause).
+(primary_failure); failing that, it follows the origins (trace_cause). The elastic driver reads
+one round's reports to find a worker that stopped responding (stopped_responding).
 """
 
 from __future__ import annotations
@@ -48,17 +49,19 @@ def parse_record(key: str, value: str) -> tuple[int, FailureRecord] | None:
     return generation, FailureRecord(rank, origin, fields[1], unquote(fields[2]))
 
 
-def read_records(server) -> dict[int, FailureRecord]:
-    """Each rank's latest failure record (the highest init() generation) on the server."""
+def read_records(server, generation: int | None = None) -> dict[int, FailureRecord]:
+    """Each rank's latest failure record (the highest init() generation) on the server, or its
+    record of one generation (an elastic round: the generation is the round's number)."""
     latest: dict[int, tuple[int, FailureRecord]] = {}
+    prefix = KEY_PREFIX if generation is None else f"{KEY_PREFIX}{generation}/"
     for key in server.keys():
-        if not key.startswith(KEY_PREFIX):
+        if not key.startswith(prefix):
             continue
         value = server.get(key)
         parsed = parse_record(key, value) if value is not None else None
         if parsed is not None:
-            generation, record = parsed
-            if record.rank not in latest or generation > latest[record.rank][0]:
+            record = parsed[1]
+            if record.rank not in latest or parsed[0] > latest[record.rank][0]:
                 latest[record.rank] = parsed
     return {rank: record for rank, (_, record) in latest.items()}
 
@@ -91,6 +94,24 @@ def trace_cause(first: int, exits: dict[int, int], records: dict[int, FailureRec
     if silent:
         return silent[0], records.get(first)
     return first, None
+
+
+def stopped_responding(records: dict[int, FailureRecord]) -> dict[int, FailureRecord]:
+    """The ranks that the others' reports (of one generation) say stopped responding, each with
+    a report that blames it. A rank that timed out waiting on another that was itself waiting
+    on a third blames the third: the blame follows the origin's own report. A rank that sent a
+    report of its own is running, so it is not one of them."""
+    blamed: dict[int, FailureRecord] = {}
+    for record in records.values():
+        if record.kind != "timeout" or not record.consequence:
+            continue
+        origin, seen = record.origin, {record.rank}
+        while origin in records and records[origin].consequence and origin not in seen:
+            seen.add(origin)
+            origin = records[origin].origin
+        if origin not in records:
+            blamed.setdefault(origin, record)
+    return blamed
 
 
 _BLAME = {

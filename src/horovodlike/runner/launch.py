@@ -15,9 +15,9 @@ import sys
 from horovodlike.runner import horovodrun_options, network
 from horovodlike.runner.check_build import check_build
 from horovodlike.runner.elastic_driver import ElasticDriver, discover_with_script
-from horovodlike.runner.environment import (JobSettings, format_number, horovod_environment,
-                                            job_environment, local_rank_environment,
-                                            remote_rank_environment)
+from horovodlike.runner.environment import (EXIT_WITH_LAUNCHER, JobSettings, format_number,
+                                            horovod_environment, job_environment,
+                                            local_rank_environment, remote_rank_environment)
 from horovodlike.runner.hosts import HostError, HostSlots, assign_ranks, parse_hostfile, parse_hosts
 from horovodlike.runner.job import Job
 from horovodlike.runner.mpi_run import (MPIRUN_SETS_PER_RANK, MpiError, MpiJob,
@@ -394,7 +394,9 @@ def _run_with_mpirun(args, parser, job: JobSettings, assignments, all_local: boo
 
 
 def _rank_process(args, assignment, rank_env, is_local, launcher_env, cwd) -> RankProcess:
-    """A rank started directly on this machine, or through ssh on another."""
+    """A rank started directly on this machine, or through ssh on another. Either ends when
+    this launcher is gone (horovodlike/common/launcher_watch.py)."""
+    rank_env = {**rank_env, EXIT_WITH_LAUNCHER: "1"}
     if is_local:
         return RankProcess(assignment, list(args.command),
                            local_rank_environment(launcher_env, rank_env), via_ssh=False)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
+from horovodlike.runner import orphan_guard
 from horovodlike.runner.environment import remote_rank_environment
 from horovodlike.runner.hosts import HostSlots, format_hosts
 from horovodlike.runner.output import Console, rank_output_dir
@@ -274,6 +275,7 @@ class MpiJob:
         except OSError as error:
             self._console.message(f"cannot start {self._argv[0]}: {error}")
             return 127 if isinstance(error, FileNotFoundError) else 1
+        orphan_guard.watch_group(self._process.pid)  # SIGTERM, which mpirun passes on
         verdict = Verdict()
         readers = [TagRewriter(stream, source, self._console, verdict, self._output_dir,
                                self._size)

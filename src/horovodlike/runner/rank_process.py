@@ -10,6 +10,7 @@ import threading
 from pathlib import Path
 from queue import SimpleQueue
 
+from horovodlike.runner import orphan_guard
 from horovodlike.runner.hosts import RankAssignment
 from horovodlike.runner.output import Console, StreamForwarder, rank_output_dir
 
@@ -46,8 +47,9 @@ class RankProcess:
 
     def start(self, console: Console, events: SimpleQueue, output_dir: str | None) -> None:
         """Starts the process in its own process group (so that stopping it reaches its
-        children, and a Ctrl-C at the terminal reaches only the launcher, which then stops it),
-        its two forwarders, and a thread that posts RankExited to `events`."""
+        children, and a Ctrl-C at the terminal reaches only the launcher, which then stops it;
+        the orphan guard stops the group if the launcher is killed), its two forwarders, and a
+        thread that posts RankExited to `events`."""
         raw_files = {"stdout": None, "stderr": None}
         try:
             if output_dir is not None:
@@ -75,6 +77,7 @@ class RankProcess:
                 raise
             finally:
                 os.close(stderr_write)
+            orphan_guard.watch_group(self._process.pid)
         except OSError:
             for raw_file in raw_files.values():
                 if raw_file is not None:

@@ -24,75 +24,45 @@ rank waiting on its peers during set-up learns it at once (a client skips that l
 waits for a reply). PUT, and GET of a key that is set, go on working: ranks that fail
 afterwards still report why (failures.py).
 
-Each connection has its own daemon thread, so a slow or broken client never blocks another;
-a client that does not authenticate within AUTH_TIMEOUT_S is disconnected.
+One thread accepts every connection and runs its authentication in an event loop
+(rendezvous_auth.py): a client that connects and says nothing, even among thousands, never holds
+up another, a client that does not authenticate within AUTH_TIMEOUT_S is disconnected, and the
+connections still authenticating are capped below the file-descriptor limit. Each authenticated
+connection has its own daemon thread, so a slow client never blocks another.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import secrets
 import select
 import socket
 import threading
 import time
 
-MAX_LINE_BYTES = 4096
-AUTH_TIMEOUT_S = 10.0
-NONCE_BYTES = 32
-_CLIENT_CONTEXT = b"horovodlike rendezvous client"
-_SERVER_CONTEXT = b"horovodlike rendezvous server"
+from horovodlike.runner.rendezvous_auth import (  # noqa: F401 (answer_hello: the client's side)
+    AUTH_TIMEOUT_S, DRAIN_LIMIT_BYTES, DRAIN_TIMEOUT_S, MAX_LINE_BYTES, FrontDoor, answer_hello,
+    fields_of)
+
 # How often a blocked GET checks whether its client has gone away.
 _DISCONNECT_CHECK_S = 0.5
-# Before closing, how long and how much of a client's unread input to discard.
-_DRAIN_TIMEOUT_S = 1.0
-_DRAIN_LIMIT_BYTES = 1 << 20
+# The greatest backlog of connections not accepted yet (the system caps it at
+# net.core.somaxconn): a crowd of strangers must not fill it before the ranks connect.
+_LISTEN_BACKLOG = 4096
 
 
 class _LineTooLong(Exception):
     pass
 
 
-def _proof(secret: str, server_nonce: bytes, client_nonce: bytes, context: bytes) -> str:
-    return hmac.new(secret.encode(), server_nonce + client_nonce + context,
-                    hashlib.sha256).hexdigest()
-
-
-def _nonce(text: str) -> bytes | None:
-    if len(text) != 2 * NONCE_BYTES:
-        return None
-    try:
-        return bytes.fromhex(text)
-    except ValueError:
-        return None
-
-
-def answer_hello(secret: str, hello: str) -> tuple[str, str]:
-    """The client's side of the handshake. From the server's first line ("HELLO <nonce>",
-    without "\\n"), returns the line to send ("AUTH ...") and the reply that proves the server
-    knows the secret too ("OK <proof>"; compare it with hmac.compare_digest). Raises ValueError
-    when `hello` is not a greeting of this protocol."""
-    fields = hello.split(" ")
-    server_nonce = _nonce(fields[1]) if len(fields) == 2 and fields[0] == "HELLO" else None
-    if server_nonce is None:
-        raise ValueError(f"not a horovodlike rendezvous server greeting: {hello[:60]!r}")
-    client_nonce = secrets.token_bytes(NONCE_BYTES)
-    return (f"AUTH {client_nonce.hex()} "
-            f"{_proof(secret, server_nonce, client_nonce, _CLIENT_CONTEXT)}",
-            f"OK {_proof(secret, server_nonce, client_nonce, _SERVER_CONTEXT)}")
-
-
 class _LineReader:
-    """Reads "\\n"-terminated lines from a socket, refusing lines over MAX_LINE_BYTES."""
+    """Reads "\\n"-terminated lines from an authenticated client (after `already_read`, what
+    it sent behind its AUTH line), refusing lines over MAX_LINE_BYTES."""
 
-    def __init__(self, connection: socket.socket):
+    def __init__(self, connection: socket.socket, already_read: bytes = b""):
         self._connection = connection
-        self._buffer = bytearray()
+        self._buffer = bytearray(already_read)
 
-    def readline(self, deadline: float | None = None) -> bytes | None:
-        """The next line without its "\\n"; None at end of stream or on a partial last line.
-        With a deadline (time.monotonic()), raises socket.timeout once it has passed."""
+    def readline(self) -> bytes | None:
+        """The next line without its "\\n"; None at end of stream or on a partial last line."""
         while True:
             end = self._buffer.find(b"\n")
             if end >= 0:
@@ -103,27 +73,10 @@ class _LineReader:
                 return line
             if len(self._buffer) >= MAX_LINE_BYTES:
                 raise _LineTooLong()
-            if deadline is not None:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise socket.timeout("line not complete in time")
-                self._connection.settimeout(remaining)
             chunk = self._connection.recv(MAX_LINE_BYTES)
             if not chunk:
                 return None
             self._buffer += chunk
-
-
-def _fields(line: bytes) -> list[str] | None:
-    """The space-separated fields of a line, or None when it is not well-formed ASCII text."""
-    try:
-        text = line.decode("ascii")
-    except UnicodeDecodeError:
-        return None
-    fields = text.split(" ")
-    if any(not field or not field.isprintable() for field in fields):
-        return None
-    return fields
 
 
 class RendezvousServer:
@@ -142,8 +95,7 @@ class RendezvousServer:
         self._auth_timeout = auth_timeout
         self._store: dict[str, str] = {}
         self._store_changed = threading.Condition()
-        self._listener: socket.socket | None = None
-        self._accept_thread: threading.Thread | None = None
+        self._front_door: FrontDoor | None = None
         self._connections: set[socket.socket] = set()
         self._connections_lock = threading.Lock()
         self._send_locks: dict[socket.socket, threading.Lock] = {}
@@ -161,12 +113,11 @@ class RendezvousServer:
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind((self._host, self._requested_port))
-        listener.listen(128)
-        self._listener = listener
+        listener.listen(_LISTEN_BACKLOG)
         self.port = listener.getsockname()[1]
-        self._accept_thread = threading.Thread(target=self._accept_loop, daemon=True,
-                                               name="rendezvous-accept")
-        self._accept_thread.start()
+        self._front_door = FrontDoor(listener, self._secret.decode("ascii"), self._auth_timeout,
+                                     self._start_serving)
+        self._front_door.start()
         return self.port
 
     def stop(self) -> None:
@@ -174,12 +125,8 @@ class RendezvousServer:
         self._stopping.set()
         with self._store_changed:
             self._store_changed.notify_all()
-        if self._listener is not None:
-            try:
-                self._listener.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            self._listener.close()
+        if self._front_door is not None:
+            self._front_door.stop()
         with self._connections_lock:
             connections = list(self._connections)
         for connection in connections:
@@ -187,8 +134,6 @@ class RendezvousServer:
                 connection.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
-        if self._accept_thread is not None:
-            self._accept_thread.join(timeout=2)
 
     def abort(self, reason: str) -> None:
         """Tells the ranks that the job is being stopped: a GET blocked now or later on a key
@@ -229,25 +174,21 @@ class RendezvousServer:
             self._store[key] = value
             self._store_changed.notify_all()
 
-    def _accept_loop(self) -> None:
-        while not self._stopping.is_set():
-            try:
-                connection, _ = self._listener.accept()
-            except OSError:
-                if self._stopping.is_set():
-                    return
-                time.sleep(0.01)  # e.g. out of file descriptors: keep serving the others
-                continue
-            thread = threading.Thread(target=self._serve, args=(connection,), daemon=True,
-                                      name="rendezvous-client")
-            thread.start()
-
-    def _serve(self, connection: socket.socket) -> None:
+    def _start_serving(self, connection: socket.socket, reply: str, already_read: bytes) -> None:
+        """Called by the front door with a connection that has just authenticated."""
         with self._connections_lock:
             self._connections.add(connection)
             self._send_locks[connection] = threading.Lock()
+        thread = threading.Thread(target=self._serve, args=(connection, reply, already_read),
+                                  daemon=True, name="rendezvous-client")
+        thread.start()
+
+    def _serve(self, connection: socket.socket, reply: str, already_read: bytes) -> None:
         try:
-            self._serve_requests(connection)
+            self._send(connection, reply)
+            with self._connections_lock:
+                self._authenticated.add(connection)
+            self._serve_requests(_LineReader(connection, already_read), connection)
         except (OSError, _LineTooLong) as error:
             if isinstance(error, _LineTooLong):
                 self._send(connection, "ERROR line too long")
@@ -273,31 +214,12 @@ class RendezvousServer:
             except OSError:
                 pass
 
-    def _serve_requests(self, connection: socket.socket) -> None:
-        reader = _LineReader(connection)
-        server_nonce = secrets.token_bytes(NONCE_BYTES)
-        self._send(connection, f"HELLO {server_nonce.hex()}")
-        line = reader.readline(deadline=time.monotonic() + self._auth_timeout)
-        if line is None:
-            return
-        fields = _fields(line)
-        client_nonce = _nonce(fields[1]) if fields and len(fields) == 3 else None
-        secret = self._secret.decode("ascii")
-        if (client_nonce is None or fields[0] != "AUTH" or not hmac.compare_digest(
-                fields[2].encode("ascii"),
-                _proof(secret, server_nonce, client_nonce, _CLIENT_CONTEXT).encode("ascii"))):
-            self._send(connection, "ERROR bad secret")
-            return
-        connection.settimeout(None)
-        self._send(connection, f"OK {_proof(secret, server_nonce, client_nonce, _SERVER_CONTEXT)}")
-        with self._connections_lock:
-            self._authenticated.add(connection)
-
+    def _serve_requests(self, reader: _LineReader, connection: socket.socket) -> None:
         while not self._stopping.is_set():
             line = reader.readline()
             if line is None:
                 return
-            fields = _fields(line)
+            fields = fields_of(line)
             if fields and fields[0] == "PUT" and len(fields) == 3:
                 self.put(fields[1], fields[2])
                 self._send(connection, "OK")
@@ -330,9 +252,9 @@ def _close_gracefully(connection: socket.socket) -> None:
     send a reset, which can destroy the error reply before the client reads it."""
     try:
         connection.shutdown(socket.SHUT_WR)
-        deadline = time.monotonic() + _DRAIN_TIMEOUT_S
+        deadline = time.monotonic() + DRAIN_TIMEOUT_S
         drained = 0
-        while drained < _DRAIN_LIMIT_BYTES:
+        while drained < DRAIN_LIMIT_BYTES:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
@@ -348,8 +270,10 @@ def _close_gracefully(connection: socket.socket) -> None:
 
 
 def _peer_closed(connection: socket.socket) -> bool:
-    readable, _, _ = select.select([connection], [], [], 0)
-    if not readable:
+    # poll, not select: a descriptor numbered 1024 or more is beyond select's reach.
+    poller = select.poll()
+    poller.register(connection, select.POLLIN)
+    if not poller.poll(0):
         return False
     try:
         return connection.recv(1, socket.MSG_PEEK) == b""

@@ -75,6 +75,22 @@ class RendezvousClient:
             raise RendezvousError(f"GET {key} failed: {reply}")
         return reply[len("VALUE "):]
 
+    def wait_until_closed(self) -> str:
+        """Blocks until the server ends this connection, skipping the lines it sends unasked
+        ("ABORT ..."), and says how it ended. TCP keepalive probes end it when the server's host
+        stops answering (about 25 s), as its process ending does at once."""
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for option, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3)):
+            if hasattr(socket, option):
+                self._socket.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
+        self._socket.settimeout(None)
+        try:
+            while self._reader.readline():
+                pass
+        except OSError as error:
+            return f"rendezvous server {self._endpoint}: {error}"
+        return f"rendezvous server {self._endpoint} closed the connection"
+
     def close(self) -> None:
         self._reader.close()
         self._socket.close()

@@ -89,6 +89,7 @@ def to_tensor(value, what, name):
 def check_spec(spec, tensor):
     """The checks that need no other rank, made before anything is enqueued (at trace time in a
     graph), so that a bad call raises on this rank instead of leaving the others waiting."""
+    numpy_ops.check_name_length(spec.name, KIND_NAMES[spec.kind])
     what = f"{KIND_NAMES[spec.kind]} '{spec.name}'"
     numpy_ops.members(spec.process_set, what)
     if spec.kind in (ALLREDUCE, REDUCESCATTER):

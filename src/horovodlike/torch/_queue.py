@@ -9,7 +9,8 @@ import torch
 
 from horovodlike import _core
 from horovodlike.common import basics
-from horovodlike.common.constants import DTYPES, Adasum, Average, Max, Min, Product, Sum
+from horovodlike.common.constants import (DTYPES, OP_NAMES, Adasum, Average, Max, Min, Product,
+                                          Sum)
 from horovodlike.common.exceptions import raise_for_status
 from horovodlike.common.process_sets import global_process_set, set_id
 
@@ -61,10 +62,41 @@ def _tensor_problem(tensor):
 def _check_tensor(tensor, what, name):
     if tensor.__class__ is torch.Tensor and tensor.layout is torch.strided and \
             tensor.dtype in _DTYPES:
-        return  # the common case: one quick test
+        return  # the common case: one quick test (the device is checked by _device_args)
     problem = _tensor_problem(tensor)
     if problem is not None:
         raise TypeError(f"{what} '{name}': {problem}")
+
+
+def _check_member(tensor, what, name):
+    """The checks a tensor can fail as it is queued, made for each member of a grouped call
+    before the first is queued: one refused after others were queued would leave those waiting
+    for it."""
+    _check_tensor(tensor, what, name)
+    if not tensor.is_cpu and not tensor.is_cuda:
+        _raise_for_device(tensor, what, name)
+    if tensor.data_ptr() == 0 and tensor.numel() > 0:  # the core's check (enqueue_checks.cc)
+        raise ValueError(f"{what} '{name}': the tensor has no data (its pointer is null), as a "
+                         "tensor without storage; pass a tensor on the CPU or a GPU")
+
+
+def _raise_for_device(tensor, what, name):
+    device = tensor.device.type
+    if device == "meta":
+        problem = ("the tensor is on the 'meta' device, which holds no data (only its shape and "
+                   "dtype); create it on the CPU or a GPU")
+    else:
+        problem = (f"the tensor is on the '{device}' device; horovodlike takes CPU and CUDA "
+                   "tensors: move it with .cpu() (or .cuda())")
+    raise ValueError(f"{what} '{name}': {problem}")
+
+
+def _device_args(tensor, op, name):
+    """(device, stream) for the core, of a tensor not on the CPU: a CUDA tensor's ordinal and
+    current stream; a tensor on any other device (meta, mps, xpu) raises."""
+    if not tensor.is_cuda:
+        _raise_for_device(tensor, OP_NAMES[op], name)
+    return tensor.device.index, _cuda_stream(tensor)
 
 
 def _cuda_stream(tensor):
@@ -120,9 +152,8 @@ def _enqueue(op, name, tensor, output, result, keep, process_set, **kwargs):
     with _lock:
         if key in _names_in_flight:
             _raise_in_flight(name)
-    if tensor.is_cuda:  # the output, when given, is on the same device
-        kwargs["device"] = tensor.device.index
-        kwargs["stream"] = _cuda_stream(tensor)
+    if not tensor.is_cpu:  # the output, when given, is on the same device
+        kwargs["device"], kwargs["stream"] = _device_args(tensor, op, name)
     handle = _core.enqueue(op, name, tensor.data_ptr(), 0 if output is None else output.data_ptr(),
                            _DTYPES[tensor.dtype], list(tensor.shape),
                            process_set=set_id(process_set), **kwargs)
@@ -153,13 +184,15 @@ def _run(op, name, tensor, output, process_set, reduce_op, prescale, postscale, 
     if _names_in_flight and (set_, name) in _names_in_flight:
         _raise_in_flight(name)
     try:
-        if tensor.is_cuda:
-            failed = _run_on_device(op, name, tensor, output, reduce_op, prescale, postscale,
-                                    root_rank, set_)
-        else:
+        if tensor.is_cpu:
             failed = _core.run(op, name, tensor.data_ptr(), output.data_ptr(),
                                _DTYPES[tensor.dtype], tensor.shape, reduce_op, prescale,
                                postscale, root_rank, -1, set_)
+        else:
+            failed = _run_on_device(op, name, tensor, output, reduce_op, prescale, postscale,
+                                    root_rank, set_)
+    except (ValueError, TypeError):
+        raise  # refused before it was queued: the core never saw the buffers
     except BaseException:
         _interrupted_buffers.append((tensor, output))
         raise
@@ -168,11 +201,13 @@ def _run(op, name, tensor, output, process_set, reduce_op, prescale, postscale, 
 
 
 def _run_on_device(op, name, tensor, output, reduce_op, prescale, postscale, root_rank, set_):
-    """_run's call into the core for a CUDA tensor (``output`` on the same device): ordered
-    after the work queued on the current stream, and that stream waits for the result."""
+    """_run's call into the core for a tensor not on the CPU, which must be a CUDA tensor
+    (``output`` on the same device): ordered after the work queued on the current stream, and
+    that stream waits for the result."""
+    device, stream = _device_args(tensor, op, name)
     args = (op, name, tensor.data_ptr(), output.data_ptr(), _DTYPES[tensor.dtype], tensor.shape,
-            reduce_op, prescale, postscale, root_rank, tensor.device.index, set_)
-    return _core.run(*args, stream=_cuda_stream(tensor))
+            reduce_op, prescale, postscale, root_rank, device, set_)
+    return _core.run(*args, stream=stream)
 
 
 class _GroupHandle:

@@ -19,10 +19,12 @@ from horovodlike.common.constants import (ALLGATHER as _OP_ALLGATHER,
                                           REDUCESCATTER as _OP_REDUCESCATTER,
                                           Adasum, Average, Max, Min, Product, Sum)  # noqa: F401
 from horovodlike.common.exceptions import raise_for_status
+from horovodlike.common.numpy_ops import check_name_length
 from horovodlike.common.process_sets import global_process_set, set_id, set_ranks
 from horovodlike.torch._queue import (  # noqa: F401 (_DTYPES and _auto_name: other modules')
     _DTYPES, _lock, _handle_map, _group_ids, _names_in_flight, _key_of_handle, _auto_name,
-    _check_tensor, _check_inplace, _resolve_op, _enqueue, _output_tensor, _run, _GroupHandle)
+    _check_tensor, _check_member, _check_inplace, _resolve_op, _enqueue, _output_tensor, _run,
+    _GroupHandle)
 
 
 # ---------------------------------------------------------------------------------- allreduce
@@ -97,16 +99,21 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
     return tensor
 
 
-def _new_group(tensors, what):
+def _new_group(tensors, what, name):
+    """A grouped call's (id, size), after the checks of every member (see _check_member)."""
     if not isinstance(tensors, (list, tuple)) or not tensors:
         raise ValueError(f"{what} expects a non-empty list of tensors")
+    for i, tensor in enumerate(tensors):
+        _check_member(tensor, what, f"{name}.{i}" if name else f"tensor {i}")
+    if name:
+        check_name_length(f"{name}.{len(tensors) - 1}", what)  # the longest member name
     return next(_group_ids), len(tensors)
 
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                             postscale_factor=1.0, process_set=global_process_set):
     """Starts one fused allreduce of all ``tensors``; synchronize() returns the list."""
-    group = _new_group(tensors, "grouped_allreduce")
+    group = _new_group(tensors, "grouped_allreduce", name)
     name = name or _auto_name("grouped_allreduce")
     return _GroupHandle([allreduce_async(t, average, f"{name}.{i}", op, prescale_factor,
                                          postscale_factor, process_set, _group=group)
@@ -115,7 +122,7 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
 
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0, process_set=global_process_set):
-    group = _new_group(tensors, "grouped_allreduce_")
+    group = _new_group(tensors, "grouped_allreduce_", name)
     name = name or _auto_name("grouped_allreduce")
     return _GroupHandle([allreduce_async_(t, average, f"{name}.{i}", op, prescale_factor,
                                           postscale_factor, process_set, _group=group)
@@ -199,7 +206,7 @@ def allgather(tensor, name=None, process_set=global_process_set):
 
 
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
-    group = _new_group(tensors, "grouped_allgather")
+    group = _new_group(tensors, "grouped_allgather", name)
     name = name or _auto_name("grouped_allgather")
     return _GroupHandle([allgather_async(t, f"{name}.{i}", process_set, _group=group)
                          for i, t in enumerate(tensors)])
@@ -399,7 +406,7 @@ def reducescatter(tensor, name=None, compression=None, op=Average,
 
 def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
                                 prescale_factor=1.0, postscale_factor=1.0):
-    group = _new_group(tensors, "grouped_reducescatter")
+    group = _new_group(tensors, "grouped_reducescatter", name)
     name = name or _auto_name("grouped_reducescatter")
     return _GroupHandle([reducescatter_async(t, f"{name}.{i}", op, process_set, prescale_factor,
                                              postscale_factor, _group=group)
