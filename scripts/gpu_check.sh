@@ -61,7 +61,7 @@ step 02-check-build 60 horovodlikerun --check-build
 
 # 1. The project's tests of the GPU path.
 step 10-torch-cuda-tests 240 python3 -m pytest -q -rs tests/test_torch_device.py
-step 11-standin-tests 120 python3 -m pytest -q -rs tests/test_gpu.py tests/test_gpu_standins.py
+step 11-standin-tests 120 python3 -m pytest -q -rs tests/test_gpu.py tests/test_gpu_standins_*.py
 
 # 2. Horovod's own test_torch.py, its tests that use CUDA when it is available.
 SUITE_DIR=$PREPARED/horovod-tests

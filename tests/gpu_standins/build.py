@@ -3,10 +3,11 @@
     build(out_dir=None) -> {"cudart": path, "nccl": path, "nccl_omit_allgather": path, "dir": dir}
 
 Without out_dir the libraries go to a cache folder under the system temp dir named by a hash
-of the sources and the flags, so many test processes share one build: each builds in a
-temporary folder and renames it into place (a lock file keeps them from all compiling at once,
-and a reader never sees half-built files). `python -m tests.gpu_standins.build` or
-`python tests/gpu_standins/build.py [OUT_DIR]` prints the paths.
+of the sources (every file of SOURCES, headers included) and the flags, so many test processes
+share one build: each builds in a temporary folder and renames it into place (a lock file keeps
+them from all compiling at once, and a reader never sees half-built files).
+`python -m tests.gpu_standins.build` or `python tests/gpu_standins/build.py [OUT_DIR]` prints
+the paths.
 """
 
 import fcntl
@@ -20,8 +21,16 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SOURCES = ("cudart_standin.c", "nccl_standin.c")
-CFLAGS = ["-std=c11", "-O1", "-g", "-fPIC", "-shared", "-pthread", "-Wall", "-ffp-contract=off"]
+CUDART_SOURCES = ("cudart_device.c", "cudart_log.c", "cudart_memory.c", "cudart_streams.c",
+                  "cudart_events.c", "cudart_kernels.c")
+NCCL_SOURCES = ("nccl_settings.c", "nccl_comm.c", "nccl_mesh.c", "nccl_split.c",
+                "nccl_collectives.c", "nccl_redop.c", "nccl_groups.c", "nccl_launch.c",
+                "nccl_execute.c", "nccl_wire.c", "nccl_reduce.c")
+HEADERS = ("cudart_internal.h", "nccl_internal.h", "nccl_wire.h")
+SOURCES = (*CUDART_SOURCES, *NCCL_SOURCES, *HEADERS)
+# Hidden by default: a library's symbols are its EXPORT functions, not what its sources share.
+CFLAGS = ["-std=c11", "-O1", "-g", "-fPIC", "-shared", "-pthread", "-Wall", "-ffp-contract=off",
+          "-fvisibility=hidden"]
 CUDART = "libcudart.so.12"
 NCCL = "libnccl.so.2"
 OMIT_DIR = "omit_allgather"
@@ -81,16 +90,17 @@ def _compile_into(folder, key):
     (folder / OMIT_DIR).mkdir(parents=True, exist_ok=True)
     cc = _compiler()
     _run([cc, *CFLAGS, f"-Wl,-soname,{CUDART}", "-o", str(folder / CUDART),
-          str(HERE / "cudart_standin.c")])
+          *(str(HERE / name) for name in CUDART_SOURCES)])
     nccl = [cc, *CFLAGS, f"-Wl,-soname,{NCCL}"]
     link = [f"-L{folder}", f"-l:{CUDART}", "-lm"]
     # The runtime is looked for next to the library, and where NVIDIA's wheels put it when
     # the library is copied into their layout (nvidia/nccl/lib, nvidia/cuda_runtime/lib); the
     # variant lies one folder down and finds it in its parent.
-    _run([*nccl, "-o", str(folder / NCCL), str(HERE / "nccl_standin.c"), *link,
+    sources = [str(HERE / name) for name in NCCL_SOURCES]
+    _run([*nccl, "-o", str(folder / NCCL), *sources, *link,
           "-Wl,-rpath,$ORIGIN:$ORIGIN/../../cuda_runtime/lib"],
          [*nccl, "-DSTANDIN_NCCL_OMIT_ALLGATHER", "-o", str(folder / OMIT_DIR / NCCL),
-          str(HERE / "nccl_standin.c"), *link, "-Wl,-rpath,$ORIGIN/.."])
+          *sources, *link, "-Wl,-rpath,$ORIGIN/.."])
     (folder / STAMP).write_text(key)
 
 
