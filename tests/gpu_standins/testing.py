@@ -8,7 +8,6 @@ import json
 import os
 import pickle
 import re
-import shutil
 import signal
 import subprocess
 import sys
