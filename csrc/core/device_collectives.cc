@@ -10,6 +10,7 @@
 #include "../reduce/reduce.h"
 #include "../common/logging.h"
 #include "../cuda/device_context.h"
+#include "tensor_layout.h"
 
 namespace horovodlike {
 namespace {
@@ -31,17 +32,11 @@ struct RankReport {
   int32_t device;
 };
 
-size_t RowBytes(const std::vector<int64_t>& shape, size_t elem) {
-  size_t row = elem;
-  for (size_t i = 1; i < shape.size(); ++i) row *= static_cast<size_t>(shape[i]);
-  return row;
-}
-
 size_t Bytes(const TensorEntry& e, size_t elem) {
   return static_cast<size_t>(NumElements(e.request.shape)) * elem;
 }
 
-int64_t ScatterRows(int64_t rows, int r, int n) { return rows / n + (r < rows % n ? 1 : 0); }
+
 
 class Activity {
  public:
@@ -333,13 +328,12 @@ void DeviceCollectives::Allgather(DeviceContext& device, const Response* const* 
                                   std::vector<TensorEntry>& entries) {
   Activity activity(timeline_, kNcclAllgather);
   const Response& response = *parts[0];
-  const size_t elem = DataTypeSize(response.dtype);
   const size_t k = entries.size();
   const int n = size_;
   auto rows = [&](size_t t, int r) { return static_cast<size_t>(parts[t]->first_dims[r]); };
   std::vector<size_t> row_bytes(k), block_bytes(n, 0), total_rows(k, 0);
   for (size_t t = 0; t < k; ++t) {
-    row_bytes[t] = RowBytes(entries[t].request.shape, elem);
+    row_bytes[t] = RowBytes(entries[t].request.shape, response.dtype);
     for (int r = 0; r < n; ++r) {
       block_bytes[r] += rows(t, r) * row_bytes[t];
       total_rows[t] += rows(t, r);
@@ -392,16 +386,10 @@ void DeviceCollectives::Reducescatter(DeviceContext& device, const Response& res
   const DataType dtype = response.dtype;
   const size_t elem = DataTypeSize(dtype);
   const size_t k = entries.size();
-  std::vector<size_t> row_elems(k), block_counts(n, 0);
-  size_t total = 0;
-  for (size_t t = 0; t < k; ++t) {
-    const auto& shape = entries[t].request.shape;
-    row_elems[t] = RowBytes(shape, elem) / elem;
-    for (int r = 0; r < n; ++r) {
-      block_counts[r] += static_cast<size_t>(ScatterRows(shape[0], r, n)) * row_elems[t];
-    }
-    total += static_cast<size_t>(NumElements(shape));
-  }
+  const ScatterLayout layout = LayReducescatter(entries, dtype, n);
+  const std::vector<size_t>& row_elems = layout.row_elems;
+  const std::vector<size_t>& block_counts = layout.block_counts;
+  const size_t total = layout.total;
   // The input laid out rank-major (block r: rank r's rows of every tensor in turn), then this
   // rank's reduced block.
   uint8_t* buffer = device.FusionBuffer((total + block_counts[rank_]) * elem);
@@ -444,23 +432,15 @@ void DeviceCollectives::Alltoall(DeviceContext& device, const Response& response
                                  TensorEntry& entry) {
   Activity activity(timeline_, kNcclAlltoall);
   const int n = size_;
-  const size_t row_bytes = RowBytes(entry.request.shape, DataTypeSize(response.dtype));
-  std::vector<size_t> send_bytes(n), recv_bytes(n);
-  std::vector<int64_t> received(n);
-  int64_t total_rows = 0;
-  for (int j = 0; j < n; ++j) {
-    send_bytes[j] = static_cast<size_t>(response.alltoall_rows[rank_ * n + j]) * row_bytes;
-    received[j] = response.alltoall_rows[j * n + rank_];
-    recv_bytes[j] = static_cast<size_t>(received[j]) * row_bytes;
-    total_rows += received[j];
-  }
+  const size_t row_bytes = RowBytes(entry.request.shape, response.dtype);
+  AlltoallLayout layout = LayAlltoall(response, rank_, n, row_bytes);
   HandleState& state = *entry.handle;
   state.output_shape = entry.request.shape;
-  state.output_shape[0] = total_rows;
-  state.integers = received;
-  state.device_output_bytes = static_cast<size_t>(total_rows) * row_bytes;
+  state.output_shape[0] = layout.total_rows;
+  state.device_output_bytes = static_cast<size_t>(layout.total_rows) * row_bytes;
   state.device_output = device.DeviceMemory(state.device_output_bytes);
-  nccl_->Alltoall(entry.input, send_bytes, state.device_output.get(), recv_bytes);
+  nccl_->Alltoall(entry.input, layout.send_bytes, state.device_output.get(), layout.recv_bytes);
+  state.integers = std::move(layout.received);
 }
 
 void DeviceCollectives::Broadcast(DeviceContext& device, const Response& response,

@@ -2,22 +2,10 @@
 
 #include <cstring>
 
+#include "tensor_layout.h"
 #include "../reduce/reduce.h"
 
 namespace horovodlike {
-namespace {
-
-size_t RowBytes(const std::vector<int64_t>& shape, DataType dtype) {
-  return static_cast<size_t>(
-             NumElements(std::vector<int64_t>(shape.begin() + 1, shape.end()))) *
-         DataTypeSize(dtype);
-}
-
-// Rows of a first dimension of `rows` that rank r of n receives in a reduce-scatter: as even
-// as possible, the first (rows % n) ranks one more.
-int64_t ScatterRows(int64_t rows, int r, int n) { return rows / n + (r < rows % n ? 1 : 0); }
-
-}  // namespace
 
 void Executor::Prepare(size_t parts, size_t fused_bytes) {
   fusion_.Expect(fused_bytes);
@@ -363,16 +351,10 @@ void Executor::Reducescatter(const Response& response, std::vector<TensorEntry>&
   const size_t k = entries.size();
   double postscale = response.postscale;
   if (response.reduce_op == ReduceOp::kAverage) postscale /= n;
-  std::vector<size_t> row_elems(k), block_counts(n, 0);
-  size_t total = 0;
-  for (size_t t = 0; t < k; ++t) {
-    const auto& shape = entries[t].request.shape;
-    row_elems[t] = RowBytes(shape, dtype) / elem;
-    for (int r = 0; r < n; ++r) {
-      block_counts[r] += static_cast<size_t>(ScatterRows(shape[0], r, n)) * row_elems[t];
-    }
-    total += static_cast<size_t>(NumElements(shape));
-  }
+  const ScatterLayout layout = LayReducescatter(entries, dtype, n);
+  const std::vector<size_t>& row_elems = layout.row_elems;
+  const std::vector<size_t>& block_counts = layout.block_counts;
+  const size_t total = layout.total;
   // Work buffer laid out rank-major: block r holds rank r's rows of every tensor in turn.
   uint8_t* buffer = fusion_.Reserve(total * elem);
   size_t offset = 0;
@@ -415,21 +397,14 @@ void Executor::Alltoall(const Response& response, TensorEntry& entry) {
   const int n = transport_.size();
   const int rank = transport_.rank();
   const size_t row_bytes = RowBytes(entry.request.shape, response.dtype);
-  // Row i of the n x n matrix lists the rows rank i sends to each rank.
-  std::vector<size_t> send_bytes(n), recv_bytes(n);
-  std::vector<int64_t> received(n);
-  int64_t total_rows = 0;
-  for (int j = 0; j < n; ++j) {
-    send_bytes[j] = static_cast<size_t>(response.alltoall_rows[rank * n + j]) * row_bytes;
-    received[j] = response.alltoall_rows[j * n + rank];
-    recv_bytes[j] = static_cast<size_t>(received[j]) * row_bytes;
-    total_rows += received[j];
-  }
+  AlltoallLayout layout = LayAlltoall(response, rank, n, row_bytes);
+  const std::vector<size_t>& send_bytes = layout.send_bytes;
+  const std::vector<size_t>& recv_bytes = layout.recv_bytes;
   HandleState& state = *entry.handle;
-  state.output.resize(static_cast<size_t>(total_rows) * row_bytes);
+  state.output.resize(static_cast<size_t>(layout.total_rows) * row_bytes);
   state.output_shape = entry.request.shape;
-  state.output_shape[0] = total_rows;
-  state.integers = received;
+  state.output_shape[0] = layout.total_rows;
+  state.integers = std::move(layout.received);
   const auto chosen = providers_->Alltoall();
   timeline_.ActivityStart(chosen.label);
   chosen.provider->Run(entry.input, send_bytes, state.output.data(), recv_bytes);
