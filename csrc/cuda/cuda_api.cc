@@ -14,13 +14,6 @@ struct Loaded {
   std::string error;  // set: the runtime is not usable
 };
 
-template <class Fn>
-bool Resolve(void* handle, const char* name, Fn* out, std::string* missing) {
-  *out = reinterpret_cast<Fn>(LibrarySymbol(handle, name));
-  if (*out == nullptr) *missing += std::string(missing->empty() ? "" : ", ") + name;
-  return *out != nullptr;
-}
-
 Loaded* Load() {
   auto* loaded = new Loaded();
   FoundLibrary found = FindLibrary("HOROVOD_CUDART_PATH",
@@ -35,26 +28,26 @@ Loaded* Load() {
   api.path = found.path;
   void* h = found.handle;
   std::string missing;
-  Resolve(h, "cudaGetDeviceCount", &api.GetDeviceCount, &missing);
-  Resolve(h, "cudaSetDevice", &api.SetDevice, &missing);
-  Resolve(h, "cudaGetDevice", &api.GetDevice, &missing);
-  Resolve(h, "cudaDeviceGetPCIBusId", &api.DeviceGetPCIBusId, &missing);
-  Resolve(h, "cudaStreamCreateWithFlags", &api.StreamCreateWithFlags, &missing);
-  Resolve(h, "cudaStreamSynchronize", &api.StreamSynchronize, &missing);
-  Resolve(h, "cudaStreamWaitEvent", &api.StreamWaitEvent, &missing);
-  Resolve(h, "cudaEventCreateWithFlags", &api.EventCreateWithFlags, &missing);
-  Resolve(h, "cudaEventDestroy", &api.EventDestroy, &missing);
-  Resolve(h, "cudaEventRecord", &api.EventRecord, &missing);
-  Resolve(h, "cudaEventQuery", &api.EventQuery, &missing);
-  Resolve(h, "cudaEventSynchronize", &api.EventSynchronize, &missing);
-  Resolve(h, "cudaMemcpyAsync", &api.MemcpyAsync, &missing);
-  Resolve(h, "cudaMalloc", &api.Malloc, &missing);
-  Resolve(h, "cudaFree", &api.Free, &missing);
-  Resolve(h, "cudaHostAlloc", &api.HostAlloc, &missing);
-  Resolve(h, "cudaFreeHost", &api.FreeHost, &missing);
-  Resolve(h, "cudaGetErrorString", &api.GetErrorString, &missing);
-  Resolve(h, "cudaRuntimeGetVersion", &api.RuntimeGetVersion, &missing);
-  Resolve(h, "cudaDriverGetVersion", &api.DriverGetVersion, &missing);
+  ResolveSymbol(h, "cudaGetDeviceCount", &api.GetDeviceCount, &missing);
+  ResolveSymbol(h, "cudaSetDevice", &api.SetDevice, &missing);
+  ResolveSymbol(h, "cudaGetDevice", &api.GetDevice, &missing);
+  ResolveSymbol(h, "cudaDeviceGetPCIBusId", &api.DeviceGetPCIBusId, &missing);
+  ResolveSymbol(h, "cudaStreamCreateWithFlags", &api.StreamCreateWithFlags, &missing);
+  ResolveSymbol(h, "cudaStreamSynchronize", &api.StreamSynchronize, &missing);
+  ResolveSymbol(h, "cudaStreamWaitEvent", &api.StreamWaitEvent, &missing);
+  ResolveSymbol(h, "cudaEventCreateWithFlags", &api.EventCreateWithFlags, &missing);
+  ResolveSymbol(h, "cudaEventDestroy", &api.EventDestroy, &missing);
+  ResolveSymbol(h, "cudaEventRecord", &api.EventRecord, &missing);
+  ResolveSymbol(h, "cudaEventQuery", &api.EventQuery, &missing);
+  ResolveSymbol(h, "cudaEventSynchronize", &api.EventSynchronize, &missing);
+  ResolveSymbol(h, "cudaMemcpyAsync", &api.MemcpyAsync, &missing);
+  ResolveSymbol(h, "cudaMalloc", &api.Malloc, &missing);
+  ResolveSymbol(h, "cudaFree", &api.Free, &missing);
+  ResolveSymbol(h, "cudaHostAlloc", &api.HostAlloc, &missing);
+  ResolveSymbol(h, "cudaFreeHost", &api.FreeHost, &missing);
+  ResolveSymbol(h, "cudaGetErrorString", &api.GetErrorString, &missing);
+  ResolveSymbol(h, "cudaRuntimeGetVersion", &api.RuntimeGetVersion, &missing);
+  ResolveSymbol(h, "cudaDriverGetVersion", &api.DriverGetVersion, &missing);
   if (!missing.empty()) {
     loaded->error = "the CUDA runtime " + api.path + " lacks " + missing;
     return loaded;

@@ -47,4 +47,14 @@ FoundLibrary FindLibrary(const char* override_env, const std::vector<std::string
 // The symbol, or nullptr.
 void* LibrarySymbol(void* handle, const char* name);
 
+// Sets `*out` to the symbol `name` of `handle`; when it is missing, adds the name to `*missing`
+// (a list for the error), unless `missing` is null (an optional symbol).
+template <class Fn>
+void ResolveSymbol(void* handle, const char* name, Fn* out, std::string* missing) {
+  *out = reinterpret_cast<Fn>(LibrarySymbol(handle, name));
+  if (*out == nullptr && missing != nullptr) {
+    *missing += std::string(missing->empty() ? "" : ", ") + name;
+  }
+}
+
 }  // namespace horovodlike

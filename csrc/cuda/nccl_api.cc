@@ -12,14 +12,6 @@ struct Loaded {
   std::string error;
 };
 
-template <class Fn>
-void Resolve(void* handle, const char* name, Fn* out, std::string* missing) {
-  *out = reinterpret_cast<Fn>(LibrarySymbol(handle, name));
-  if (*out == nullptr && missing != nullptr) {
-    *missing += std::string(missing->empty() ? "" : ", ") + name;
-  }
-}
-
 // NCCL's codes: major*1000+minor*100+patch before 2.9, major*10000+minor*100+patch since.
 std::string VersionName(int code) {
   int major, minor, patch;
@@ -50,22 +42,22 @@ Loaded* Load() {
   api.path = found.path;
   void* h = found.handle;
   std::string missing;
-  Resolve(h, "ncclGetVersion", &api.GetVersion, &missing);
-  Resolve(h, "ncclGetUniqueId", &api.GetUniqueId, &missing);
-  Resolve(h, "ncclCommInitRank", &api.CommInitRank, &missing);
-  Resolve(h, "ncclCommDestroy", &api.CommDestroy, &missing);
-  Resolve(h, "ncclCommAbort", &api.CommAbort, &missing);
-  Resolve(h, "ncclCommGetAsyncError", &api.CommGetAsyncError, &missing);
-  Resolve(h, "ncclGetErrorString", &api.GetErrorString, &missing);
-  Resolve(h, "ncclAllReduce", &api.AllReduce, &missing);
-  Resolve(h, "ncclBroadcast", &api.Broadcast, &missing);
-  Resolve(h, "ncclReduce", &api.Reduce, &missing);
-  Resolve(h, "ncclAllGather", &api.AllGather, &missing);
-  Resolve(h, "ncclReduceScatter", &api.ReduceScatter, &missing);
-  Resolve(h, "ncclSend", &api.Send, &missing);
-  Resolve(h, "ncclRecv", &api.Recv, &missing);
-  Resolve(h, "ncclGroupStart", &api.GroupStart, &missing);
-  Resolve(h, "ncclGroupEnd", &api.GroupEnd, &missing);
+  ResolveSymbol(h, "ncclGetVersion", &api.GetVersion, &missing);
+  ResolveSymbol(h, "ncclGetUniqueId", &api.GetUniqueId, &missing);
+  ResolveSymbol(h, "ncclCommInitRank", &api.CommInitRank, &missing);
+  ResolveSymbol(h, "ncclCommDestroy", &api.CommDestroy, &missing);
+  ResolveSymbol(h, "ncclCommAbort", &api.CommAbort, &missing);
+  ResolveSymbol(h, "ncclCommGetAsyncError", &api.CommGetAsyncError, &missing);
+  ResolveSymbol(h, "ncclGetErrorString", &api.GetErrorString, &missing);
+  ResolveSymbol(h, "ncclAllReduce", &api.AllReduce, &missing);
+  ResolveSymbol(h, "ncclBroadcast", &api.Broadcast, &missing);
+  ResolveSymbol(h, "ncclReduce", &api.Reduce, &missing);
+  ResolveSymbol(h, "ncclAllGather", &api.AllGather, &missing);
+  ResolveSymbol(h, "ncclReduceScatter", &api.ReduceScatter, &missing);
+  ResolveSymbol(h, "ncclSend", &api.Send, &missing);
+  ResolveSymbol(h, "ncclRecv", &api.Recv, &missing);
+  ResolveSymbol(h, "ncclGroupStart", &api.GroupStart, &missing);
+  ResolveSymbol(h, "ncclGroupEnd", &api.GroupEnd, &missing);
   if (api.GetVersion != nullptr) {
     int code = 0;
     if (api.GetVersion(&code) == kNcclSuccess) {
@@ -87,12 +79,12 @@ Loaded* Load() {
   // Newer features: used only where the version has them and the symbol is there.
   api.has_avg = api.version >= 21000;
   if (api.version >= 21100) {
-    Resolve(h, "ncclRedOpCreatePreMulSum", &api.RedOpCreatePreMulSum, nullptr);
-    Resolve(h, "ncclRedOpDestroy", &api.RedOpDestroy, nullptr);
+    ResolveSymbol(h, "ncclRedOpCreatePreMulSum", &api.RedOpCreatePreMulSum, nullptr);
+    ResolveSymbol(h, "ncclRedOpDestroy", &api.RedOpDestroy, nullptr);
     api.has_premulsum = api.RedOpCreatePreMulSum != nullptr && api.RedOpDestroy != nullptr;
   }
   if (api.version >= 21800) {
-    Resolve(h, "ncclCommSplit", &api.CommSplit, nullptr);
+    ResolveSymbol(h, "ncclCommSplit", &api.CommSplit, nullptr);
     api.has_split = api.CommSplit != nullptr;
   }
   return loaded;
