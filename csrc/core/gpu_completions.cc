@@ -9,8 +9,7 @@
 namespace horovodlike {
 namespace {
 
-bool Fired(void* event) {
-  const CudaApi& cuda = Cuda();
+bool Fired(const CudaApi& cuda, void* event) {
   const cudaError_t result = cuda.EventQuery(event);
   if (result == kCudaSuccess) return true;
   if (result == kCudaErrorNotReady) return false;
@@ -42,16 +41,16 @@ void GpuCompletions::Add(Pending pending) {
   }
   pending_.push_back(std::move(pending));
   ++outstanding_;
-  if (!thread_.joinable()) {
-    thread_ = std::thread([this] { Run(); });
-    pthread_setname_np(thread_.native_handle(), "hvdl-gpu-done");
-  }
-  cv_.notify_all();
+  StartLocked();
 }
 
 void GpuCompletions::ReleaseAfter(std::shared_ptr<void> event, std::shared_ptr<void> memory) {
   std::lock_guard<std::mutex> lock(mutex_);
   release_after_.emplace_back(std::move(event), std::move(memory));
+  StartLocked();
+}
+
+void GpuCompletions::StartLocked() {
   if (!thread_.joinable()) {
     thread_ = std::thread([this] { Run(); });
     pthread_setname_np(thread_.native_handle(), "hvdl-gpu-done");
@@ -105,6 +104,8 @@ void GpuCompletions::WaitIdle(double seconds) {
 }
 
 void GpuCompletions::Run() {
+  // Work was queued before this thread started, so the runtime is loaded.
+  const CudaApi& cuda = Cuda();
   auto pause = std::chrono::microseconds(10);
   std::unique_lock<std::mutex> lock(mutex_);
   while (true) {
@@ -122,7 +123,7 @@ void GpuCompletions::Run() {
     for (auto& p : pending) {
       bool fired = false;
       try {
-        fired = Fired(p.event.get());
+        fired = Fired(cuda, p.event.get());
       } catch (const std::exception& e) {
         error = e.what();
       }
@@ -141,7 +142,7 @@ void GpuCompletions::Run() {
     for (auto& r : release) {
       bool fired = true;
       try {
-        fired = Fired(r.first.get());
+        fired = Fired(cuda, r.first.get());
       } catch (const std::exception&) {
       }
       if (!fired) still.push_back(std::move(r));
@@ -186,7 +187,7 @@ void GpuCompletions::CopyOutput(const std::shared_ptr<HandleState>& state, void*
   }
   DeviceContext& device = DeviceContext::For(state->device);
   const CudaApi& cuda = device.cuda();
-  DeviceGuard guard(state->device);
+  DeviceGuard guard(cuda, state->device);
   if (state->completion_event) {
     cuda.Check(cuda.StreamWaitEvent(stream, state->completion_event.get(), 0),
                "cudaStreamWaitEvent");

@@ -55,6 +55,8 @@ class GpuCompletions {
   void CopyOutput(const std::shared_ptr<HandleState>& state, void* dst, void* stream);
 
  private:
+  // Starts the polling thread on first use and wakes it; mutex_ held.
+  void StartLocked();
   void Run();
 
   HandleTable& handles_;

@@ -103,14 +103,13 @@ const CudaApi& Cuda() {
   return loaded.api;
 }
 
-DeviceGuard::DeviceGuard(int device) : device_(device) {
-  const CudaApi& cuda = Cuda();
-  cuda.Check(cuda.GetDevice(&previous_), "cudaGetDevice");
-  if (previous_ != device_) cuda.Check(cuda.SetDevice(device_), "cudaSetDevice");
+DeviceGuard::DeviceGuard(const CudaApi& cuda, int device) : cuda_(cuda), device_(device) {
+  cuda_.Check(cuda_.GetDevice(&previous_), "cudaGetDevice");
+  if (previous_ != device_) cuda_.Check(cuda_.SetDevice(device_), "cudaSetDevice");
 }
 
 DeviceGuard::~DeviceGuard() {
-  if (previous_ >= 0 && previous_ != device_) Cuda().SetDevice(previous_);
+  if (previous_ >= 0 && previous_ != device_) cuda_.SetDevice(previous_);
 }
 
 }  // namespace horovodlike

@@ -72,12 +72,13 @@ const CudaApi& Cuda();
 // after (a caller's current device is theirs).
 class DeviceGuard {
  public:
-  explicit DeviceGuard(int device);
+  DeviceGuard(const CudaApi& cuda, int device);
   ~DeviceGuard();
   DeviceGuard(const DeviceGuard&) = delete;
   DeviceGuard& operator=(const DeviceGuard&) = delete;
 
  private:
+  const CudaApi& cuda_;
   int previous_ = -1;
   int device_;
 };

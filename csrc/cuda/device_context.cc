@@ -23,7 +23,7 @@ DeviceContext& DeviceContext::For(int device) {
 }
 
 DeviceContext::DeviceContext(int device) : cuda_(Cuda()), device_(device) {
-  DeviceGuard guard(device_);
+  DeviceGuard guard(cuda_, device_);
   cuda_.Check(cuda_.StreamCreateWithFlags(&stream_, kCudaStreamNonBlocking),
               "cudaStreamCreateWithFlags");
 }
@@ -38,7 +38,7 @@ std::shared_ptr<void> DeviceContext::Event() {
     }
   }
   if (event == nullptr) {
-    DeviceGuard guard(device_);
+    DeviceGuard guard(cuda_, device_);
     cuda_.Check(cuda_.EventCreateWithFlags(&event, kCudaEventDisableTiming),
                 "cudaEventCreateWithFlags");
   }
@@ -50,7 +50,7 @@ std::shared_ptr<void> DeviceContext::Event() {
 
 std::shared_ptr<void> DeviceContext::RecordOn(cudaStream_t stream) {
   std::shared_ptr<void> event = Event();
-  DeviceGuard guard(device_);
+  DeviceGuard guard(cuda_, device_);
   cuda_.Check(cuda_.EventRecord(event.get(), stream), "cudaEventRecord");
   return event;
 }
@@ -94,7 +94,7 @@ std::shared_ptr<uint8_t> DeviceContext::Pinned(size_t bytes) {
   if (memory == nullptr) {
     size = bytes;
     void* p = nullptr;
-    DeviceGuard guard(device_);
+    DeviceGuard guard(cuda_, device_);
     cuda_.Check(cuda_.HostAlloc(&p, size, kCudaHostAllocPortable), "cudaHostAlloc");
     memory = static_cast<uint8_t*>(p);
   }
@@ -106,7 +106,7 @@ std::shared_ptr<uint8_t> DeviceContext::Pinned(size_t bytes) {
 
 std::shared_ptr<uint8_t> DeviceContext::DeviceMemory(size_t bytes) {
   void* p = nullptr;
-  DeviceGuard guard(device_);
+  DeviceGuard guard(cuda_, device_);
   cuda_.Check(cuda_.Malloc(&p, std::max<size_t>(bytes, 1)), "cudaMalloc");
   const CudaApi* cuda = &cuda_;
   return std::shared_ptr<uint8_t>(static_cast<uint8_t*>(p), [cuda](uint8_t* q) { cuda->Free(q); });

@@ -26,7 +26,7 @@ int NcclType(DataType dtype, const NcclApi& nccl) {
 
 // Keeps the core's stream's device current while NCCL calls run.
 struct Scoped {
-  explicit Scoped(DeviceContext& d) : guard(d.device()) {}
+  explicit Scoped(DeviceContext& d) : guard(d.cuda(), d.device()) {}
   DeviceGuard guard;
 };
 
