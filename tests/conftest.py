@@ -79,3 +79,17 @@ def assert_survivors_failed_fast(result, report_dir, survivors):
         assert "lost connection to rank" in report[0], report
         assert float(report[0].split()[2]) < 5.0, report
         assert report[1] == "HorovodInternalError", report
+
+
+@pytest.fixture(scope="session")
+def standins():
+    """The stand-in CUDA runtime and NCCL that tests/gpu_standins/ builds (paths by name)."""
+    from gpu_standins.build import build
+    return build()
+
+
+@pytest.fixture(scope="session")
+def cuda(standins):
+    """The stand-in CUDA runtime, driven from the test process (tests/gpu_standins/device.py)."""
+    from gpu_standins.device import StandinCuda
+    return StandinCuda(standins["cudart"])

@@ -8,17 +8,11 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 
 import pytest
 
 from conftest import PACKAGE_PARENT, assert_all_ranks, job_env, launch
-from gpu_standins.build import build
 
-
-@pytest.fixture(scope="module")
-def standins():
-    return build()
 
 
 def gpu_env(standins, devices, **extra):

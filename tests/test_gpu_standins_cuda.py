@@ -16,32 +16,24 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 from gpu_standins import build as standin_build  # noqa: E402
-from gpu_standins.device import CudaError, StandinCuda  # noqa: E402
+from gpu_standins.device import CudaError  # noqa: E402
 from gpu_standins.testing import (D2D, D2H, DEFAULT, H2D, H2H,  # noqa: E402
                                   NON_BLOCKING, NOT_READY, lines, seq)
 
 
 
-@pytest.fixture(scope="module")
-def libs():
-    return standin_build.build()
-
-
-@pytest.fixture(scope="module")
-def cuda(libs):
-    return StandinCuda(libs["cudart"])
 
 
 # ------------------------------------------------------------------------------------------------
 # The build
 
 
-def test_build_is_cached_and_complete(libs):
-    assert standin_build.build() == libs
+def test_build_is_cached_and_complete(standins):
+    assert standin_build.build() == standins
     for key in ("cudart", "nccl", "nccl_omit_allgather"):
-        assert Path(libs[key]).is_file()
-    assert Path(libs["nccl_omit_allgather"]).parent.name == "omit_allgather"
-    assert Path(libs["nccl_omit_allgather"]).name == "libnccl.so.2"
+        assert Path(standins[key]).is_file()
+    assert Path(standins["nccl_omit_allgather"]).parent.name == "omit_allgather"
+    assert Path(standins["nccl_omit_allgather"]).name == "libnccl.so.2"
 
 
 
@@ -56,7 +48,7 @@ def test_cache_key_covers_every_source():
 
 def test_concurrent_builds_share_one_folder(tmp_path, monkeypatch):
     """Callers at once: one compiles (in a temporary folder renamed into place), the others
-    wait and reuse it. The compiler is faked here; the `libs` fixture runs the real one."""
+    wait and reuse it. The compiler is faked here; the `standins` fixture runs the real one."""
     import tempfile
     import threading
     compiled = []

@@ -14,7 +14,6 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-from gpu_standins import build as standin_build  # noqa: E402
 from gpu_standins.testing import (NON_BLOCKING, NOT_READY,  # noqa: E402
                                   expected_reduce, finish, launch, make_input, run, worker_main)
 
@@ -93,14 +92,10 @@ import pytest  # noqa: E402
 SCRIPT = Path(__file__).resolve()
 
 
-@pytest.fixture(scope="module")
-def libs():
-    return standin_build.build()
 
-
-def test_nccl_fail_after_blocks_stream_until_abort(libs, tmp_path):
+def test_nccl_fail_after_blocks_stream_until_abort(standins, tmp_path):
     envs = {0: {"HVDL_STANDIN_NCCL_FAIL_AFTER": "2"}}
-    first, second = run(SCRIPT, "fail_after", 2, tmp_path, libs, envs)
+    first, second = run(SCRIPT, "fail_after", 2, tmp_path, standins, envs)
     want = expected_reduce("float32", "sum", [make_input("float32", r, 8, "fa") for r in (0, 1)])
     for res in (first, second):
         np.testing.assert_array_equal(res["first"], want)
@@ -110,8 +105,8 @@ def test_nccl_fail_after_blocks_stream_until_abort(libs, tmp_path):
     assert second["error"] == 6  # the failing rank aborted: its connections closed
 
 
-def test_nccl_peer_killed_mid_collective(libs, tmp_path):
-    procs = launch(SCRIPT, "killed", 2, tmp_path, libs)
+def test_nccl_peer_killed_mid_collective(standins, tmp_path):
+    procs = launch(SCRIPT, "killed", 2, tmp_path, standins)
     deadline = time.monotonic() + 60
     while not all((tmp_path / f"ready-{r}").exists() for r in (0, 1)):
         if time.monotonic() > deadline or any(p.poll() is not None for p in procs):

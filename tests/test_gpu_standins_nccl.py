@@ -14,8 +14,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-from gpu_standins import build as standin_build  # noqa: E402
-from gpu_standins.device import (CudaError, NcclError, StandinCuda, StandinNccl,  # noqa: E402
+from gpu_standins.device import (CudaError, NcclError, StandinNccl,  # noqa: E402
                                  from_bfloat16, to_bfloat16)
 from gpu_standins.testing import (COUNT, DTYPES, NON_BLOCKING, OPS,  # noqa: E402
                                   RAW, expected_reduce, lines, make_input, premul_scalar, run,
@@ -258,24 +257,16 @@ import pytest  # noqa: E402
 SCRIPT = Path(__file__).resolve()
 
 
-@pytest.fixture(scope="module")
-def libs():
-    return standin_build.build()
-
-
-@pytest.fixture(scope="module")
-def cuda(libs):
-    return StandinCuda(libs["cudart"])
 
 
 # ------------------------------------------------------------------------------------------------
 # In this process: one-rank NCCL
 
 
-def test_nccl_half_and_bfloat16_round_like_numpy(libs, cuda):
+def test_nccl_half_and_bfloat16_round_like_numpy(standins, cuda):
     """PreMulSum on every 16-bit pattern (one rank: x * scalar), against NumPy's float16 and
     float32-then-round bfloat16, including subnormals, overflow and underflow."""
-    nc = StandinNccl(libs["nccl"])
+    nc = StandinNccl(standins["nccl"])
     comm = nc.init_rank(1, nc.unique_id(), 0)
     s = cuda.stream_create(NON_BLOCKING)
     bits = np.arange(1 << 16, dtype=np.uint16)
@@ -302,11 +293,11 @@ def test_nccl_half_and_bfloat16_round_like_numpy(libs, cuda):
     cuda.free(dst)
 
 
-def test_nccl_group_across_streams_waits_for_each(libs, cuda):
+def test_nccl_group_across_streams_waits_for_each(standins, cuda):
     """A group's ops run together after the work queued on each of their streams, and each
     stream continues after the group."""
     cuda.log_clear()
-    nc = StandinNccl(libs["nccl"])
+    nc = StandinNccl(standins["nccl"])
     comm = nc.init_rank(1, nc.unique_id(), 0)
     a, b = cuda.stream_create(NON_BLOCKING), cuda.stream_create(NON_BLOCKING)
     x, y = np.arange(8, dtype=np.float32), np.arange(5, dtype=np.int64) * 3
@@ -327,9 +318,9 @@ def test_nccl_group_across_streams_waits_for_each(libs, cuda):
     nc.destroy(comm)
 
 
-def test_omit_allgather_variant(libs, cuda):
+def test_omit_allgather_variant(standins, cuda):
     import ctypes
-    lib = ctypes.CDLL(libs["nccl_omit_allgather"])
+    lib = ctypes.CDLL(standins["nccl_omit_allgather"])
     assert not hasattr(lib, "ncclAllGather")
     assert hasattr(lib, "ncclAllReduce") and hasattr(lib, "ncclCommSplit")
 
@@ -409,15 +400,15 @@ def _check_collectives(results, n):
 
 
 @pytest.mark.parametrize("nranks", [2, 3])
-def test_nccl_collectives(libs, tmp_path, nranks):
-    _check_collectives(run(SCRIPT, "collectives", nranks, tmp_path, libs), nranks)
+def test_nccl_collectives(standins, tmp_path, nranks):
+    _check_collectives(run(SCRIPT, "collectives", nranks, tmp_path, standins), nranks)
 
 
-def test_nccl_version_gating_and_no_device(libs, tmp_path):
+def test_nccl_version_gating_and_no_device(standins, tmp_path):
     envs = {0: {"HVDL_STANDIN_NCCL_VERSION": "20903"},
             1: {"HVDL_STANDIN_NCCL_VERSION": "21700", "HVDL_STANDIN_CUDA_DEVICES": "2"},
             2: {"HVDL_STANDIN_CUDA_DEVICES": "0"}}
-    old, mid, none = run(SCRIPT, "single", 3, tmp_path, libs, envs)
+    old, mid, none = run(SCRIPT, "single", 3, tmp_path, standins, envs)
     assert old == {"version": 20903, "avg": 4, "premul": 5, "split": 5, "sum_ok": True,
                    "avg_int_ok": None}
     assert mid["version"] == 21700
