@@ -55,7 +55,10 @@ def replay(steps):
     return model.state_dict()
 
 
-def check_report(report):
+def check_report(report, directory=None):
+    if directory is not None:  # the committed steps never went back (a sync from a new worker)
+        counts = [int(line) for line in (directory / "commits.txt").read_text().split()]
+        assert counts == sorted(counts), counts
     epochs = {}
     for epoch, per_rank in report["steps"]:
         epochs.setdefault(epoch, []).extend(i for part in per_rank for i in part)
@@ -72,7 +75,7 @@ def test_killed_worker_job_finishes_with_the_others(tmp_path):
     sizes = [len(per_rank) for _, per_rank in report["steps"]]
     assert sizes[0] == 3 and sizes[-1] == 2 and report["size"] == 2, sizes
     assert "worker localhost/2 was killed by signal 9" in result.stderr
-    check_report(report)
+    check_report(report, tmp_path)
 
 
 def test_stopped_worker_is_failed_after_the_peer_timeout(tmp_path):
@@ -94,6 +97,33 @@ def test_stopped_worker_is_failed_after_the_peer_timeout(tmp_path):
     # The peer timeout, the grace, the stop and one more round: far less than the survivors'
     # wait for a round (--elastic-timeout) and the driver's wait for enough workers after it.
     assert result.elapsed < 45, result.elapsed
+
+
+def test_new_worker_that_hangs_before_joining_is_stopped(tmp_path):
+    """The worker the discovery script adds stops (SIGSTOP) before init(): it never asks for a
+    round. The others wait --start-timeout for it, then the driver stops it and forms the round
+    without it; the job ends with the two it had."""
+    report, result = run_elastic(tmp_path, "hang_new", 2, "localhost:2", min_np=2, max_np=3,
+                                 extra=["--start-timeout", "8"])
+    assert report["size"] == 2, report["size"]
+    assert "worker localhost/2 did not ask for its first round within --start-timeout (8 s)" \
+        in result.stderr, result.stderr[-4000:]
+    stopped = int((tmp_path / "stopped.pid").read_text())
+    assert not Path(f"/proc/{stopped}").exists(), "the stopped worker is still there"
+    check_report(report, tmp_path)
+
+
+def test_new_worker_given_rank_0_takes_the_committed_state(tmp_path):
+    """Host 127.0.0.2, first in the host order, leaves and comes back: its new worker is rank 0
+    of the next round with nothing committed. The others must not take its fresh state: the
+    state is synchronized from the ranks holding the latest commit, and the number of committed
+    steps never goes back."""
+    report, result = run_elastic(tmp_path, "rejoin", 3, "127.0.0.2:1,localhost:2", min_np=2,
+                                 max_np=3)
+    sizes = [len(per_rank) for _, per_rank in report["steps"]]
+    assert 2 in sizes and sizes[-1] == 3 and report["size"] == 3, sizes
+    assert "round 2: 3 workers (127.0.0.2/0, localhost/0, localhost/1)" in result.stdout
+    check_report(report, tmp_path)
 
 
 def test_host_added_by_discovery_joins(tmp_path):

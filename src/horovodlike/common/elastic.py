@@ -66,31 +66,39 @@ _INTERRUPTED = []
 
 def any_rank_true(flag, name):
     """True on every rank when ``flag`` is true on any rank (an allreduce with Max)."""
+    from horovodlike.common.constants import Max
+    return bool(_allreduce_int(1 if flag else 0, Max, name))
+
+
+def _allreduce_int(value, op, name):
+    """One int64 reduced over every rank of the job (Max or Min)."""
     import numpy as np
     from horovodlike import _core
-    from horovodlike.common.constants import ALLREDUCE, DTYPES, Max
-    value = np.array([1 if flag else 0], dtype=np.int32)
-    handle = _core.enqueue(ALLREDUCE, name, value.ctypes.data, value.ctypes.data,
-                           DTYPES["int32"], [1], reduce_op=Max)
+    from horovodlike.common.constants import ALLREDUCE, DTYPES
+    buffer = np.array([value], dtype=np.int64)
+    handle = _core.enqueue(ALLREDUCE, name, buffer.ctypes.data, buffer.ctypes.data,
+                           DTYPES["int64"], [1], reduce_op=op)
     try:
         code, message = _core.wait(handle)
     except BaseException:
-        _INTERRUPTED.append(value)  # the core may still write it
+        _INTERRUPTED.append(buffer)  # the core may still write it
         raise
     _core.release(handle)
     if code != _core.STATUS_OK:
         raise HorovodInternalError(message)
-    return bool(value[0])
+    return int(buffer[0])
 
 
 class State:
     """What elastic training keeps consistent: commit() saves a copy (and checks for host
-    changes), restore() goes back to it, sync() makes every rank equal to rank 0."""
+    changes), restore() goes back to it, sync() makes every rank equal to the rank that holds
+    the latest commit (sync_root())."""
 
     def __init__(self, bcast_object, get_rank):
         self._bcast_object = bcast_object
         self._rank = get_rank
         self._reset_callbacks = []
+        self._commits = 0  # commits this state has seen, its own and those synced from others
 
     def register_reset_callbacks(self, callbacks):
         self._reset_callbacks.extend(callbacks)
@@ -103,7 +111,21 @@ class State:
     def commit(self):
         """Saves the state; then raises HostsUpdatedInterrupt on every rank if hosts changed."""
         self.save()
+        self._commits += 1
         self.check_host_updates()
+
+    def sync_root(self):
+        """The rank the others synchronize from: the lowest of those holding the most commits.
+        Usually rank 0; not when rank 0 is a worker that joined with nothing committed, or when a
+        failure let some ranks complete one more commit than others. Every rank ends up with
+        that count."""
+        from horovodlike.common.constants import Max, Min
+        from horovodlike.common.basics import size
+        latest = _allreduce_int(self._commits, Max, "elastic.sync_root.commits")
+        root = _allreduce_int(self._rank() if self._commits == latest else size(), Min,
+                              "elastic.sync_root.rank")
+        self._commits = latest
+        return root
 
     def check_host_updates(self):
         """Raises HostsUpdatedInterrupt on every rank (they agree through an allreduce) when the
@@ -149,9 +171,11 @@ class ObjectState(State):
         for name, value in self._saved.items():
             setattr(self, name, copy.deepcopy(value))
 
-    def sync(self):
+    def sync(self, root=None):
+        """Takes the plain attributes of rank `root` (sync_root() when None)."""
+        root = self.sync_root() if root is None else root
         if self._saved:
-            self._saved = self._bcast_object(self._saved)
+            self._saved = self._bcast_object(self._saved, root)
             ObjectState.restore(self)
 
 

@@ -10,13 +10,19 @@ others raise HorovodInternalError, roll back to their last commit and ask for th
 worker that stops responding (stopped, hung, swapped out) fails the same way: the others give up
 on it after HOROVOD_PEER_TIMEOUT_SECONDS and report it (failures.py), and the driver, which
 would otherwise wait for its ready key, stops it (SIGTERM, then SIGKILL) and retires its slot
-once it has not asked for the next round within HUNG_GRACE_S of the reports. New slots get new
+once it has not asked for the next round within HUNG_GRACE_S of the reports. Two silences no
+report can name get the same treatment: a member of the last round that has not asked for the
+next one HOROVOD_PEER_TIMEOUT_SECONDS (+ HUNG_GRACE_S) after another member did (it stopped
+before its peers could wait on it, e.g. while they connected), and a new worker that has not asked
+for its first round within --start-timeout (+ HUNG_GRACE_S) of its start while others wait for
+one. New slots get new
 workers, and the host-set version (``elastic/hosts_version``) tells the running workers to
 re-form at their next commit.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import threading
@@ -65,6 +71,7 @@ class Worker:
     exit_code: int | None = None
     removed: bool = False  # stopped because its host left
     hung: bool = False     # stopped because it stopped responding
+    started: float = field(default_factory=time.monotonic)
 
     @property
     def id(self) -> str:
@@ -82,7 +89,8 @@ class ElasticDriver:
                  max_np: int, reset_limit: int | None, server: RendezvousServer,
                  console: Console, elastic_timeout_s: float, output_dir: str | None = None,
                  verbose: bool = False, option_names: tuple[str, str] = ("--min-np",
-                                                                         "--reset-limit")):
+                                                                         "--reset-limit"),
+                 start_timeout_s: float = 30.0, peer_timeout_s: float | None = None):
         self._discover = discover
         self._make_process = make_process  # (RankAssignment, worker id) -> RankProcess
         self._min_np = min_np
@@ -91,6 +99,10 @@ class ElasticDriver:
         self._server = server
         self._console = console
         self._timeout_s = elastic_timeout_s
+        self._start_timeout_s = start_timeout_s
+        # The workers' own HOROVOD_PEER_TIMEOUT_SECONDS (they inherit this environment).
+        self._peer_timeout_s = peer_timeout_s if peer_timeout_s is not None else float(
+            os.environ.get("HOROVOD_PEER_TIMEOUT_SECONDS") or 300.0)
         self._output_dir = output_dir
         self._verbose = verbose
         # How the caller's users set min_np and reset_limit, for the messages that name them.
@@ -104,6 +116,8 @@ class ElasticDriver:
         self._hosts_version = 0
         self._short_since: float | None = None
         self._suspects: dict[int, float] = {}  # worker index -> when first reported hung
+        self._round_over_since: float | None = None  # when a member first asked for the next
+        self._waiting_since: float | None = None     # when a worker first waited for a round
         # Why the job stopped (the driver's last word), for an API that raises instead of
         # printing: ElasticRayExecutor.run, spark.run_elastic.
         self.stop_reason: str | None = None
@@ -236,6 +250,7 @@ class ElasticDriver:
         if all(f"elastic/ready/{w.id}/{w.attempt}" in keys for w in running):
             return self._form_round(running)
         self._stop_hung_workers(keys)
+        self._stop_silent_workers(keys, running)
         return None
 
     def _stop_hung_workers(self, keys: set[str]) -> None:
@@ -266,6 +281,50 @@ class ElasticDriver:
                 f"SIGKILL) and retiring its slot; the job goes on with the others")
         self._stop([worker for worker, _, _ in hung])
 
+    def _stop_silent_workers(self, keys: set[str], running: list[Worker]) -> None:
+        """Stops the workers that hold up the next round without a report that names them: a
+        member of the last round still silent HOROVOD_PEER_TIMEOUT_SECONDS (+ HUNG_GRACE_S) after
+        another member asked for the next round, and a new worker that has not asked for its
+        first round --start-timeout (+ HUNG_GRACE_S) after it started and after another worker
+        began to wait for a round (as peers that connect must all join within HOROVOD_START_TIMEOUT
+        of each other)."""
+        now = time.monotonic()
+
+        def ready(worker):
+            return f"elastic/ready/{worker.id}/{worker.attempt}" in keys
+        members = set(id(w) for w in self._round.members) if self._round else set()
+        if self._round is not None and self._round_over_since is None and any(
+                w.running and ready(w) for w in self._round.members):
+            self._round_over_since = now
+        if not any(ready(w) for w in running):
+            self._waiting_since = None
+            return
+        self._waiting_since = self._waiting_since or now
+        start_limit = self._start_timeout_s + HUNG_GRACE_S
+        silent = []
+        for worker in running:
+            if ready(worker) or worker.hung:
+                continue
+            if id(worker) in members:
+                if (self._round_over_since is not None and now - self._round_over_since
+                        >= self._peer_timeout_s + HUNG_GRACE_S):
+                    rank = self._round.members.index(worker)
+                    silent.append((worker, f"(rank {rank} of round {self._round.number}) did not "
+                                           f"ask for the next round within "
+                                           f"HOROVOD_PEER_TIMEOUT_SECONDS "
+                                           f"({self._peer_timeout_s:g} s) of the others"))
+            elif (worker.attempt == 0 and now - worker.started >= start_limit
+                  and now - self._waiting_since >= start_limit):
+                silent.append((worker, f"did not ask for its first round within --start-timeout "
+                                       f"({self._start_timeout_s:g} s) while others waited"))
+        for worker, why in silent:
+            worker.hung = True
+            self._retired.add(worker.slot)
+            self._console.message(f"worker {worker.id} {why}; stopping it (SIGTERM, then "
+                                  "SIGKILL) and retiring its slot; the job goes on with the "
+                                  "others")
+        self._stop([worker for worker, _ in silent])
+
     def _form_round(self, workers: list[Worker]) -> int | None:
         number = 0 if self._round is None else self._round.number + 1
         if self._reset_limit is not None and number > self._reset_limit:
@@ -287,6 +346,8 @@ class ElasticDriver:
             self._server.put(f"elastic/assign/{worker.id}/{worker.attempt}", value)
             worker.attempt += 1
         self._round = Round(number, ordered)
+        self._round_over_since = None
+        self._waiting_since = None
         if self._verbose or number > 0:
             self._console.message(f"round {number}: {len(ordered)} workers "
                                   f"({', '.join(w.id for w in ordered)})", "stdout")

@@ -442,7 +442,8 @@ def _run_elastic(args, parser) -> int:
                                  network.is_local_host(assignment.hostname), launcher_env, cwd)
         driver = ElasticDriver(discover, make_process, min_np, max_np, args.reset_limit,
                                server, console, args.elastic_timeout,
-                               output_dir=args.output_filename, verbose=args.verbose)
+                               output_dir=args.output_filename, verbose=args.verbose,
+                               start_timeout_s=timeout)
         return driver.run()
     return _with_rendezvous(args, bind_address, connect_address, timeout, run)
 

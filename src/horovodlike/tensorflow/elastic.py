@@ -83,17 +83,18 @@ class TensorFlowState(ObjectState):
         _assign(self.variables, self._saved_values)
         super().restore()
 
-    def sync(self):
+    def sync(self, root=None):
+        root = self.sync_root() if root is None else root
         if self.variables:
-            broadcast_variables(self.variables, root_rank=0)
+            broadcast_variables(self.variables, root_rank=root)
         self._saved_values = _copies(self.variables)
-        super().sync()
+        super().sync(root)
 
 
 class TensorFlowKerasState(ObjectState):
     """A Keras 3 model, its optimizer (``optimizer`` or the model's compiled one) and plain
     attributes. commit() keeps a copy of every model and optimizer variable, restore() assigns
-    them back, sync() gives every rank rank 0's values.
+    them back, sync() gives every rank the values of the rank holding the latest commit.
 
     The model must be built. An optimizer not yet built is built here, for the model's trainable
     variables, so that its state exists from the first commit and has the same variables on
@@ -136,10 +137,11 @@ class TensorFlowKerasState(ObjectState):
         _assign(variables, self._saved_values)
         super().restore()
 
-    def sync(self):
-        broadcast_variables(self._variables(), root_rank=0)
+    def sync(self, root=None):
+        root = self.sync_root() if root is None else root
+        broadcast_variables(self._variables(), root_rank=root)
         self._save_model()
-        super().sync()
+        super().sync(root)
 
 
 __all__ = ["run", "State", "ObjectState", "TensorFlowState", "TensorFlowKerasState"]

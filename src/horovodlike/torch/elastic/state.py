@@ -46,13 +46,14 @@ class TorchState(ObjectState):
             sampler.load_state_dict(self._saved_samplers[name])
         super().restore()
 
-    def sync(self):
+    def sync(self, root=None):
+        root = self.sync_root() if root is None else root
         if self.model is not None:
-            broadcast_parameters(self.model.state_dict(), root_rank=0)
+            broadcast_parameters(self.model.state_dict(), root_rank=root)
         if self.optimizer is not None:
-            broadcast_optimizer_state(self.optimizer, root_rank=0)
+            broadcast_optimizer_state(self.optimizer, root_rank=root)
         for name, sampler in self._samplers.items():
-            sampler.load_state_dict(broadcast_object(sampler.state_dict(), root_rank=0,
+            sampler.load_state_dict(broadcast_object(sampler.state_dict(), root_rank=root,
                                                      name=f"elastic.sampler.{name}.sync"))
-        super().sync()
+        super().sync(root)
         self._save_local()
