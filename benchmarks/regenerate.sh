@@ -36,3 +36,6 @@ run $R/train_step-np2-bound.txt $PY benchmarks/train_step.py --np 2 \
     --only horovodlike,nosync,exchange --windows 3 --repeat 3 --json $R/train_step-np2-bound.json
 run $R/train_step-np2-overlap-off.txt $PY benchmarks/train_step.py --np 2 --only horovodlike,nosync \
     --variant HOROVOD_OVERLAP=0 --windows 3 --repeat 5 --json $R/train_step-np2-overlap-off.json
+# The documentation's Performance page shows the plots from its own folder (mkdocs serves only docs/).
+cp $R/multihost-busbw-1gbit.png $R/multihost-busbw-10gbit.png $R/model-busbw-1gbit.png \
+    $R/model-busbw-10gbit.png $R/train_step_timeline.png docs/img/

@@ -8,9 +8,9 @@ non-blank line before the block (the site shows nothing of it):
     <!-- run -->                  run the block alone: `python` for Python, `bash -e` for shell
     <!-- run: np=2 -->            Python only: run it as a job of 2 ranks through horovodlikerun
     <!-- run: group=NAME -->      blocks of one page with the same group are joined, in order,
-                                  into one script, run where the group's last block stands (the
-                                  options of the group's first block apply); so a page may show
-                                  a script in parts
+                                  into one script, run where the group's first block stands (the
+                                  options of all its blocks apply, a later one's winning); so a
+                                  page may show a script in parts
     <!-- run: expect="TEXT" -->   the output must contain TEXT as well (repeatable)
     <!-- run: timeout=S -->       seconds the block may take (default 120)
     <!-- skip: REASON -->         not run, e.g. it needs a GPU, several hosts or a Spark cluster
@@ -130,7 +130,7 @@ def test_every_block_is_run_or_marked_with_a_reason():
     assert not no_reason, f"<!-- skip --> without a reason: {no_reason}"
     mixed = [s[0].where for s in runs() if len({b.language for b in s}) > 1]
     assert not mixed, f"a group mixes Python and shell: {mixed}"
-    shell_np = [s[0].where for s in runs() if s[0].language == "shell" and "np" in s[0].options]
+    shell_np = [b.where for b in ALL_BLOCKS if b.language == "shell" and "np" in b.options]
     assert not shell_np, f"np= is for Python blocks: {shell_np}"
 
 
@@ -168,7 +168,10 @@ def scratch(tmp_path_factory):
 def run_script(blocks, scratch, tmp_path):
     first = blocks[0]
     code = "".join(b.code for b in blocks)
-    options = first.options
+    options = {"expect": []}
+    for block in blocks:
+        options.update({k: v for k, v in block.options.items() if k != "expect"})
+        options["expect"] += block.options.get("expect", [])
     timeout = float(options.get("timeout", 120))
     work = tmp_path / "work"
     shutil.copytree(scratch, work, symlinks=True)
@@ -194,7 +197,7 @@ def run_script(blocks, scratch, tmp_path):
         assert text in output, f"{where}: {text!r} not in the output:\n{output[-6000:]}"
 
 
-@pytest.mark.parametrize("blocks", runs(), ids=lambda s: s[-1].where)
+@pytest.mark.parametrize("blocks", runs(), ids=lambda s: s[0].where)
 def test_block_runs(blocks, scratch, tmp_path):
     run_script(blocks, scratch, tmp_path)
 
@@ -218,3 +221,15 @@ def test_mkdocs_build_strict(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     assert (tmp_path / "site" / "index.html").is_file()
     assert (tmp_path / "site" / "troubleshooting" / "index.html").is_file()
+
+
+def test_the_performance_plots_are_the_benchmarks_own():
+    """docs/img holds copies of the plots in benchmarks/results (regenerate.sh copies them);
+    a plot regenerated without its copy would show the site an old figure."""
+    copies = sorted((REPO / "docs" / "img").glob("*.png"))
+    assert len(copies) == 5
+    for copy in copies:
+        original = REPO / "benchmarks" / "results" / copy.name
+        assert copy.read_bytes() == original.read_bytes(), f"{copy.name} differs from {original}"
+    shown = "".join(p.read_text() for p in DOC_FILES)
+    assert all(f"(img/{copy.name})" in shown for copy in copies)
