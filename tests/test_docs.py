@@ -13,6 +13,8 @@ non-blank line before the block (the site shows nothing of it):
                                   page may show a script in parts
     <!-- run: expect="TEXT" -->   the output must contain TEXT as well (repeatable)
     <!-- run: timeout=S -->       seconds the block may take (default 120)
+    <!-- run: requires=MODULE --> skipped, as the suite's own tests of it are, when MODULE
+                                  (e.g. tensorflow) cannot be imported
     <!-- skip: REASON -->         not run, e.g. it needs a GPU, several hosts or a Spark cluster
 
 Blocks check their own results with `assert` where that is cheap (an allreduce's value, a
@@ -165,13 +167,18 @@ def scratch(tmp_path_factory):
     return folder
 
 
-def run_script(blocks, scratch, tmp_path):
-    first = blocks[0]
-    code = "".join(b.code for b in blocks)
+def merged_options(blocks):
     options = {"expect": []}
     for block in blocks:
         options.update({k: v for k, v in block.options.items() if k != "expect"})
         options["expect"] += block.options.get("expect", [])
+    return options
+
+
+def run_script(blocks, scratch, tmp_path):
+    first = blocks[0]
+    code = "".join(b.code for b in blocks)
+    options = merged_options(blocks)
     timeout = float(options.get("timeout", 120))
     work = tmp_path / "work"
     shutil.copytree(scratch, work, symlinks=True)
@@ -199,6 +206,9 @@ def run_script(blocks, scratch, tmp_path):
 
 @pytest.mark.parametrize("blocks", runs(), ids=lambda s: s[0].where)
 def test_block_runs(blocks, scratch, tmp_path):
+    required = merged_options(blocks).get("requires")
+    if required:
+        pytest.importorskip(required)
     run_script(blocks, scratch, tmp_path)
 
 
@@ -244,3 +254,13 @@ def test_the_performance_plots_are_the_benchmarks_own():
         assert copy.read_bytes() == original.read_bytes(), f"{copy.name} differs from {original}"
     shown = "".join(p.read_text() for p in DOC_FILES)
     assert all(f"(img/{copy.name})" in shown for copy in copies)
+
+
+def test_the_development_page_shows_these_markers():
+    """docs/development.md repeats the markers of this module's docstring for writers of the
+    documentation; the two must not drift apart."""
+    page = (REPO / "docs" / "development.md").read_text()
+    markers = [line.strip() for line in __doc__.splitlines() if line.strip().startswith("<!--")]
+    assert len(markers) >= 6
+    for marker in markers:
+        assert marker in page, f"docs/development.md lacks {marker!r}"
