@@ -1,8 +1,8 @@
 #!/bin/sh
-# Regenerates the raw outputs of benchmarks/README.md in benchmarks/results/ (and the plots), with
-# the reduced sizes and repeats used there. Run from the repository root, as root (the emulated
-# hosts need network namespaces and tc), after building the core in place. Each output starts
-# with its command and records the load average.
+# Regenerates the raw outputs behind docs/performance.md and docs/performance-multihost.md in
+# benchmarks/results/ (and the plots), with the reduced sizes and repeats used there. Run from the
+# repository root, as root (the emulated hosts need network namespaces and tc), after building
+# the core in place. Each output starts with its command and records the load average.
 set -e
 cd "$(dirname "$0")/.."
 R=benchmarks/results
