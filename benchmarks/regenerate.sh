@@ -1,8 +1,8 @@
 #!/bin/sh
-# Regenerates the raw outputs of benchmarks/README.md in benchmarks/results/ (and the plots), with
-# the reduced sizes and repeats used there. Run from the repository root, as root (the emulated
-# hosts need network namespaces and tc), after building the core in place. Each output starts
-# with its command and records the load average.
+# Regenerates the raw outputs behind docs/performance.md and docs/performance-multihost.md in
+# benchmarks/results/ (and the plots), with the reduced sizes and repeats used there. Run from the
+# repository root, as root (the emulated hosts need network namespaces and tc), after building
+# the core in place. Each output starts with its command and records the load average.
 set -e
 cd "$(dirname "$0")/.."
 R=benchmarks/results
@@ -36,3 +36,6 @@ run $R/train_step-np2-bound.txt $PY benchmarks/train_step.py --np 2 \
     --only horovodlike,nosync,exchange --windows 3 --repeat 3 --json $R/train_step-np2-bound.json
 run $R/train_step-np2-overlap-off.txt $PY benchmarks/train_step.py --np 2 --only horovodlike,nosync \
     --variant HOROVOD_OVERLAP=0 --windows 3 --repeat 5 --json $R/train_step-np2-overlap-off.json
+# The documentation's Performance page shows the plots from its own folder (mkdocs serves only docs/).
+cp $R/multihost-busbw-1gbit.png $R/multihost-busbw-10gbit.png $R/model-busbw-1gbit.png \
+    $R/model-busbw-10gbit.png $R/train_step_timeline.png docs/img/

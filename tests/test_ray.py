@@ -81,19 +81,22 @@ def wait_until_freed(pids, actors_before, seconds=30):
     assert not any(left.values()), f"left behind: {left}"
 
 
+@pytest.fixture(scope="class")
+def job(local_ray):
+    """TestOneJob's job, started once for the class (a module-level function: pytest deprecates
+    class-scoped fixtures defined as instance methods)."""
+    actors_before = live_actors()
+    executor = RayExecutor(RayExecutor.create_settings(timeout_s=30), num_workers=2)
+    executor.start(executable_cls=cluster_jobs.Counter, executable_args=[10],
+                   extra_env_vars={"HVDL_TEST_GREETING": "hi"})
+    executor.actors_before = actors_before
+    yield executor
+    executor.shutdown()
+
+
 class TestOneJob:
     """The tests that leave their job working share one (what costs is starting actors that
     import torch); the last one shuts it down. The job's workers hold both CPUs until then."""
-
-    @pytest.fixture(scope="class")
-    def job(self, local_ray):
-        actors_before = live_actors()
-        executor = RayExecutor(RayExecutor.create_settings(timeout_s=30), num_workers=2)
-        executor.start(executable_cls=cluster_jobs.Counter, executable_args=[10],
-                       extra_env_vars={"HVDL_TEST_GREETING": "hi"})
-        executor.actors_before = actors_before
-        yield executor
-        executor.shutdown()
 
     def test_training_equals_numpy_and_the_launcher(self, job, tmp_path):
         results = job.run(cluster_jobs.train_linear)
