@@ -1,12 +1,14 @@
 """An elastic job under fire: workers killed or stopped at random while it trains.
 
-    python benchmarks/elastic_chaos.py --duration 600 --out results/elastic-chaos.json
+    python benchmarks/elastic_chaos.py --duration 900 --out benchmarks/results/elastic-chaos.json
 
 starts `horovodlikerun` with up to --max-np workers (elastic: --min-np 2, a host discovery
 script that reads a hosts file) training a small model with commits. Every --interval seconds
 (on average) it picks a live worker at random and kills it (SIGKILL) or stops it (SIGSTOP, as a
 hung worker), then offers one more slot in the hosts file so that the driver starts a worker in
-its place. After --duration it asks the job to finish at its next commit and checks:
+its place; the next attack comes once the job has committed again (within --recovery-limit
+seconds, or the run fails). After --duration it asks the job to finish at its next commit and
+checks:
 
 - the launcher exits 0;
 - every committed step is recorded exactly once (step numbers 0..n-1, each once), every
@@ -232,6 +234,7 @@ def run(args) -> dict:
     command = [sys.executable, "-m", "horovodlike.runner.launch", "-np", str(args.max_np),
                "--min-np", str(args.min_np), "--max-np", str(args.max_np),
                "--host-discovery-script", str(discover), "--elastic-timeout", "60",
+               "--start-timeout", str(args.start_timeout),
                sys.executable, os.path.abspath(__file__), "--worker", str(workdir),
                "--step-time", str(args.step_time)]
     started = time.time()
@@ -239,7 +242,7 @@ def run(args) -> dict:
                            text=True)
     logger = threading.Thread(target=_log_lines, args=(job.stdout, workdir / "launcher.log"))
     logger.start()
-    attacks, stopped_pids = [], []
+    attacks, stopped_pids, stuck = [], [], None
     try:
         # The first commit: the job is up.
         while not read_commits(workdir) and job.poll() is None:
@@ -247,6 +250,12 @@ def run(args) -> dict:
         deadline = time.time() + args.duration
         while time.time() < deadline and job.poll() is None:
             time.sleep(rng.uniform(0.5, 1.5) * args.interval)
+            try:
+                if attacks and not _recovered(workdir, attacks[-1], args.recovery_limit):
+                    continue
+            except _NoRecovery as error:
+                stuck = str(error)
+                break
             workers = live_workers(workdir)
             holders = {w for w in workers if (workdir / "holders" / w.replace("/", "_")).exists()}
             if len(workers) <= args.min_np or time.time() >= deadline:
@@ -278,6 +287,8 @@ def run(args) -> dict:
         after = [t for t, _, _ in commits if t > attack["time"]]
         attack["recovery_s"] = round(after[0] - attack["time"], 3) if after else None
     problems = [] if code == 0 else [f"horovodlikerun exited with {code}"]
+    if stuck:
+        problems.append(stuck)
     report_path = workdir / "report.json"
     report = json.loads(report_path.read_text()) if report_path.exists() else None
     if report is None:
@@ -304,6 +315,20 @@ def run(args) -> dict:
     }
 
 
+def _recovered(workdir: Path, attack: dict, limit: float) -> bool:
+    """Whether the job has committed since `attack` (then the next one may come). A job that
+    has not within `limit` seconds has failed to recover: the run stops there."""
+    if any(t > attack["time"] for t, _, _ in read_commits(workdir)):
+        return True
+    if time.time() - attack["time"] > limit:
+        raise _NoRecovery(f"no commit within {limit:g} s of attack {attack}")
+    return False
+
+
+class _NoRecovery(Exception):
+    pass
+
+
 def _git_commit() -> str:
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
@@ -321,11 +346,18 @@ def main(argv=None) -> int:
     parser.add_argument("--duration", type=float, default=60.0,
                         help="seconds of attacks (default 60)")
     parser.add_argument("--interval", type=float, default=4.0,
-                        help="mean seconds between attacks (default 4)")
+                        help="mean seconds between attacks, once the job has committed since "
+                             "the last one (default 4)")
     parser.add_argument("--max-np", type=int, default=4)
     parser.add_argument("--min-np", type=int, default=2)
     parser.add_argument("--peer-timeout", type=float, default=3.0,
                         help="HOROVOD_PEER_TIMEOUT_SECONDS: when a stopped worker counts as failed")
+    parser.add_argument("--start-timeout", type=float, default=10.0,
+                        help="horovodlikerun --start-timeout: how long the ranks of a round wait "
+                             "for one another to connect (default 10)")
+    parser.add_argument("--recovery-limit", type=float, default=120.0,
+                        help="seconds after an attack by which the job must commit again "
+                             "(default 120)")
     parser.add_argument("--step-time", type=float, default=0.05,
                         help="seconds each training step sleeps, as a model's compute would")
     parser.add_argument("--finish-timeout", type=float, default=120.0)
