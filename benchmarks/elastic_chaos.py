@@ -149,7 +149,8 @@ def check_report(report) -> list[str]:
         if len(set(indices)) != len(indices):
             problems.append(f"epoch {epoch} used a sample twice")
         elif epoch < last and sorted(indices) != list(range(N)):
-            problems.append(f"epoch {epoch} skipped samples: {sorted(set(range(N)) - set(indices))}")
+            skipped = sorted(set(range(N)) - set(indices))
+            problems.append(f"epoch {epoch} skipped samples: {skipped}")
     if sorted(epochs) != list(range(last + 1)):
         problems.append(f"epochs are not 0..{last}: {sorted(epochs)}")
     expected = replay(steps)
