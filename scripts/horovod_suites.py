@@ -16,7 +16,8 @@ start (and import torch) once per batch instead of once per test. Every rank wri
 outcome to a file as soon as it is known. A test that fails in a batch, and the test a batch was
 in when it died or stopped making progress for --timeout seconds, are then run again each in a
 job of its own, and that run decides; the tests after it go on in a new batch, as the failure
-may have left the ranks out of step: such a test costs only itself. --batch 1 runs every test
+may have left the ranks out of step: such a test costs only itself. The tests in KNOWN_FAILURES
+run alone from the start, as they would end every batch they were in. --batch 1 runs every test
 alone.
 
 --check exits 1 when a test fails that is not in KNOWN_FAILURES (a regression); the known ones
@@ -299,10 +300,12 @@ def run_batch(parallel, test_ids, args, launcher_flags):
         return results
 
 
-def run_tests(parallel, ids, args, launcher_flags):
-    """Every test's (outcome, output to log); and how many tests ran again alone."""
-    outcomes, alone = {}, []
-    remaining = list(ids)
+def run_tests(parallel, ids, args, launcher_flags, alone_first=()):
+    """Every test's (outcome, output to log); and how many tests ran alone. The tests in
+    `alone_first` (known failures) run alone from the start: in a batch, each would end it and
+    run every test after it again in a new one."""
+    outcomes, alone = {}, [test_id for test_id in ids if test_id in alone_first]
+    remaining = [test_id for test_id in ids if test_id not in alone_first]
     while remaining:
         size = args.batch if args.batch > 0 else len(remaining)
         batch, remaining = remaining[:size], remaining[size:]
@@ -471,7 +474,8 @@ def run_suite(suite, parallel, args, flags, say, log, logged, scrub):
     counts = {"passed": 0, "failed": 0, "skipped": 0}
     known = KNOWN_FAILURES.get(suite, {})
     started = time.monotonic()
-    outcomes, rechecked = run_tests(parallel, ids, args, flags)
+    known_ids = {test_id for test_id in ids if test_id.rsplit("::", 1)[-1] in known}
+    outcomes, alone = run_tests(parallel, ids, args, flags, alone_first=known_ids)
     by_name, regressions = {}, []
     for test_id in ids:
         result, out = outcomes[test_id]
@@ -492,7 +496,7 @@ def run_suite(suite, parallel, args, flags, say, log, logged, scrub):
     say(f"{suite} (-np {args.np}{' ' + flags[0] if flags else ''}): "
         f"{counts['passed']} passed, {counts['failed']} failed, "
         f"{counts['skipped']} skipped in {time.monotonic() - started:.0f} s "
-        f"({rechecked} run again alone)")
+        f"({alone} run alone)")
     return by_name, regressions
 
 

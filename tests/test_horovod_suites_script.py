@@ -116,3 +116,25 @@ def test_ci_requires_the_horovod_suites_and_both_transports():
     required = [line for line in script.splitlines()
                 if "HOROVODLIKE_REQUIRE_TRANSPORTS=gloo,mpi" in line]
     assert required and all(not line.startswith(" ") for line in required), required
+
+
+def test_known_failures_run_alone_from_the_start(monkeypatch):
+    """A known failure would end every batch it was in, and the tests after it would run again
+    in a new one: it runs alone, the others in one batch."""
+    ids = ["t::a", "t::known", "t::c"]
+    batches, alone = [], []
+
+    def run_batch(parallel, batch, args, flags):
+        batches.append(list(batch))
+        return {test_id: [("passed", "")] * args.np for test_id in batch}
+
+    def run_one(parallel, test_id, args, flags):
+        alone.append(test_id)
+        return "failed", "its output"
+
+    monkeypatch.setattr(suites, "run_batch", run_batch)
+    monkeypatch.setattr(suites, "run_one", run_one)
+    outcomes, ran_alone = suites.run_tests(None, ids, Namespace(batch=0, np=2), [],
+                                           alone_first={"t::known"})
+    assert batches == [["t::a", "t::c"]] and alone == ["t::known"] and ran_alone == 1
+    assert outcomes["t::known"][0] == "failed" and outcomes["t::c"][0] == "passed"
