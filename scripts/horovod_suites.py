@@ -2,7 +2,8 @@
 """Runs Horovod's own test files, unmodified, against horovodlike and counts the results.
 
     python scripts/horovod_suites.py HOROVOD_CHECKOUT test_torch.py [more files] \
-        [--np 2] [--gloo | --mpi] [-k PATTERN] [--timeout 90] [--batch N] [--check]
+        [--np 2] [--gloo | --mpi] [-k PATTERN] [--timeout 90] [--batch N] [--check] \
+        [--expect [FILE]] [--update-expectations [FILE]]
 
 HOROVOD_CHECKOUT is a checkout of Horovod (or any folder holding its test/parallel and
 test/utils). The files are copied to a scratch folder, where `import horovod.X as hvd` becomes
@@ -15,11 +16,17 @@ start (and import torch) once per batch instead of once per test. Every rank wri
 outcome to a file as soon as it is known. A test that fails in a batch, and the test a batch was
 in when it died or stopped making progress for --timeout seconds, are then run again each in a
 job of its own, and that run decides; the tests after it go on in a new batch, as the failure
-may have left the ranks out of step: such a test costs only itself. --batch 1 runs every test
+may have left the ranks out of step: such a test costs only itself. The tests in KNOWN_FAILURES
+run alone from the start, as they would end every batch they were in. --batch 1 runs every test
 alone.
 
 --check exits 1 when a test fails that is not in KNOWN_FAILURES (a regression); the known ones
 are tests that cannot pass here for reasons outside horovodlike, each with its reason.
+
+--expect compares every test's outcome with scripts/horovod_suites_expected.json, kept per suite
+and transport (default, --gloo, --mpi): it exits 1 when a test that passed fails or skips, when
+a test fails or skips in a new way, or when fewer tests pass; when tests do better, it says to
+update the expectations (--update-expectations writes this run's outcomes there).
 
 --record FILE writes a raw output to keep: the command that produced it, the versions, the
 machine's load, what was printed, and the output of every test that did not pass. Paths of the
@@ -29,6 +36,7 @@ installation's packages as site-packages/), so that the file says nothing about 
 
 import argparse
 import datetime
+import json
 import os
 import platform
 import resource
@@ -292,10 +300,12 @@ def run_batch(parallel, test_ids, args, launcher_flags):
         return results
 
 
-def run_tests(parallel, ids, args, launcher_flags):
-    """Every test's (outcome, output to log); and how many tests ran again alone."""
-    outcomes, alone = {}, []
-    remaining = list(ids)
+def run_tests(parallel, ids, args, launcher_flags, alone_first=()):
+    """Every test's (outcome, output to log); and how many tests ran alone. The tests in
+    `alone_first` (known failures) run alone from the start: in a batch, each would end it and
+    run every test after it again in a new one."""
+    outcomes, alone = {}, [test_id for test_id in ids if test_id in alone_first]
+    remaining = [test_id for test_id in ids if test_id not in alone_first]
     while remaining:
         size = args.batch if args.batch > 0 else len(remaining)
         batch, remaining = remaining[:size], remaining[size:]
@@ -352,7 +362,82 @@ def run_one(parallel, test_id, args, launcher_flags):
     return "failed", out
 
 
-def main(argv=None):
+# What each suite gives on each transport, test by test (--expect, --update-expectations).
+EXPECTATIONS = Path(__file__).with_name("horovod_suites_expected.json")
+OUTCOMES = ("passed", "skipped", "failed")
+
+
+def transport_name(args):
+    return "gloo" if args.gloo else "mpi" if args.mpi else "default"
+
+
+def compare(expected, outcomes):
+    """(regressions, improvements) of this run's {test name: outcome} against `expected`
+    ({"passed": [names], "skipped": [...], "failed": [...]}). Any change to a test that passed,
+    any new outcome other than passing, a new test that does not pass, and a test gone from the
+    suite are regressions; a test that passes now and did not before is an improvement."""
+    before = {name: outcome for outcome in OUTCOMES for name in expected.get(outcome, [])}
+    regressions, improvements = [], []
+    for name, now in sorted(outcomes.items()):
+        was = before.get(name)
+        if was == now:
+            continue
+        change = f"{name}: {was or 'new test'} -> {now}"
+        (improvements if now == "passed" else regressions).append(change)
+    regressions += [f"{name}: {before[name]} -> gone from the suite"
+                    for name in sorted(set(before) - set(outcomes))]
+    passed = sum(outcome == "passed" for outcome in outcomes.values())
+    if passed < len(expected.get("passed", [])):
+        regressions.append(f"{passed} passed, fewer than the {len(expected['passed'])} expected")
+    return regressions, improvements
+
+
+def load_expectations(path, parser):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        parser.error(f"--expect {path}: {error}")
+
+
+def check_expectations(expected, results, args, say):
+    """Says how this run's outcomes differ from the expected ones; False on a regression."""
+    transport, ok = transport_name(args), True
+    for suite, outcomes in results.items():
+        entry = expected.get(suite, {}).get(transport)
+        where = f"{suite} on the {transport} transport"
+        if entry is None or entry.get("np") != args.np:
+            say(f"EXPECTATIONS: none for {where} with -np {args.np}; record them with "
+                f"--update-expectations")
+            ok = False
+            continue
+        regressions, improvements = compare(entry, outcomes)
+        for change in regressions:
+            say(f"  REGRESSION {change}")
+        if regressions:
+            say(f"EXPECTATIONS: {where}: {len(regressions)} regression(s) (listed above)")
+            ok = False
+        if improvements:
+            say(f"EXPECTATIONS: {where} does better than expected: "
+                f"{'; '.join(improvements)}. Update the expectations: python3 "
+                f"scripts/horovod_suites.py path/to/horovod {suite} --np {args.np} "
+                f"{'--' + transport + ' ' if transport != 'default' else ''}"
+                f"--update-expectations, and commit {EXPECTATIONS.name}")
+        if not regressions and not improvements:
+            say(f"EXPECTATIONS: {where} as expected")
+    return ok
+
+
+def update_expectations(path, results, args):
+    expected = json.loads(path.read_text()) if path.exists() else {}
+    for suite, outcomes in results.items():
+        entry = {"np": args.np}
+        for outcome in OUTCOMES:
+            entry[outcome] = sorted(name for name, now in outcomes.items() if now == outcome)
+        expected.setdefault(suite, {})[transport_name(args)] = entry
+    path.write_text(json.dumps(expected, indent=1, sort_keys=True) + "\n")
+
+
+def make_parser():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("checkout", type=Path)
     parser.add_argument("suites", nargs="+")
@@ -370,11 +455,61 @@ def main(argv=None):
                              "that did not pass here, with this machine's paths as placeholders")
     parser.add_argument("--check", action="store_true",
                         help="exit 1 when a test outside KNOWN_FAILURES fails")
+    parser.add_argument("--expect", nargs="?", type=Path, const=EXPECTATIONS,
+                        help="exit 1 when a test fails or skips that the expectations file "
+                             f"(default {EXPECTATIONS.name}) says passes, or passed before "
+                             "and is gone; say so when tests do better than it says")
+    parser.add_argument("--update-expectations", nargs="?", type=Path, const=EXPECTATIONS,
+                        help="write this run's outcomes to the expectations file")
+    return parser
+
+
+def run_suite(suite, parallel, args, flags, say, log, logged, scrub):
+    """Runs one suite; prints its summary; returns {test name: outcome} and the names of the
+    tests that failed without being in KNOWN_FAILURES."""
+    ids = collect(parallel, suite, args.pattern)
+    if not ids:
+        sys.exit(f"no tests collected from {suite} (is horovodlike importable, with "
+                 "pytest, mock, parameterized and packaging installed?)")
+    counts = {"passed": 0, "failed": 0, "skipped": 0}
+    known = KNOWN_FAILURES.get(suite, {})
+    started = time.monotonic()
+    known_ids = {test_id for test_id in ids if test_id.rsplit("::", 1)[-1] in known}
+    outcomes, alone = run_tests(parallel, ids, args, flags, alone_first=known_ids)
+    by_name, regressions = {}, []
+    for test_id in ids:
+        result, out = outcomes[test_id]
+        counts[result] += 1
+        name = test_id.rsplit("::", 1)[-1]
+        by_name[name] = result
+        if result == "failed":
+            reason = known.get(name)
+            say(f"  FAILED {name}" + (f"  (known: {reason})" if reason else ""))
+            if reason is None:
+                regressions.append(f"{suite}::{name}")
+        if result != "passed":
+            entry = scrub(f"==== {result.upper()} {test_id}\n{out[-6000:]}\n")
+            logged.append(entry)
+            if log:
+                log.write(entry)
+                log.flush()
+    say(f"{suite} (-np {args.np}{' ' + flags[0] if flags else ''}): "
+        f"{counts['passed']} passed, {counts['failed']} failed, "
+        f"{counts['skipped']} skipped in {time.monotonic() - started:.0f} s "
+        f"({alone} run alone)")
+    return by_name, regressions
+
+
+def main(argv=None):
+    parser = make_parser()
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if (args.expect or args.update_expectations) and args.pattern:
+        parser.error("--expect and --update-expectations compare whole suites: leave out -k")
     flags = ["--gloo"] if args.gloo else ["--mpi"] if args.mpi else []
-    regressions, printed, logged = [], [], []
+    regressions, printed, logged, results = [], [], [], {}
     started_at = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%MZ")
     load_before = load_average()
+    expected = load_expectations(args.expect, parser) if args.expect else None
 
     def say(line):
         print(line, flush=True)
@@ -386,54 +521,38 @@ def main(argv=None):
         parallel = prepare(checkout, Path(scratch))
         log = open(args.log, "w") if args.log else None
         for suite in args.suites:
-            ids = collect(parallel, suite, args.pattern)
-            if not ids:
-                sys.exit(f"no tests collected from {suite} (is horovodlike importable, with "
-                         "pytest, mock, parameterized and packaging installed?)")
-            counts = {"passed": 0, "failed": 0, "skipped": 0}
-            known = KNOWN_FAILURES.get(suite, {})
-            started = time.monotonic()
-            outcomes, rechecked = run_tests(parallel, ids, args, flags)
-            for test_id in ids:
-                result, out = outcomes[test_id]
-                counts[result] += 1
-                name = test_id.rsplit("::", 1)[-1]
-                if result == "failed":
-                    reason = known.get(name)
-                    say(f"  FAILED {name}" + (f"  (known: {reason})" if reason else ""))
-                    if reason is None:
-                        regressions.append(f"{suite}::{name}")
-                if result != "passed":
-                    entry = scrub(f"==== {result.upper()} {test_id}\n{out[-6000:]}\n")
-                    logged.append(entry)
-                    if log:
-                        log.write(entry)
-                        log.flush()
-            say(f"{suite} (-np {args.np}{' ' + flags[0] if flags else ''}): "
-                f"{counts['passed']} passed, {counts['failed']} failed, "
-                f"{counts['skipped']} skipped in {time.monotonic() - started:.0f} s "
-                f"({rechecked} run again alone)")
+            results[suite], unknown = run_suite(suite, parallel, args, flags, say, log, logged,
+                                                scrub)
+            regressions += unknown
         status = 0
         if args.check and regressions:
             say("regressions (failing, not known to be impossible): " + ", ".join(regressions))
             status = 1
+        if expected is not None and not check_expectations(expected, results, args, say):
+            status = 1
+        if args.update_expectations:
+            update_expectations(args.update_expectations, results, args)
+            say(f"wrote the outcomes of this run to {args.update_expectations.name}")
         if args.record:
-            given = argv if argv is not None else sys.argv[1:]
-            shown = ["path/to/horovod" if Path(a) == args.checkout else
-                     args.record.name if Path(a) == args.record else a for a in given]
-            command = " ".join(shlex.quote(a) for a in
-                               ["python", "scripts/horovod_suites.py", *shown])
-            usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-            cpu = usage.ru_utime + usage.ru_stime
-            header = [f"$ {scrub(command)}",
-                      f"# exit status {status}; started {started_at}; load average before: "
-                      f"{load_before}, after: {load_average()} ({os.cpu_count()} cores); "
-                      f"CPU time of the processes it started: {cpu:.0f} s",
-                      f"# {versions()}", ""]
-            args.record.write_text(
-                "\n".join(header + printed) + "\n\n---- LOG: the output of every test that did "
-                "not pass\n" + "".join(logged))
+            write_record(args, argv, status, started_at, load_before, printed, logged, scrub)
     return status
+
+
+def write_record(args, argv, status, started_at, load_before, printed, logged, scrub):
+    given = argv if argv is not None else sys.argv[1:]
+    shown = ["path/to/horovod" if Path(a) == args.checkout else
+             args.record.name if Path(a) == args.record else a for a in given]
+    command = " ".join(shlex.quote(a) for a in ["python", "scripts/horovod_suites.py", *shown])
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = usage.ru_utime + usage.ru_stime
+    header = [f"$ {scrub(command)}",
+              f"# exit status {status}; started {started_at}; load average before: "
+              f"{load_before}, after: {load_average()} ({os.cpu_count()} cores); "
+              f"CPU time of the processes it started: {cpu:.0f} s",
+              f"# {versions()}", ""]
+    args.record.write_text(
+        "\n".join(header + printed) + "\n\n---- LOG: the output of every test that did "
+        "not pass\n" + "".join(logged))
 
 
 if __name__ == "__main__":

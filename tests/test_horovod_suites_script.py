@@ -2,6 +2,7 @@
 name no path of the machine, and a test that fails in a batch does not fail the tests after it."""
 
 import importlib.util
+import json
 import site
 import sys
 import tempfile
@@ -59,3 +60,81 @@ def test_tests_after_a_failure_in_a_batch_run_in_a_new_batch(monkeypatch):
     assert alone == ["t::b"] and rechecked == 1
     assert {t: o for t, (o, _) in outcomes.items()} == {
         "t::a": "passed", "t::b": "failed", "t::c": "passed", "t::d": "passed"}
+
+
+def test_expectations_fail_on_a_test_that_stops_passing_and_say_so_on_one_that_starts():
+    expected = {"np": 2, "passed": ["a", "b"], "skipped": ["c"], "failed": ["d"]}
+    same = {"a": "passed", "b": "passed", "c": "skipped", "d": "failed"}
+    assert suites.compare(expected, same) == ([], [])
+    regressions, improvements = suites.compare(expected, {**same, "a": "skipped", "d": "passed"})
+    assert regressions == ["a: passed -> skipped"] and improvements == ["d: failed -> passed"]
+    regressions, _ = suites.compare(expected, {**same, "a": "failed"})
+    assert regressions == ["a: passed -> failed", "1 passed, fewer than the 2 expected"]
+    regressions, _ = suites.compare(expected, {**same, "c": "failed", "e": "skipped"})
+    assert regressions == ["c: skipped -> failed", "e: new test -> skipped"]
+    regressions, improvements = suites.compare(expected, {"a": "passed", "c": "skipped",
+                                                          "d": "failed", "e": "passed"})
+    assert regressions == ["b: passed -> gone from the suite"] and improvements == [
+        "e: new test -> passed"]
+
+
+def test_check_expectations_says_update_the_expectations_when_tests_do_better():
+    expected = {"test_torch.py": {"gloo": {"np": 2, "passed": ["a"], "skipped": ["b"],
+                                           "failed": []}}}
+    said = []
+    args = Namespace(gloo=True, mpi=False, np=2)
+    assert suites.check_expectations(expected, {"test_torch.py": {"a": "passed", "b": "passed"}},
+                                     args, said.append)
+    assert any("Update the expectations" in line for line in said), said
+    said.clear()
+    assert not suites.check_expectations(expected, {"test_torch.py": {"a": "failed",
+                                                                      "b": "skipped"}},
+                                         args, said.append)
+    assert "REGRESSION a: passed -> failed" in said[0], said
+    said.clear()
+    assert not suites.check_expectations(expected, {"test_torch.py": {"a": "passed"}},
+                                         Namespace(gloo=False, mpi=True, np=2), said.append)
+    assert "none for test_torch.py on the mpi transport" in said[0], said
+
+
+def test_the_committed_expectations_cover_three_transports_and_fail_only_known_tests():
+    expected = json.loads(suites.EXPECTATIONS.read_text())
+    torch_suite = expected["test_torch.py"]
+    assert sorted(torch_suite) == ["default", "gloo", "mpi"]
+    for transport, entry in torch_suite.items():
+        names = entry["passed"] + entry["skipped"] + entry["failed"]
+        assert len(names) == len(set(names)), transport
+        assert set(entry["failed"]) <= set(suites.KNOWN_FAILURES["test_torch.py"]), transport
+    assert len(torch_suite["default"]["passed"]) >= 102
+
+
+def test_ci_requires_the_horovod_suites_and_both_transports():
+    script = (REPO / ".ci" / "run").read_text()
+    assert "horovod-tests" in script and "--expect" in script
+    for transport in ("--gloo", "--mpi"):
+        assert transport in script
+    required = [line for line in script.splitlines()
+                if "HOROVODLIKE_REQUIRE_TRANSPORTS=gloo,mpi" in line]
+    assert required and all(not line.startswith(" ") for line in required), required
+
+
+def test_known_failures_run_alone_from_the_start(monkeypatch):
+    """A known failure would end every batch it was in, and the tests after it would run again
+    in a new one: it runs alone, the others in one batch."""
+    ids = ["t::a", "t::known", "t::c"]
+    batches, alone = [], []
+
+    def run_batch(parallel, batch, args, flags):
+        batches.append(list(batch))
+        return {test_id: [("passed", "")] * args.np for test_id in batch}
+
+    def run_one(parallel, test_id, args, flags):
+        alone.append(test_id)
+        return "failed", "its output"
+
+    monkeypatch.setattr(suites, "run_batch", run_batch)
+    monkeypatch.setattr(suites, "run_one", run_one)
+    outcomes, ran_alone = suites.run_tests(None, ids, Namespace(batch=0, np=2), [],
+                                           alone_first={"t::known"})
+    assert batches == [["t::a", "t::c"]] and alone == ["t::known"] and ran_alone == 1
+    assert outcomes["t::known"][0] == "failed" and outcomes["t::c"][0] == "passed"

@@ -6,6 +6,8 @@
 #include <mutex>
 #include <set>
 
+#include "../common/backend_names.h"
+
 namespace horovodlike {
 namespace {
 
@@ -105,7 +107,7 @@ std::unique_ptr<ProviderTable> ProviderTable::ForJob(Link& link,
                                                    const std::string& cpu_operations) {
   // The job's link follows HOROVOD_CPU_OPERATIONS when it is set (links/connect.cc): a mismatch
   // here means a caller built the link some other way.
-  if (!cpu_operations.empty() && cpu_operations != "tcp" &&
+  if (!cpu_operations.empty() && !IsBackend(cpu_operations, Backend::kTcp) &&
       std::string(link.name()) != cpu_operations) {
     throw InvalidArgument("HOROVOD_CPU_OPERATIONS=" + cpu_operations +
                           " asks for its operations, but the job's ranks are connected over " +

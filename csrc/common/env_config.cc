@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "backend_names.h"
 #include "common.h"
 
 namespace horovodlike {
@@ -101,9 +102,10 @@ std::string GetBackend(const char* name) {
     throw InvalidArgument(std::string(name) + "=ccl: horovodlike has no oneCCL support; use "
                           "mpi, gloo or tcp");
   }
-  if (!(v.empty() || v == "tcp" || v == "mpi" || v == "gloo")) {
+  Backend backend;
+  if (!v.empty() && !ParseBackend(v, &backend)) {
     throw InvalidArgument(std::string(name) + "='" + (value != nullptr ? value : "") +
-                          "' is not one of tcp, mpi, gloo");
+                          "' is not one of " + BackendNames());
   }
   return v;
 }
@@ -112,10 +114,11 @@ std::string GetGpuOperations() {
   const char* value = Get("HOROVOD_GPU_OPERATIONS");
   std::string v = value != nullptr ? value : "";
   for (char& c : v) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  if (!(v.empty() || v == "nccl" || v == "staged" || v == "mpi" || v == "gloo")) {
+  const bool cpu_backend = IsBackend(v, Backend::kMpi) || IsBackend(v, Backend::kGloo);
+  if (!(v.empty() || v == "nccl" || v == "staged" || cpu_backend)) {
     throw InvalidArgument("HOROVOD_GPU_OPERATIONS='" + std::string(value) +
-                          "' is not one of nccl, staged (GPU tensors through host memory), "
-                          "mpi, gloo");
+                          "' is not one of nccl, staged (GPU tensors through host memory), " +
+                          NameOf(Backend::kMpi) + ", " + NameOf(Backend::kGloo));
   }
   return v;
 }

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <string>
 
+#include "../common/backend_names.h"
 #include "../common/env_config.h"
 #include "../common/logging.h"
 #include "per_peer_link.h"
@@ -33,8 +34,10 @@ std::string RequestedBackend(const Config& config) {
   if (!config.controller.empty()) return config.controller;
   // Without MPI built in, a job started by horovodlikerun --mpi still has the launcher's
   // rendezvous server and can use TCP.
-  if (config.launched_by_mpirun && (kMpiBuilt || config.rendezvous_addr.empty())) return "mpi";
-  return "tcp";
+  if (config.launched_by_mpirun && (kMpiBuilt || config.rendezvous_addr.empty())) {
+    return NameOf(Backend::kMpi);
+  }
+  return NameOf(Backend::kTcp);
 }
 
 std::unique_ptr<Link> ConnectMpi(Config& config) {
@@ -66,24 +69,31 @@ std::unique_ptr<Link> ConnectGloo(const Config& config, int generation) {
 
 std::unique_ptr<Link> ConnectLink(Config& config, int generation) {
   const std::string backend = RequestedBackend(config);
-  std::unique_ptr<Link> transport;
-  if (backend == "mpi") {
-    transport = ConnectMpi(config);
-  } else if (backend == "gloo") {
-    transport = ConnectGloo(config, generation);
-  } else if (backend == "tcp") {
-    // TCP between hosts, shared memory between the ranks of one host (HOROVOD_SHM_DISABLE=1:
-    // TCP only).
-    transport = PerPeerLink::Connect(config, generation);
-  } else {
+  Backend id;
+  if (!ParseBackend(backend, &id)) {
     // Config::FromEnvironment accepts no other name.
     throw InvalidArgument("unknown transport '" + backend + "'");
   }
-  if (config.hierarchical_allreduce && backend != "tcp" && config.rank == 0) {
+  std::unique_ptr<Link> transport;
+  switch (id) {
+    case Backend::kMpi:
+      transport = ConnectMpi(config);
+      break;
+    case Backend::kGloo:
+      transport = ConnectGloo(config, generation);
+      break;
+    case Backend::kTcp:
+      // TCP between hosts, shared memory between the ranks of one host (HOROVOD_SHM_DISABLE=1:
+      // TCP only).
+      transport = PerPeerLink::Connect(config, generation);
+      break;
+  }
+  const bool builtin = id == Backend::kTcp;
+  if (config.hierarchical_allreduce && !builtin && config.rank == 0) {
     HVDL_LOG(kWarning, "HOROVOD_HIERARCHICAL_ALLREDUCE applies to the built-in transport only; "
                        "over " << backend << " it is ignored");
   }
-  if (config.hierarchical_allgather && backend != "tcp" && config.rank == 0) {
+  if (config.hierarchical_allgather && !builtin && config.rank == 0) {
     HVDL_LOG(kWarning, "HOROVOD_HIERARCHICAL_ALLGATHER applies to the built-in transport only; "
                        "over " << backend << " it is ignored");
   }

@@ -38,7 +38,7 @@ if mode in ("init", "stall"):
         try:
             with open(f"/proc/self/task/{task}/comm") as f:
                 name = f.read().strip()
-        except FileNotFoundError:  # a short-lived thread that ended since the listing
+        except (FileNotFoundError, ProcessLookupError):  # a thread that ended since the listing
             continue
         if name == "hvdl-loop":
             seen["loop_cpus"] = cpus_of(task)

@@ -10,6 +10,7 @@ from horovodlike.runner import network
 from horovodlike.runner.environment import JobSettings
 from horovodlike.runner.hosts import HostSlots, RankAssignment, assign_ranks
 from horovodlike.runner.rendezvous import RendezvousServer
+from horovodlike.runner.settings import BY_NAME, rank_environment
 
 
 def rendezvous_address(worker_addresses: list[str], driver_address: str) -> str:
@@ -24,12 +25,17 @@ def rendezvous_address(worker_addresses: list[str], driver_address: str) -> str:
 def start_rendezvous(address: str, start_timeout_s: float,
                      **settings) -> tuple[RendezvousServer, JobSettings]:
     """A started rendezvous server guarded by a new job secret, and the JobSettings that point
-    the ranks to it (`settings`: further JobSettings fields)."""
+    the ranks to it (`settings`: launcher settings by name, runner/settings.py, such as
+    network_interface or use_gloo)."""
+    unknown = sorted(set(settings) - set(BY_NAME))
+    if unknown:
+        raise TypeError(f"start_rendezvous: unknown setting(s) {', '.join(unknown)}")
     secret = secrets.token_hex(32)
     server = RendezvousServer(secret, host=address)
     server.start()
     return server, JobSettings(rendezvous_addr=address, rendezvous_port=server.port,
-                               secret_key=secret, start_timeout_s=start_timeout_s, **settings)
+                               secret_key=secret, start_timeout_s=start_timeout_s,
+                               settings_env=tuple(rank_environment(settings).items()))
 
 
 def assign_by_host(worker_hosts: list[str]) -> list[RankAssignment]:

@@ -20,29 +20,14 @@ EXIT_WITH_LAUNCHER = "HOROVODLIKE_EXIT_WITH_LAUNCHER"
 
 @dataclass(frozen=True)
 class JobSettings:
-    """What every rank of the job shares. None means "not given": the variable is not set."""
+    """What every rank of the job shares: the rendezvous, and the variables the launcher's
+    settings give the ranks (settings.rank_environment)."""
 
     rendezvous_addr: str
     rendezvous_port: int
     secret_key: str
     start_timeout_s: float
-    fusion_threshold_bytes: int | None = None
-    cycle_time_ms: float | None = None
-    cache_capacity: int | None = None
-    log_level: str | None = None
-    network_interface: str | None = None
-    cpu_operations: str | None = None  # "gloo": HOROVOD_CPU_OPERATIONS and HOROVOD_CONTROLLER
-    autotune: bool = False
-    autotune_log_file: str | None = None
-    autotune_warmup_samples: int | None = None
-    autotune_steps_per_sample: int | None = None
-    autotune_bayes_opt_max_samples: int | None = None
-    autotune_gaussian_process_noise: float | None = None
-    hierarchical_allreduce: bool | None = None  # HOROVOD_HIERARCHICAL_ALLREDUCE=1 or 0
-    hierarchical_allgather: bool | None = None  # HOROVOD_HIERARCHICAL_ALLGATHER=1 or 0
-    timeline_filename: str | None = None  # HOROVOD_TIMELINE
-    timeline_mark_cycles: bool = False
-    extra_env: tuple[tuple[str, str], ...] = ()  # horovodrun_options: stall check, logging...
+    settings_env: tuple[tuple[str, str], ...] = ()
 
 
 def format_number(value: float) -> str:
@@ -73,40 +58,7 @@ def job_environment(job: JobSettings) -> dict[str, str]:
         "HOROVOD_SECRET_KEY": job.secret_key,
         "HOROVOD_START_TIMEOUT": format_number(job.start_timeout_s),
     }
-    if job.fusion_threshold_bytes is not None:
-        env["HOROVOD_FUSION_THRESHOLD"] = str(job.fusion_threshold_bytes)
-    if job.cycle_time_ms is not None:
-        env["HOROVOD_CYCLE_TIME"] = format_number(job.cycle_time_ms)
-    if job.cache_capacity is not None:
-        env["HOROVOD_CACHE_CAPACITY"] = str(job.cache_capacity)
-    if job.log_level is not None:
-        env["HOROVOD_LOG_LEVEL"] = job.log_level
-    if job.network_interface is not None:
-        env["HOROVOD_GLOO_IFACE"] = job.network_interface
-    if job.hierarchical_allreduce is not None:
-        env["HOROVOD_HIERARCHICAL_ALLREDUCE"] = "1" if job.hierarchical_allreduce else "0"
-    if job.hierarchical_allgather is not None:
-        env["HOROVOD_HIERARCHICAL_ALLGATHER"] = "1" if job.hierarchical_allgather else "0"
-    if job.cpu_operations is not None:
-        env["HOROVOD_CPU_OPERATIONS"] = job.cpu_operations
-        env["HOROVOD_CONTROLLER"] = job.cpu_operations
-    if job.autotune:
-        env["HOROVOD_AUTOTUNE"] = "1"
-    for name, value in (("HOROVOD_AUTOTUNE_LOG", job.autotune_log_file),
-                        ("HOROVOD_AUTOTUNE_WARMUP_SAMPLES", job.autotune_warmup_samples),
-                        ("HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", job.autotune_steps_per_sample),
-                        ("HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES",
-                         job.autotune_bayes_opt_max_samples)):
-        if value is not None:
-            env[name] = str(value)
-    if job.autotune_gaussian_process_noise is not None:
-        env["HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE"] = format_number(
-            job.autotune_gaussian_process_noise)
-    if job.timeline_filename is not None:
-        env["HOROVOD_TIMELINE"] = job.timeline_filename
-    if job.timeline_mark_cycles:
-        env["HOROVOD_TIMELINE_MARK_CYCLES"] = "1"
-    env.update(dict(job.extra_env))
+    env.update(dict(job.settings_env))
     return env
 
 

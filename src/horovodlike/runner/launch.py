@@ -6,7 +6,6 @@ over ssh elsewhere), forwards their output and supervises them until they end.
 
 from __future__ import annotations
 
-import argparse
 import os
 import secrets
 import shlex
@@ -14,6 +13,7 @@ import sys
 
 from horovodlike.runner import horovodrun_options, network
 from horovodlike.runner.check_build import check_build
+from horovodlike.runner.config_file import apply_config_file
 from horovodlike.runner.elastic_driver import ElasticDriver, discover_with_script
 from horovodlike.runner.environment import (EXIT_WITH_LAUNCHER, JobSettings, format_number,
                                             horovod_environment, job_environment,
@@ -25,166 +25,9 @@ from horovodlike.runner.mpi_run import (MPIRUN_SETS_PER_RANK, MpiError, MpiJob,
 from horovodlike.runner.output import Console
 from horovodlike.runner.rank_process import RankProcess
 from horovodlike.runner.rendezvous import RendezvousServer
+from horovodlike.runner.settings import DEFAULT_START_TIMEOUT_S, MPI, rank_environment
+from horovodlike.runner.settings_parser import make_parser
 from horovodlike.runner.ssh import remote_shell_command, ssh_command
-
-DEFAULT_START_TIMEOUT_S = 30.0
-LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")
-
-
-def package_version() -> str:
-    try:
-        from importlib.metadata import PackageNotFoundError, version
-        return version("horovodlike")
-    except (ImportError, PackageNotFoundError):
-        pass
-    try:
-        import horovodlike
-        return getattr(horovodlike, "__version__", "unknown")
-    except ImportError:
-        return "unknown"
-
-
-class _VersionAction(argparse.Action):
-    def __init__(self, option_strings, dest, **kwargs):
-        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        print(package_version())
-        parser.exit()
-
-
-def make_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="horovodlikerun",
-        description="Starts a horovodlike job: N copies of a command, one per rank.",
-        usage="%(prog)s -np N [-H host1:4,host2:4 | --hostfile FILE] [options] command ...")
-    parser.add_argument("-v", "--version", action=_VersionAction,
-                        help="print the version and exit")
-    parser.add_argument("-np", "--num-proc", dest="num_proc", type=int,
-                        help="total number of ranks")
-    parser.add_argument("-cb", "--check-build", dest="check_build", action="store_true",
-                        help="print the frameworks, controllers and tensor operations of this "
-                             "build and exit")
-    parser.add_argument("--plan", dest="plan", metavar="MODULE:FUNCTION",
-                        help="instead of a command: rank the (pp, dp, tp) layouts of -np ranks "
-                             "for the model FUNCTION() returns as (model, sample_input), "
-                             "measuring these hosts' links, and print the table")
-    hosts = parser.add_mutually_exclusive_group()
-    hosts.add_argument("-H", "--hosts", dest="hosts",
-                       help="hosts and their slots: host1:4,host2:4 (default localhost:N)")
-    hosts.add_argument("-hostfile", "--hostfile", dest="hostfile",
-                       help="file with one host a line: 'host slots=N' or 'host:N'")
-    parser.add_argument("--start-timeout", dest="start_timeout", type=float,
-                        help="seconds the ranks have to join before the job is stopped "
-                             "(default: $HOROVOD_START_TIMEOUT, else 30)")
-    parser.add_argument("--output-filename", dest="output_filename",
-                        help="also write each rank's raw output to "
-                             "DIR/rank.<rank>/stdout and stderr")
-    parser.add_argument("--verbose", action="store_true",
-                        help="print the host assignment and the rendezvous address")
-    parser.add_argument("--network-interface", dest="network_interface",
-                        help="interface to listen on and communicate over (HOROVOD_GLOO_IFACE)")
-
-    controller = parser.add_argument_group("controller and transport (default: the built-in "
-                                           "TCP transport)")
-    backends = controller.add_mutually_exclusive_group()
-    backends.add_argument("--gloo", dest="use_gloo", action="store_true",
-                          help="communicate over Gloo (HOROVOD_CPU_OPERATIONS=gloo)")
-    backends.add_argument("--mpi", dest="use_mpi", action="store_true",
-                          help="start the ranks with Open MPI's mpirun and communicate over MPI")
-    backends.add_argument("--jsrun", dest="use_jsrun", action="store_true",
-                          help="Horovod's LSF launcher: here the same as --mpi (says so once)")
-    controller.add_argument("--mpi-args", dest="mpi_args",
-                            help="extra arguments for mpirun, as one quoted string")
-
-    tuning = parser.add_argument_group("tunable parameters (passed to the ranks)")
-    tuning.add_argument("--fusion-threshold-mb", dest="fusion_threshold_mb", type=float,
-                        help="fusion buffer size in MB (HOROVOD_FUSION_THRESHOLD, in bytes)")
-    tuning.add_argument("--cycle-time-ms", dest="cycle_time_ms", type=float,
-                        help="cycle time in ms (HOROVOD_CYCLE_TIME)")
-    tuning.add_argument("--cache-capacity", dest="cache_capacity", type=int,
-                        help="response cache capacity (HOROVOD_CACHE_CAPACITY)")
-    tuning.add_argument("--disable-cache", dest="disable_cache", action="store_true",
-                        help="disable the response cache (HOROVOD_CACHE_CAPACITY=0)")
-    hierarchical = tuning.add_mutually_exclusive_group()
-    hierarchical.add_argument("--hierarchical-allreduce", dest="hierarchical_allreduce",
-                              action="store_const", const=True,
-                              help="allreduce inside each host, then across hosts "
-                                   "(HOROVOD_HIERARCHICAL_ALLREDUCE=1)")
-    hierarchical.add_argument("--no-hierarchical-allreduce", dest="hierarchical_allreduce",
-                              action="store_const", const=False,
-                              help="the flat allreduce, even when the environment asks for the "
-                                   "hierarchical one (HOROVOD_HIERARCHICAL_ALLREDUCE=0)")
-    hierarchical_allgather = tuning.add_mutually_exclusive_group()
-    hierarchical_allgather.add_argument(
-        "--hierarchical-allgather", dest="hierarchical_allgather", action="store_const",
-        const=True, help="allgather inside each host, then across hosts "
-                         "(HOROVOD_HIERARCHICAL_ALLGATHER=1)")
-    hierarchical_allgather.add_argument(
-        "--no-hierarchical-allgather", dest="hierarchical_allgather", action="store_const",
-        const=False, help="the flat allgather, even when the environment asks for the "
-                          "hierarchical one (HOROVOD_HIERARCHICAL_ALLGATHER=0)")
-    tuning.add_argument("--log-level", dest="log_level", choices=LOG_LEVELS,
-                        help="core log level (HOROVOD_LOG_LEVEL)")
-
-    autotune = parser.add_argument_group(
-        "autotuning (fusion threshold, cycle time and response cache; those set explicitly "
-        "above are held constant)")
-    autotune.add_argument("--autotune", dest="autotune", action="store_true",
-                          help="tune the parameters while training (HOROVOD_AUTOTUNE=1)")
-    autotune.add_argument("--autotune-log-file", dest="autotune_log_file",
-                          help="CSV of every sample and the chosen values, written by rank 0 "
-                               "(HOROVOD_AUTOTUNE_LOG)")
-    autotune.add_argument("--autotune-warmup-samples", dest="autotune_warmup_samples", type=int,
-                          help="samples discarded at the start (HOROVOD_AUTOTUNE_WARMUP_SAMPLES,"
-                               " default 3)")
-    autotune.add_argument("--autotune-steps-per-sample", dest="autotune_steps_per_sample",
-                          type=int, help="training steps per sample "
-                                         "(HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE, default 10)")
-    autotune.add_argument("--autotune-bayes-opt-max-samples",
-                          dest="autotune_bayes_opt_max_samples", type=int,
-                          help="samples of the Bayesian optimisation "
-                               "(HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES, default 20)")
-    autotune.add_argument("--autotune-gaussian-process-noise",
-                          dest="autotune_gaussian_process_noise", type=float,
-                          help="noise of the Gaussian process, relative to the scores' variance "
-                               "(HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE, default 0.8)")
-
-    timeline = parser.add_argument_group("timeline (a Chrome trace of every tensor's phases)")
-    timeline.add_argument("--timeline-filename", dest="timeline_filename",
-                          help="file rank 0 writes the timeline to (HOROVOD_TIMELINE)")
-    cycles = timeline.add_mutually_exclusive_group()
-    cycles.add_argument("--timeline-mark-cycles", dest="timeline_mark_cycles",
-                        action="store_const", const=True,
-                        help="mark the background loop's cycles in the timeline "
-                             "(HOROVOD_TIMELINE_MARK_CYCLES=1)")
-    cycles.add_argument("--no-timeline-mark-cycles", dest="timeline_mark_cycles",
-                        action="store_const", const=False,
-                        help="no cycle marks, even when the environment or the config file "
-                             "asks for them (HOROVOD_TIMELINE_MARK_CYCLES=0)")
-
-    elastic = parser.add_argument_group(
-        "elastic training (on when --host-discovery-script, --min-np or --max-np is given)")
-    elastic.add_argument("--min-np", "--min-num-proc", dest="min_np", type=int,
-                         help="fewest workers to go on with (default: -np)")
-    elastic.add_argument("--max-np", "--max-num-proc", dest="max_np", type=int,
-                         help="most workers to run (default: -np)")
-    elastic.add_argument("--host-discovery-script", dest="host_discovery_script",
-                         help="executable printing the available hosts, one 'host:slots' a "
-                              "line; run every second")
-    elastic.add_argument("--reset-limit", dest="reset_limit", type=int,
-                         help="most times the job may be re-formed before it is stopped")
-    elastic.add_argument("--elastic-timeout", dest="elastic_timeout", type=float, default=600.0,
-                         help="seconds to wait for enough workers (default 600)")
-
-    ssh = parser.add_argument_group("ssh")
-    ssh.add_argument("-p", "--ssh-port", dest="ssh_port", type=int, help="ssh port on all hosts")
-    ssh.add_argument("-i", "--ssh-identity-file", dest="ssh_identity_file",
-                     help="private key file for ssh")
-
-    horovodrun_options.add_arguments(parser)
-    parser.add_argument("command", nargs=argparse.REMAINDER, help="the command each rank runs")
-    return parser
 
 
 def _start_timeout(args, parser) -> float:
@@ -275,25 +118,9 @@ def _rendezvous_addresses(all_local: bool, interface: str | None, parser) -> tup
 
 
 def _job_settings(args, address: str, port: int, secret: str, timeout: float) -> JobSettings:
-    fusion = None
-    if args.fusion_threshold_mb is not None:
-        fusion = int(round(args.fusion_threshold_mb * 1024 * 1024))
-    cache = 0 if args.disable_cache else args.cache_capacity
     return JobSettings(rendezvous_addr=address, rendezvous_port=port, secret_key=secret,
-                       start_timeout_s=timeout, fusion_threshold_bytes=fusion,
-                       cycle_time_ms=args.cycle_time_ms, cache_capacity=cache,
-                       log_level=args.log_level, network_interface=args.network_interface,
-                       cpu_operations="gloo" if args.use_gloo else None,
-                       autotune=args.autotune, autotune_log_file=args.autotune_log_file,
-                       autotune_warmup_samples=args.autotune_warmup_samples,
-                       autotune_steps_per_sample=args.autotune_steps_per_sample,
-                       autotune_bayes_opt_max_samples=args.autotune_bayes_opt_max_samples,
-                       autotune_gaussian_process_noise=args.autotune_gaussian_process_noise,
-                       hierarchical_allreduce=args.hierarchical_allreduce,
-                       hierarchical_allgather=args.hierarchical_allgather,
-                       timeline_filename=args.timeline_filename,
-                       timeline_mark_cycles=bool(args.timeline_mark_cycles),
-                       extra_env=tuple(horovodrun_options.environment(args).items()))
+                       start_timeout_s=timeout,
+                       settings_env=tuple(rank_environment(vars(args)).items()))
 
 
 def _is_elastic(args) -> bool:
@@ -308,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     args.notices = []
     if args.use_jsrun:
         args.use_mpi = True  # Horovod's --jsrun launches with the MPI controller
-    horovodrun_options.apply_config_file(args, parser, argv)
+    apply_config_file(args, parser, argv)
     _validate(args, parser)
     horovodrun_options.collect_notices(args)
     for notice in args.notices:
@@ -374,7 +201,7 @@ def _run_with_mpirun(args, parser, job: JobSettings, assignments, all_local: boo
     except ValueError as error:
         parser.error(f"--mpi-args: {error}")
     job_env = {"PYTHONUNBUFFERED": os.environ.get("PYTHONUNBUFFERED", "1"),
-               "HOROVOD_CONTROLLER": os.environ.get("HOROVOD_CONTROLLER", "mpi"),
+               "HOROVOD_CONTROLLER": os.environ.get("HOROVOD_CONTROLLER", MPI),
                **job_environment(job)}
     env = {name: value for name, value in os.environ.items()
            if name not in MPIRUN_SETS_PER_RANK}

@@ -90,7 +90,7 @@ def run(fn, args=(), kwargs={}, num_proc=None, start_timeout=None, use_mpi=None,
     timeout = start_timeout_s(start_timeout)
     server, job = start_rendezvous(driver_address(context), timeout,
                                    network_interface=interface,
-                                   cpu_operations="gloo" if use_gloo else None)
+                                   use_gloo=bool(use_gloo))
     try:
         if verbose >= 2:
             print(f"horovodlike.spark: {num_proc} ranks, rendezvous at "
