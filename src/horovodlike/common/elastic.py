@@ -8,8 +8,13 @@ import copy
 import functools
 import os
 
-from horovodlike.common import basics
-from horovodlike.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
+import numpy as np
+
+from horovodlike.common import basics, numpy_ops
+from horovodlike.common.constants import Max
+from horovodlike.common.exceptions import (HorovodInternalError, HostsUpdatedInterrupt,
+                                           TensorMismatchError)
+from horovodlike.common.rendezvous_client import RendezvousClient
 
 _attempt = 0          # how many rounds this worker has asked to join
 _hosts_version = "0"  # the driver's host-set version when this worker's round was formed
@@ -23,7 +28,6 @@ def is_elastic():
 def _rendezvous():
     global _client
     if _client is None:
-        from horovodlike.runner.rendezvous_client import RendezvousClient
         _client = RendezvousClient.from_environment()
     return _client
 
@@ -60,27 +64,13 @@ def hosts_changed_locally():
     return value is not None and value != _hosts_version
 
 
-# Buffers of waits a signal handler interrupted (see numpy_ops.Handle.wait).
-_INTERRUPTED = []
-
-
 def any_rank_true(flag, name):
     """True on every rank when ``flag`` is true on any rank (an allreduce with Max)."""
-    import numpy as np
-    from horovodlike import _core
-    from horovodlike.common.constants import ALLREDUCE, DTYPES, Max
     value = np.array([1 if flag else 0], dtype=np.int32)
-    handle = _core.enqueue(ALLREDUCE, name, value.ctypes.data, value.ctypes.data,
-                           DTYPES["int32"], [1], reduce_op=Max)
     try:
-        code, message = _core.wait(handle)
-    except BaseException:
-        _INTERRUPTED.append(value)  # the core may still write it
-        raise
-    _core.release(handle)
-    if code != _core.STATUS_OK:
-        raise HorovodInternalError(message)
-    return bool(value[0])
+        return bool(numpy_ops.allreduce(value, name, op=Max)[0])
+    except (TensorMismatchError, ValueError) as e:
+        raise HorovodInternalError(str(e)) from None
 
 
 class State:
@@ -183,3 +173,6 @@ def reset_runtime():
     """Leaves the current round and joins the next one."""
     basics.shutdown()
     basics.init()
+
+
+basics.register_elastic(is_elastic, join_round)
