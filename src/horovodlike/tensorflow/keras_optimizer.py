@@ -18,11 +18,11 @@ written for Horovod calls) is kept: it returns the reduced (and aggregated) grad
 import keras
 import tensorflow as tf
 
-from horovodlike.common.process_sets import global_process_set, set_id, set_ranks
+from horovodlike.common.process_sets import global_process_set, set_id
 from horovodlike.tensorflow.aggregation import GradientAggregation
 from horovodlike.tensorflow.compression import Compression
-from horovodlike.tensorflow.gradient_tape import (check_gradient_options, reduce_gradients,
-                                                  reduce_shared_gradients, scale_gradient,
+from horovodlike.tensorflow.gradient_tape import (check_gradient_options,
+                                                  reduce_shared_gradients,
                                                   store_reduction_options)
 from horovodlike.tensorflow.keras_variables import local_layer_variables
 from horovodlike.tensorflow.mpi_ops import Average
