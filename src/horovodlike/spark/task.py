@@ -72,7 +72,7 @@ def barrier_task(fn, args, kwargs, job: JobSettings, env: dict | None,
 
 
 def _stop_runtime() -> None:
-    from horovodlike import _core
+    from horovodlike import _core  # deferred: the module imports without the core
     if _core.is_initialized():
         _core.shutdown()
 
