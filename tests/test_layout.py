@@ -75,12 +75,10 @@ def _py_lines(path):
     return [(n, l) for n, l in lines if l and not l.startswith("#") and n not in imports]
 
 
-def test_no_block_of_six_lines_is_copied():
-    # Six consecutive lines that say something (see _cc_lines, _py_lines), found twice: in two
-    # files (link backends, providers, framework layers) or twice in one file. A copied block
-    # belongs in one place that both use.
-    files = [p for p in sources()] + sorted(PACKAGE.rglob("*.py"))
-    assert any(layer_of(p) == "links" for p in files if p.suffix == ".cc")
+def _copied_blocks(files):
+    """[(places, block)]: six consecutive lines that say something (see _cc_lines, _py_lines)
+    found at two places or more, in two files or twice in one file; a place is (path, first
+    line, last line)."""
     seen = {}
     for path in files:
         lines = _py_lines(path) if path.suffix == ".py" else _cc_lines(path)
@@ -96,10 +94,32 @@ def test_no_block_of_six_lines_is_copied():
                 distinct.append(place)
         if len(distinct) > 1:
             copied.append((distinct, block))
+    return copied
+
+
+def test_no_block_of_six_lines_is_copied():
+    # Between link backends, providers, framework layers, or within one file: a copied block
+    # belongs in one place that both use.
+    files = [p for p in sources()] + sorted(PACKAGE.rglob("*.py"))
+    assert any(layer_of(p) == "links" for p in files if p.suffix == ".cc")
+    copied = _copied_blocks(files)
     root = CSRC.parent
     assert not copied, "\n\n".join(
         " and ".join(f"{p.relative_to(root)}:{first}" for p, first, _ in places) + ":\n" +
         "\n".join(block) for places, block in copied[:5])
+
+
+def test_the_copy_check_sees_copies_within_a_file_and_not_imports(tmp_path):
+    body = "".join(f"    total += {i}\n" for i in range(6))
+    (tmp_path / "twice.py").write_text(f"def f(total):\n{body}\n\ndef g(total):\n{body}")
+    imports = "".join(f"from m import name{i}\n" for i in range(6))
+    (tmp_path / "a.py").write_text(imports)
+    (tmp_path / "b.py").write_text(imports)
+    (tmp_path / "c.h").write_text("".join(f"int x{i} = {i};\n{{\n" for i in range(6)))
+    (tmp_path / "d.cc").write_text("".join(f"int x{i} = {i};\n// a note\n" for i in range(6)))
+    copied = _copied_blocks(sorted(tmp_path.iterdir()))
+    assert sorted((p.name, first) for places, _ in copied for p, first, _ in places) == \
+        [("c.h", 1), ("d.cc", 1), ("twice.py", 2), ("twice.py", 11)]
 
 
 def test_no_function_is_over_100_lines():
