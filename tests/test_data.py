@@ -187,20 +187,20 @@ def test_invalid_rank_or_size_is_rejected(rank, size):
 
 def test_explicit_rank_and_size_do_not_need_the_runtime(monkeypatch):
     # A None entry in sys.modules makes any import of the runtime raise ImportError.
-    monkeypatch.setitem(sys.modules, "horovodlike.torch", None)
+    monkeypatch.setitem(sys.modules, "horovodlike.common.basics", None)
     assert list(DistributedSampler(range(6), num_replicas=2, rank=1, shuffle=False)) == [1, 3, 5]
     with pytest.raises(ImportError):
         DistributedSampler(range(6))
 
 
 def test_rank_and_size_default_to_the_runtime(monkeypatch):
-    fake = types.ModuleType("horovodlike.torch")
+    fake = types.ModuleType("horovodlike.common.basics")
     fake.size = lambda: 4
     fake.rank = lambda: 3
-    monkeypatch.setitem(sys.modules, "horovodlike.torch", fake)
-    import horovodlike
+    monkeypatch.setitem(sys.modules, "horovodlike.common.basics", fake)
+    import horovodlike.common
 
-    monkeypatch.setattr(horovodlike, "torch", fake, raising=False)
+    monkeypatch.setattr(horovodlike.common, "basics", fake, raising=False)
     sampler = DistributedSampler(range(10), shuffle=False)
     assert (sampler.num_replicas, sampler.rank) == (4, 3)
     assert list(sampler) == [3, 7, 1]

@@ -22,7 +22,7 @@ from cluster_reference import launcher_weights  # noqa: E402
 from test_elastic import check_report  # noqa: E402
 
 from horovodlike.ray import ElasticRayExecutor, RayExecutor  # noqa: E402
-from horovodlike.runner.rendezvous_client import RendezvousClient, RendezvousError  # noqa: E402
+from horovodlike.common.rendezvous_client import RendezvousClient, RendezvousError  # noqa: E402
 
 
 def start_local_ray(num_cpus, **kwargs):

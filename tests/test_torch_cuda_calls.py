@@ -14,6 +14,7 @@ import torch
 
 import horovodlike.torch as hvd
 from horovodlike import _core
+from horovodlike.common import requests
 from horovodlike.torch import _queue, mpi_ops
 
 STREAM_BASE = 1000  # the made-up stream of device i is 1000 + i
@@ -68,8 +69,8 @@ class RecordingCore:
 @pytest.fixture
 def core(monkeypatch):
     recorder = RecordingCore()
-    monkeypatch.setattr(_queue, "_core", recorder)
-    monkeypatch.setattr(mpi_ops, "_core", recorder)
+    monkeypatch.setattr(_queue, "_core", recorder)  # the synchronous path
+    monkeypatch.setattr(requests, "_core", recorder)  # handles (common/requests.py)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: types.SimpleNamespace(
         cuda_stream=STREAM_BASE + torch.device(device).index))
     return recorder

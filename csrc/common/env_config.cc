@@ -149,6 +149,16 @@ std::string GpuLibraryPathFromEnvironment(const char* variable) {
   return value != nullptr ? value : "";
 }
 
+std::string LogFdFromEnvironment() {
+  const char* value = Get("HOROVODLIKE_STDERR_FD");
+  return value != nullptr ? value : "";
+}
+
+bool LogTimestampFromEnvironment() {
+  const char* value = Get("HOROVOD_LOG_HIDE_TIME");
+  return value != nullptr && std::string(value) == "0";
+}
+
 Config Config::FromEnvironment() {
   Config c;
   c.rank = static_cast<int>(GetInt("HOROVOD_RANK", 0));

@@ -100,4 +100,9 @@ std::string CpuOperationsFromEnvironment();
 // A GPU library's explicit path (HOROVOD_CUDART_PATH, HOROVOD_NCCL_PATH); "" when unset. Read
 // when the library is first needed, which may be before init() (gpu_info()).
 std::string GpuLibraryPathFromEnvironment(const char* variable);
+// Read when the first log line is written, which may be before init(): the launcher's duplicate
+// of the rank's stderr pipe (HOROVODLIKE_STDERR_FD, "FD:INODE"; "" when unset), and whether lines
+// carry the local time (HOROVOD_LOG_HIDE_TIME=0, horovodlikerun --log-with-timestamp).
+std::string LogFdFromEnvironment();
+bool LogTimestampFromEnvironment();
 }  // namespace horovodlike

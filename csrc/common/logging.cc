@@ -11,6 +11,8 @@
 #include <cstdlib>
 #include <string>
 
+#include "env_config.h"
+
 namespace horovodlike {
 namespace {
 std::atomic<int> g_level{3};
@@ -21,8 +23,9 @@ std::atomic<int> g_rank{0};
 // not touch: stall warnings and the reasons a job stopped must reach the user even then.
 int LogFd() {
   static const int fd = [] {
-    const char* value = std::getenv("HOROVODLIKE_STDERR_FD");
-    if (value == nullptr || *value == '\0') return 2;
+    const std::string setting = LogFdFromEnvironment();
+    if (setting.empty()) return 2;
+    const char* value = setting.c_str();
     // "FD:INODE": the descriptor counts only while it is still that pipe (a child process may
     // inherit the variable without the descriptor, and reuse the number for a file).
     char* end = nullptr;
@@ -43,10 +46,7 @@ int LogFd() {
 // HOROVOD_LOG_HIDE_TIME=0 (horovodlikerun --log-with-timestamp) puts the local time in every
 // line; by default lines go without it, as the launcher's output is already per rank.
 bool WithTimestamp() {
-  static const bool with = [] {
-    const char* value = std::getenv("HOROVOD_LOG_HIDE_TIME");
-    return value != nullptr && std::string(value) == "0";
-  }();
+  static const bool with = LogTimestampFromEnvironment();
   return with;
 }
 

@@ -26,6 +26,20 @@ uint8_t* Map(int fd, size_t bytes, const std::string& name) {
   return static_cast<uint8_t*>(p);
 }
 
+// Maps the open segment `fd` and closes it, whether the mapping succeeds or throws (the mapping
+// outlives the descriptor).
+uint8_t* MapAndClose(int fd, size_t bytes, const std::string& name) {
+  uint8_t* data = nullptr;
+  try {
+    data = Map(fd, bytes, name);
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  ::close(fd);
+  return data;
+}
+
 }  // namespace
 
 ShmSegment::~ShmSegment() { Reset(); }
@@ -79,14 +93,8 @@ ShmSegment ShmSegment::Create(const std::string& name, size_t bytes) {
     errno = rc;
     Fail("reserving " + std::to_string(bytes) + " bytes (is /dev/shm large enough?)", name);
   }
-  try {
-    segment.data_ = Map(fd, bytes, name);
-  } catch (...) {
-    ::close(fd);
-    throw;
-  }
+  segment.data_ = MapAndClose(fd, bytes, name);
   segment.size_ = bytes;
-  ::close(fd);
   return segment;
 }
 
@@ -100,14 +108,8 @@ ShmSegment ShmSegment::Open(const std::string& name, size_t bytes) {
   }
   ShmSegment segment;
   segment.name_ = name;
-  try {
-    segment.data_ = Map(fd, bytes, name);
-  } catch (...) {
-    ::close(fd);
-    throw;
-  }
+  segment.data_ = MapAndClose(fd, bytes, name);
   segment.size_ = bytes;
-  ::close(fd);
   return segment;
 }
 

@@ -154,6 +154,18 @@ int ListenOn(const std::string& address, int* port) {
   return fd;
 }
 
+namespace {
+
+// The dotted text of an interface's IPv4 address.
+std::string Ipv4Text(const sockaddr* address) {
+  char text[INET_ADDRSTRLEN];
+  inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(address)->sin_addr, text,
+            sizeof(text));
+  return text;
+}
+
+}  // namespace
+
 std::string InterfaceAddress(const std::string& interface_name) {
   ifaddrs* list = nullptr;
   if (getifaddrs(&list) != 0) throw InvalidArgument("getifaddrs failed");
@@ -161,10 +173,7 @@ std::string InterfaceAddress(const std::string& interface_name) {
   for (ifaddrs* it = list; it != nullptr; it = it->ifa_next) {
     if (it->ifa_addr == nullptr || it->ifa_addr->sa_family != AF_INET) continue;
     if (interface_name != it->ifa_name) continue;
-    char text[INET_ADDRSTRLEN];
-    inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(it->ifa_addr)->sin_addr, text,
-              sizeof(text));
-    found = text;
+    found = Ipv4Text(it->ifa_addr);
     break;
   }
   freeifaddrs(list);
@@ -182,10 +191,7 @@ std::string FirstNonLoopbackAddress() {
   for (ifaddrs* it = list; it != nullptr; it = it->ifa_next) {
     if (it->ifa_addr == nullptr || it->ifa_addr->sa_family != AF_INET) continue;
     if ((it->ifa_flags & IFF_UP) == 0 || (it->ifa_flags & IFF_LOOPBACK) != 0) continue;
-    char text[INET_ADDRSTRLEN];
-    inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(it->ifa_addr)->sin_addr, text,
-              sizeof(text));
-    found = text;
+    found = Ipv4Text(it->ifa_addr);
     break;
   }
   freeifaddrs(list);

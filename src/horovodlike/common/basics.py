@@ -9,14 +9,45 @@ from horovodlike.common.exceptions import HorovodInternalError
 
 _atexit_registered = False
 _ELASTIC_ROUND_ATTEMPTS = 10
-# Called after each successful init(): the framework layers restart the counters that name
-# unnamed collectives, so that ranks agree on those names in a job formed by processes with
-# different pasts (a reused Spark worker, a worker that joined an elastic job late).
+
+# The modules above this one plug into init() and shutdown() here, so that this module imports
+# none of them (common/__init__.py imports them all, so they are registered before any init()).
+# Before the core starts: the launcher watch (launcher_watch.py).
+_before_start = []
+# After each successful start: the framework layers restart the counters that name unnamed
+# collectives, so that ranks agree on those names in a job formed by processes with different
+# pasts (a reused Spark worker, a worker that joined an elastic job late).
 _init_hooks = []
+# After shutdown: forget the buffers kept for interrupted waits (point_to_point.py).
+_shutdown_hooks = []
+# Elastic jobs (elastic.py): (is_elastic(), join_round()) for the worker's place in each round.
+_elastic = (lambda: False, None)
+# init(process_sets=..., comm=...) (init_process_sets.py): prepare(process_sets, comm) checks the
+# arguments before the core starts and returns the ProcessSet objects; register(those, comm)
+# registers them once it runs.
+_process_sets = None
+
+
+def register_before_start(hook):
+    _before_start.append(hook)
 
 
 def register_init_hook(hook):
     _init_hooks.append(hook)
+
+
+def register_shutdown_hook(hook):
+    _shutdown_hooks.append(hook)
+
+
+def register_elastic(is_elastic, join_round):
+    global _elastic
+    _elastic = (is_elastic, join_round)
+
+
+def register_process_sets(prepare, register):
+    global _process_sets
+    _process_sets = (prepare, register)
 
 
 def init(comm=None, process_sets=None):
@@ -32,25 +63,12 @@ def init(comm=None, process_sets=None):
     global _atexit_registered
     if process_sets is not None and not isinstance(process_sets, (list, tuple)):
         raise TypeError("process_sets must be a list of ProcessSet objects or lists of ranks")
-    from horovodlike.common import process_sets as _sets
-    if process_sets is not None:
-        process_sets = [ps if isinstance(ps, _sets.ProcessSet) else _sets.ProcessSet(ps)
-                        for ps in process_sets]
-    if comm is not None:
-        _check_world_communicator(comm)
-    from horovodlike.common import elastic, launcher_watch
-    launcher_watch.start()  # a rank whose launcher dies ends too, with its children
+    prepare_sets, register_sets = _process_sets
+    process_sets = prepare_sets(process_sets, comm)
+    for hook in _before_start:
+        hook()  # a rank whose launcher dies ends too, with its children
     starting = not _core.is_initialized()  # init() of a running job changes nothing
-    for attempt in range(_ELASTIC_ROUND_ATTEMPTS):
-        if elastic.is_elastic() and not _core.is_initialized():
-            elastic.join_round()  # the driver tells this worker its rank in the next round
-        try:
-            _core.init()
-            break
-        except RuntimeError as e:
-            if not elastic.is_elastic() or attempt + 1 == _ELASTIC_ROUND_ATTEMPTS:
-                raise HorovodInternalError(f"horovodlike.init() failed: {e}") from None
-            # A member of the round died while it formed: the driver forms another.
+    _start_core()
     for hook in _init_hooks if starting else ():
         hook()
     if starting:
@@ -58,65 +76,21 @@ def init(comm=None, process_sets=None):
     if not _atexit_registered:
         atexit.register(_core.shutdown)
         _atexit_registered = True
-    _sets.global_process_set.ranks = list(range(_core.size()))
-    if comm is not None or any(ps.mpi_comm is not None for ps in process_sets or ()):
-        _check_mpi_ranks()
-    if comm is not None:
-        _sets.global_process_set.mpi_comm = comm
-    if process_sets is not None:
-        _check_no_duplicates(process_sets)
-        _sets._register_at_init(process_sets)
+    register_sets(process_sets, comm)
 
 
-def _check_world_communicator(comm):
-    """init(comm=...): horovodlike runs every rank of the job, so the communicator must hold
-    every process of MPI.COMM_WORLD, in its order (MPI.COMM_WORLD or a Dup of it)."""
-    if not hasattr(comm, "Get_group"):
-        raise ValueError(f"init(comm=...) takes an mpi4py communicator, got "
-                         f"{type(comm).__name__}; to run collectives among some ranks, "
-                         "pass init(process_sets=[...])")
-    from mpi4py import MPI
-    from horovodlike.common.process_sets import _communicator_ranks
-    world = MPI.COMM_WORLD.Get_size()
-    if comm.Get_size() != world or _communicator_ranks(comm) != list(range(world)) or \
-            comm.Get_rank() != MPI.COMM_WORLD.Get_rank():
-        raise ValueError(f"init(comm=...): the communicator holds {comm.Get_size()} of the "
-                         f"{world} processes of MPI.COMM_WORLD (or orders them otherwise); "
-                         "horovodlike runs every rank of the job: pass MPI.COMM_WORLD or a Dup "
-                         "of it, and use process_sets=[hvd.ProcessSet(subcommunicator)] for "
-                         "collectives among some ranks")
-
-
-def _check_mpi_ranks():
-    """Communicators name ranks of MPI.COMM_WORLD: they must be horovodlike's ranks."""
-    from mpi4py import MPI
-    if (MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()) != (_core.rank(), _core.size()):
-        raise ValueError(f"mpi4py communicators: MPI.COMM_WORLD has rank "
-                         f"{MPI.COMM_WORLD.Get_rank()} of {MPI.COMM_WORLD.Get_size()}, "
-                         f"horovodlike rank {_core.rank()} of {_core.size()}; start the job "
-                         "with horovodlikerun --mpi so that MPI's ranks are horovodlike's")
-
-
-def _check_no_duplicates(process_sets):
-    """As in Horovod, init(process_sets=...) with two sets of the same ranks (in any order) is a
-    ValueError, raised before any set is registered; the runtime stays initialized, so init()
-    may be called again with a corrected list. Each rank checks its own list (sets made from
-    communicators differ per rank). A set made from a communicator of every rank duplicates
-    the global process set."""
-    seen = {}
-    everyone = list(range(_core.size()))
-    for position, process_set in enumerate(process_sets):
-        key = tuple(process_set.ranks)
-        if process_set.mpi_comm is not None and process_set.ranks == everyone:
-            raise ValueError(f"init(process_sets=...) on rank {_core.rank()}: process set "
-                             f"{position} of the list is a communicator of every rank "
-                             f"{everyone}, a duplicate of the global process set; leave it "
-                             "out (use hvd.global_process_set)")
-        if key in seen:
-            raise ValueError(f"init(process_sets=...) on rank {_core.rank()}: process sets "
-                             f"{seen[key]} and {position} of the list both hold ranks "
-                             f"{list(key)}; pass each set once")
-        seen[key] = position
+def _start_core():
+    is_elastic, join_round = _elastic
+    for attempt in range(_ELASTIC_ROUND_ATTEMPTS):
+        if is_elastic() and not _core.is_initialized():
+            join_round()  # the driver tells this worker its rank in the next round
+        try:
+            _core.init()
+            return
+        except RuntimeError as e:
+            if not is_elastic() or attempt + 1 == _ELASTIC_ROUND_ATTEMPTS:
+                raise HorovodInternalError(f"horovodlike.init() failed: {e}") from None
+            # A member of the round died while it formed: the driver forms another.
 
 
 def _get_process_set_ids_and_ranks():
@@ -156,9 +130,8 @@ def _pin_background_thread():
 def shutdown():
     """Stops the runtime. Pending operations fail on every rank; init() may be called again."""
     _core.shutdown()
-    # The core has let go of every buffer: forget the ones kept for interrupted waits.
-    from horovodlike.common import point_to_point
-    point_to_point.forget_abandoned()
+    for hook in _shutdown_hooks:
+        hook()
 
 
 def start_timeline(file_path, mark_cycles=False):

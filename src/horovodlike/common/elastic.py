@@ -8,8 +8,13 @@ import copy
 import functools
 import os
 
-from horovodlike.common import basics
-from horovodlike.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
+import numpy as np
+
+from horovodlike.common import basics, numpy_ops
+from horovodlike.common.constants import Max, Min
+from horovodlike.common.exceptions import (HorovodInternalError, HostsUpdatedInterrupt,
+                                           TensorMismatchError)
+from horovodlike.common.rendezvous_client import RendezvousClient
 
 _attempt = 0          # how many rounds this worker has asked to join
 _hosts_version = "0"  # the driver's host-set version when this worker's round was formed
@@ -23,7 +28,6 @@ def is_elastic():
 def _rendezvous():
     global _client
     if _client is None:
-        from horovodlike.runner.rendezvous_client import RendezvousClient
         _client = RendezvousClient.from_environment()
     return _client
 
@@ -60,33 +64,18 @@ def hosts_changed_locally():
     return value is not None and value != _hosts_version
 
 
-# Buffers of waits a signal handler interrupted (see numpy_ops.Handle.wait).
-_INTERRUPTED = []
-
-
 def any_rank_true(flag, name):
     """True on every rank when ``flag`` is true on any rank (an allreduce with Max)."""
-    from horovodlike.common.constants import Max
     return bool(_allreduce_int(1 if flag else 0, Max, name))
 
 
 def _allreduce_int(value, op, name):
     """One int64 reduced over every rank of the job (Max or Min)."""
-    import numpy as np
-    from horovodlike import _core
-    from horovodlike.common.constants import ALLREDUCE, DTYPES
     buffer = np.array([value], dtype=np.int64)
-    handle = _core.enqueue(ALLREDUCE, name, buffer.ctypes.data, buffer.ctypes.data,
-                           DTYPES["int64"], [1], reduce_op=op)
     try:
-        code, message = _core.wait(handle)
-    except BaseException:
-        _INTERRUPTED.append(buffer)  # the core may still write it
-        raise
-    _core.release(handle)
-    if code != _core.STATUS_OK:
-        raise HorovodInternalError(message)
-    return int(buffer[0])
+        return int(numpy_ops.allreduce(buffer, name, op=op)[0])
+    except (TensorMismatchError, ValueError) as e:
+        raise HorovodInternalError(str(e)) from None
 
 
 class State:
@@ -119,10 +108,8 @@ class State:
         Usually rank 0; not when rank 0 is a worker that joined with nothing committed, or when a
         failure let some ranks complete one more commit than others. Every rank ends up with
         that count."""
-        from horovodlike.common.constants import Max, Min
-        from horovodlike.common.basics import size
         latest = _allreduce_int(self._commits, Max, "elastic.sync_root.commits")
-        root = _allreduce_int(self._rank() if self._commits == latest else size(), Min,
+        root = _allreduce_int(self._rank() if self._commits == latest else basics.size(), Min,
                               "elastic.sync_root.rank")
         self._commits = latest
         return root
@@ -207,3 +194,6 @@ def reset_runtime():
     """Leaves the current round and joins the next one."""
     basics.shutdown()
     basics.init()
+
+
+basics.register_elastic(is_elastic, join_round)

@@ -10,7 +10,8 @@ SIGKILL after KILL_GRACE_S if any of them is still there.
 
 Only in ranks the launcher started itself (HOROVODLIKE_EXIT_WITH_LAUNCHER=1, which
 horovodlikerun sets for local and ssh ranks: runner/environment.py): elsewhere (Ray, Spark) the
-rank's process group may hold the framework's own processes.
+rank's process group may hold the framework's own processes. init() starts the watch (this module
+registers it with basics.py).
 """
 
 from __future__ import annotations
@@ -21,7 +22,12 @@ import sys
 import threading
 import time
 
+from horovodlike.common import basics
+from horovodlike.common.rendezvous_client import RendezvousClient, RendezvousError
+
 KILL_GRACE_S = 3.0
+# Set by the launcher in the ranks it starts (the name runner/environment.py gives it too).
+EXIT_WITH_LAUNCHER = "HOROVODLIKE_EXIT_WITH_LAUNCHER"
 
 _lock = threading.Lock()
 _started = False
@@ -30,7 +36,6 @@ _started = False
 def start() -> None:
     """Starts the watch once per process, in a rank that horovodlikerun started."""
     global _started
-    from horovodlike.runner.environment import EXIT_WITH_LAUNCHER
     if os.environ.get(EXIT_WITH_LAUNCHER) != "1":
         return
     with _lock:
@@ -41,7 +46,6 @@ def start() -> None:
 
 
 def _watch() -> None:
-    from horovodlike.runner.rendezvous_client import RendezvousClient, RendezvousError
     try:
         client = RendezvousClient.from_environment()
     except RendezvousError:
@@ -64,3 +68,6 @@ def _stop_own_process_group(why: str) -> None:
     # Still here: this rank handles SIGTERM. Whatever it does, nothing of the group may stay.
     time.sleep(KILL_GRACE_S)
     os.killpg(group, signal.SIGKILL)
+
+
+basics.register_before_start(start)

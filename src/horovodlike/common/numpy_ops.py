@@ -2,32 +2,24 @@
 
 Frameworks that can hand over host memory as NumPy arrays (TensorFlow and Keras, through
 ``.numpy()`` eagerly and ``tf.numpy_function`` in graphs) go through here. Each array is checked,
-made C-contiguous and handed to the core as a raw pointer; the ``Handle`` keeps the input and the
-output alive until the core is done with them, and ``Handle.wait()`` returns the output array.
+made C-contiguous and handed to the core as a raw pointer through the request path every
+framework shares (requests.py), which keeps the input and the output alive until the core is done
+with them; ``Handle.wait()`` returns the output array.
 
 ``process_set`` arguments are ProcessSet objects (horovodlike.common.process_sets); root ranks
 are global ranks, as in Horovod.
 """
 
-import itertools
-import threading
-
 import numpy as np
 
-from horovodlike import _core
-from horovodlike.common import basics
+from horovodlike.common import basics, requests
 from horovodlike.common.constants import (  # noqa: F401  (re-exported)
     ADD_PROCESS_SET, ALLGATHER, ALLREDUCE, ALLTOALL, BARRIER, BROADCAST, DTYPES, FLOATING_DTYPES,
     JOIN, REDUCESCATTER, REMOVE_PROCESS_SET, Adasum, Average, Max, Min, Product, Sum)
 from horovodlike.common.constants import MAX_NAME_BYTES
 from horovodlike.common.constants import OP_NAMES as KIND_NAMES
-from horovodlike.common.constants import REDUCE_OP_NAMES as OP_NAMES
-from horovodlike.common.exceptions import raise_for_status
+from horovodlike.common.constants import REDUCE_OP_NAMES as OP_NAMES  # noqa: F401 (re-exported)
 from horovodlike.common.process_sets import global_process_set, set_id, set_ranks
-
-
-# The collectives whose output the core allocates, and which report integers with it.
-_CORE_OUTPUT = (ALLGATHER, ALLTOALL, REDUCESCATTER, JOIN)
 
 
 def _dtype_codes():
@@ -47,33 +39,6 @@ def _dtype_codes():
 DTYPE_CODES = _dtype_codes()
 _FLOATING = tuple(DTYPES[name] for name in FLOATING_DTYPES)
 SUPPORTED_DTYPES = ", ".join(str(d) for d in DTYPE_CODES)
-
-_lock = threading.Lock()
-_name_counters = {}
-# Grouped calls share an id in the core. Counted from 2**32 so that they never meet the ids of
-# horovodlike.torch's groups, should both run in one process.
-_group_ids = itertools.count(1 << 32)
-
-
-def _restart_auto_names():
-    with _lock:
-        _name_counters.clear()
-
-
-basics.register_init_hook(_restart_auto_names)
-
-
-def auto_name(prefix):
-    """A name for an unnamed collective: the same on every rank that makes the same calls in the
-    same order."""
-    with _lock:
-        counter = _name_counters.setdefault(prefix, itertools.count())
-        return f"{prefix}.noname.{next(counter)}"
-
-
-def new_group(count):
-    """(group id, size) for ``count`` collectives the core must run together, fused."""
-    return next(_group_ids), int(count)
 
 
 # ---------------------------------------------------------------------------------- checks
@@ -110,9 +75,7 @@ def check_array(array, what):
 
 
 def check_reduce_op(op, what, dtype=None):
-    if isinstance(op, bool) or op not in OP_NAMES:
-        raise ValueError(f"{what}: unknown reduce op {op!r}; use hvd.Average, hvd.Sum, hvd.Min, "
-                         "hvd.Max, hvd.Product or hvd.Adasum")
+    requests.check_reduce_op(op, what)
     if op == Adasum and dtype is not None and DTYPE_CODES.get(np.dtype(dtype)) not in _FLOATING:
         raise ValueError(f"{what}: op=Adasum is defined for float16, bfloat16, float32 and "
                          f"float64 tensors, not {np.dtype(dtype)}; cast the tensor or use Sum")
@@ -165,53 +128,40 @@ def check_splits(splits, first_dim, process_set, what):
 
 # ---------------------------------------------------------------------------------- handles
 
-# Buffers of collectives whose wait was interrupted, by core handle: kept until waited again.
-_INTERRUPTED = {}
-
-
 class Handle:
     """One collective in flight. ``wait()`` returns its output (once). For an allgather,
     ``extra`` then holds every rank's first dimension; for an alltoall, the rows received from
-    each rank; for join, the last rank to join."""
+    each rank."""
 
-    def __init__(self, core_handle, kind, source, output, name):
+    def __init__(self, core_handle, name):
         self._core_handle = core_handle
-        self._kind = kind
-        self._keep = (source, output)  # the core reads and writes these until it is done
         self.name = name
         self.extra = None
         self._done = False
 
     def poll(self):
         """True when wait() will not block."""
-        return self._done or _core.poll(self._core_handle)
+        return self._done or requests.poll(self._core_handle)
 
     def wait(self):
         if self._done:
             raise ValueError(f"the collective '{self.name}' was already waited for")
         try:
-            code, message = _core.wait(self._core_handle)
+            output, self.extra = requests.wait(self._core_handle, _core_output)
         except BaseException:
-            # A signal handler raised (Ctrl-C, a test timeout): the core may still read and
-            # write the buffers, so they outlive this handle object.
-            _INTERRUPTED[self._core_handle] = self._keep
+            # A signal handler raised (Ctrl-C, a test timeout) while the core still works: the
+            # handle stays pending, its buffers alive (requests.py), and may be waited again.
+            self._done = not requests.is_pending(self._core_handle)
             raise
-        _INTERRUPTED.pop(self._core_handle, None)
         self._done = True
-        source, output = self._keep
-        self._keep = None
-        try:
-            if code != _core.STATUS_OK:
-                raise_for_status(code, message)
-            if self._kind in _CORE_OUTPUT:
-                raw, shape, extra = _core.output(self._core_handle)
-                self.extra = list(extra)
-                if self._kind != JOIN:
-                    output = raw.view(source.dtype).reshape(shape) if raw.size else \
-                        np.empty(shape, dtype=source.dtype)
-        finally:
-            _core.release(self._core_handle)
         return output
+
+
+def _core_output(kind, handle, raw, shape, extra, keep):
+    """The output the core allocated, as an array of the input's dtype."""
+    source = keep[0]
+    return raw.view(source.dtype).reshape(shape) if raw.size else \
+        np.empty(shape, dtype=source.dtype)
 
 
 def wait_all(handles):
@@ -235,12 +185,11 @@ def _contiguous(array):
 
 
 def _enqueue(kind, name, source, output, process_set, group, **kwargs):
-    handle = _core.enqueue(kind, name, source.ctypes.data,
-                           0 if output is None else output.ctypes.data,
-                           DTYPE_CODES[source.dtype], list(source.shape),
-                           process_set=set_id(process_set), group_id=group[0],
-                           group_size=group[1], **kwargs)
-    return Handle(handle, kind, source, output, name)
+    handle = requests.enqueue(kind, name, process_set, source.ctypes.data,
+                              0 if output is None else output.ctypes.data,
+                              DTYPE_CODES[source.dtype], source.shape, (source, output), output,
+                              group_id=group[0], group_size=group[1], **kwargs)
+    return Handle(handle, name)
 
 
 # ---------------------------------------------------------------------------------- collectives
@@ -334,15 +283,8 @@ def broadcast(array, root_rank, name, process_set=global_process_set):
 
 def barrier(process_set=global_process_set):
     """Blocks until every rank of the set has called barrier()."""
-    empty = np.empty(0, dtype=np.uint8)
     members(process_set, "barrier")
-    _enqueue(BARRIER, "barrier", empty, None, process_set, (0, 0)).wait()
+    requests.barrier(process_set)
 
 
-def join():
-    """Declares that this rank has no more data. Until every rank has joined, the others'
-    allreduces go on with this rank contributing zeros. Returns the last rank to join."""
-    empty = np.empty(0, dtype=np.uint8)
-    handle = Handle(_core.enqueue_control(JOIN, "join"), JOIN, empty, None, "join")
-    handle.wait()
-    return int(handle.extra[0])
+join = requests.join

@@ -17,6 +17,7 @@ import numpy as np
 from horovodlike import _core
 from horovodlike.common import basics
 from horovodlike.common.exceptions import raise_for_status
+from horovodlike.common.numpy_ops import DTYPE_CODES, check_array
 from horovodlike.common.process_sets import global_process_set, set_id, set_ranks
 
 MAX_TAG = 2 ** 31 - 1
@@ -138,6 +139,10 @@ def forget_abandoned():
         _abandoned.clear()
 
 
+# The core has let go of every buffer once shut down.
+basics.register_shutdown_hook(forget_abandoned)
+
+
 def send_raw(pointer, dtype_code, shape, keep, dst, tag, process_set):
     return Work(_core.send(set_id(process_set), dst, tag, pointer, dtype_code, list(shape)),
                 keep)
@@ -165,29 +170,19 @@ def notify_failure(process_set, reason):
 
 # ---------------------------------------------------------------------------------- NumPy
 
-_DTYPE_OF_CODE = None
+_DTYPE_OF_CODE = {c: d for d, c in DTYPE_CODES.items()}
 
 
 def _numpy_dtype(code):
-    global _DTYPE_OF_CODE
-    if _DTYPE_OF_CODE is None:
-        from horovodlike.common.numpy_ops import DTYPE_CODES
-        _DTYPE_OF_CODE = {c: d for d, c in DTYPE_CODES.items()}
     if code not in _DTYPE_OF_CODE:
         raise TypeError(f"received a dtype (code {code}) NumPy cannot represent here")
     return _DTYPE_OF_CODE[code]
 
 
-def _check_array(array, what):
-    from horovodlike.common.numpy_ops import check_array
-    check_array(array, what)
-
-
 def send_async(array, dst, tag=0, process_set=global_process_set):
     """Starts sending the NumPy ``array`` to global rank ``dst``; returns a Work."""
-    from horovodlike.common.numpy_ops import DTYPE_CODES
     what = "send"
-    _check_array(array, what)
+    check_array(array, what)
     dst = peer = check_peer(dst, process_set, what, "dst")
     direction = "to"
     tag = check_tag(tag, f"{what} {direction} rank {peer}")
@@ -200,7 +195,6 @@ def recv_async(src, tag=0, process_set=global_process_set, out=None):
     """Starts receiving from global rank ``src``; ``wait()`` returns the array. Into ``out``
     (its dtype and number of elements must be the sender's) or, without it, a new array of the
     sender's dtype and shape."""
-    from horovodlike.common.numpy_ops import DTYPE_CODES
     what = "recv"
     src = peer = check_peer(src, process_set, what, "src")
     direction = "from"
@@ -209,7 +203,7 @@ def recv_async(src, tag=0, process_set=global_process_set, out=None):
         return recv_any_raw(src, tag, process_set,
                             lambda raw, shape, code: raw.view(_numpy_dtype(code)).reshape(shape)
                             .copy() if raw.size else np.empty(shape, _numpy_dtype(code)))
-    _check_array(out, what)
+    check_array(out, what)
     if not out.flags.c_contiguous or not out.flags.writeable:
         raise ValueError(f"{what}: out must be a writeable C-contiguous array")
     return recv_raw(out.ctypes.data, DTYPE_CODES[out.dtype], out.shape, out, src, tag,

@@ -64,7 +64,7 @@ class ProcessSet:
 def _communicator_ranks(comm):
     """The ranks of MPI.COMM_WORLD that an mpi4py communicator holds, sorted (mpi4py is
     imported only here, when a communicator is passed)."""
-    from mpi4py import MPI
+    from mpi4py import MPI  # deferred: mpi4py is optional, needed only with a communicator
     if comm == MPI.COMM_NULL:
         raise ValueError("ProcessSet(MPI.COMM_NULL): this process is not in the communicator; "
                          "pass a communicator this process belongs to")
@@ -107,35 +107,6 @@ def _register(process_set):
     name = "process_set.add." + "-".join(map(str, ranks))
     process_set.process_set_id = _run(_OP_ADD, name, ranks=ranks)
     return process_set
-
-
-def _register_at_init(process_sets):
-    """init(process_sets=...): gives each set its id. The first such init() of a running job
-    (no set registered yet) registers the sets of every rank: each rank may pass other sets
-    (those made from communicators differ per rank); they are gathered and numbered in order,
-    the first set of every rank (in rank order), then the second ones, and so on, each set
-    once; a set of every rank is the global set (0). A later init() only looks the sets up."""
-    from horovodlike.common import objects
-    everyone = tuple(range(_core.size()))
-    registered = {tuple(_core.process_set_ranks(i)): i for i in _core.process_set_ids()}
-    registered[everyone] = 0
-    if len(registered) == 1:
-        per_rank = objects.allgather_object([ps.ranks for ps in process_sets],
-                                            name="process_sets.init")
-        for position in range(max(map(len, per_rank), default=0)):
-            for rank_sets in per_rank:
-                if position < len(rank_sets) and tuple(rank_sets[position]) not in registered:
-                    ranks = list(rank_sets[position])
-                    registered[tuple(ranks)] = _register(ProcessSet(ranks)).process_set_id
-    missing = [ps for ps in process_sets if tuple(ps.ranks) not in registered]
-    if missing:
-        raise ValueError(f"init(process_sets=...) on rank {_core.rank()}: "
-                         f"{', '.join(str(ps.ranks) for ps in missing)} not registered; the "
-                         "job's sets come from its first init(process_sets=...) "
-                         f"({sorted(list(r) for r in registered if r != everyone)}); add more "
-                         "with hvd.add_process_set() and HOROVOD_DYNAMIC_PROCESS_SETS=1")
-    for ps in process_sets:
-        ps.process_set_id = registered[tuple(ps.ranks)]
 
 
 def _dynamic_enabled():

@@ -39,7 +39,8 @@ class ElasticSampler(Sampler[int]):
     def reset(self) -> None:
         """Splits the samples not yet processed this epoch among the current ranks: rank r
         takes every size-th, so the t-th batches of all ranks together are consecutive."""
-        from horovodlike.common import basics
+        # Deferred, as in sampler.py: the data package imports without the core.
+        import horovodlike.common.basics as basics
         initialized = basics.is_initialized()
         self.num_replicas = basics.size() if initialized else 1
         self.rank = basics.rank() if initialized else 0

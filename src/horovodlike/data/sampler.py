@@ -67,8 +67,8 @@ class DistributedSampler(Sampler[int]):
     """Restricts a DataLoader to this rank's share of ``dataset``.
 
     A drop-in for ``torch.utils.data.distributed.DistributedSampler`` (same arguments, same
-    indices), whose defaults for ``num_replicas`` and ``rank`` come from ``horovodlike.torch``
-    instead of ``torch.distributed``. ``dataset`` only needs ``__len__``. Call ``set_epoch``
+    indices), whose defaults for ``num_replicas`` and ``rank`` come from horovodlike's runtime
+    (``hvd.size()``, ``hvd.rank()``) instead of ``torch.distributed``. ``dataset`` only needs ``__len__``. Call ``set_epoch``
     before each epoch, on every rank, to get a new permutation.
     """
 
@@ -82,13 +82,13 @@ class DistributedSampler(Sampler[int]):
         drop_last: bool = False,
     ) -> None:
         if num_replicas is None or rank is None:
-            # Imported here so that a sampler given both works without the runtime.
-            import horovodlike.torch as hvd
+            # Deferred: a sampler given both works without the runtime (the core need not load).
+            import horovodlike.common.basics as basics
 
             if num_replicas is None:
-                num_replicas = hvd.size()
+                num_replicas = basics.size()
             if rank is None:
-                rank = hvd.rank()
+                rank = basics.rank()
         _check_shard(len(dataset), rank, num_replicas)
         self.dataset = dataset
         self.num_replicas = num_replicas

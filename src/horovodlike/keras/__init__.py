@@ -31,12 +31,14 @@ from horovodlike.common.exceptions import (HorovodInternalError, HostsUpdatedInt
                                            TensorMismatchError)
 from horovodlike.tensorflow import mpi_ops as _ops  # noqa: E402
 from horovodlike.tensorflow.compression import Compression  # noqa: E402
-from horovodlike.tensorflow.functions import broadcast_object, allgather_object  # noqa: E402
+from horovodlike.tensorflow.functions import (broadcast_object, allgather_object,  # noqa: E402
+                                              broadcast_variables)
+from horovodlike.tensorflow.keras_optimizer import (DistributedOptimizer,  # noqa: E402
+                                                    PartialDistributedOptimizer, wrap_in_place)
+from horovodlike.tensorflow.keras_variables import optimizer_variables  # noqa: E402
 from horovodlike.tensorflow.mpi_ops import (Average, Sum, Min, Max, Product, Adasum,  # noqa
                                             ProcessSet, global_process_set, add_process_set,
                                             remove_process_set)
-from horovodlike.keras.optimizer import (DistributedOptimizer,  # noqa: E402
-                                        PartialDistributedOptimizer, wrap_in_place)
 from horovodlike.keras import callbacks, elastic  # noqa: E402,F401
 
 __all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
@@ -88,8 +90,6 @@ def broadcast_global_variables(root_rank, model=None):
     Horovod's does under eager execution. In ``model.fit``, use
     ``callbacks.BroadcastGlobalVariablesCallback(root_rank)`` instead.
     """
-    from horovodlike.keras.callbacks import _optimizer_variables
-    from horovodlike.tensorflow.functions import broadcast_variables
     if model is None:
         raise RuntimeError("broadcast_global_variables: Keras 3 has no global variables; pass "
                            "the model, broadcast_global_variables(root_rank, model), or use "
@@ -100,7 +100,7 @@ def broadcast_global_variables(root_rank, model=None):
     variables = list(model.variables)
     optimizer = getattr(model, "optimizer", None)
     if optimizer is not None:
-        variables += _optimizer_variables(optimizer)
+        variables += optimizer_variables(optimizer)
     broadcast_variables(variables, root_rank=root_rank)
 
 

@@ -5,11 +5,7 @@ import keras
 
 from horovodlike.common import basics, numpy_ops
 from horovodlike.tensorflow.functions import broadcast_variables
-
-
-def _optimizer_variables(optimizer):
-    variables = getattr(optimizer, "variables", [])
-    return list(variables() if callable(variables) else variables)
+from horovodlike.tensorflow.keras_variables import optimizer_variables
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
@@ -36,7 +32,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     def _broadcast(self):
         broadcast_variables(self._shared(self.model.variables), root_rank=self.root_rank)
         optimizer = getattr(self.model, "optimizer", None)
-        variables = _optimizer_variables(optimizer) if optimizer is not None else []
+        variables = optimizer_variables(optimizer) if optimizer is not None else []
         if variables:
             broadcast_variables(self._shared(variables), root_rank=self.root_rank)
         return optimizer is not None and not getattr(optimizer, "built", True)

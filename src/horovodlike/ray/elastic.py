@@ -19,7 +19,7 @@ from horovodlike.runner.elastic_driver import ElasticDriver
 from horovodlike.runner.environment import format_number, horovod_environment
 from horovodlike.runner.hosts import HostSlots
 from horovodlike.runner.output import Console
-from horovodlike.runner.rank_process import RankExited
+from horovodlike.runner.rank_process import ReportedRank
 from horovodlike.ray.callbacks import CallbackRelay, check_callbacks
 from horovodlike.ray.executor import CALLBACK_POLL_S, _first_line
 from horovodlike.ray.worker import HorovodWorker
@@ -71,31 +71,17 @@ class ElasticRaySettings:
     discovery: Any = None
 
 
-class RayWorkerProcess:
+class RayWorkerProcess(ReportedRank):
     """One elastic worker as the elastic driver sees a process: it starts a Ray actor on its
     slot's node that runs the training function, and posts RankExited when that call ends
     (0 when it returned, 1 when it raised or the actor died). Stopping it kills the actor."""
 
     def __init__(self, assignment, env: dict[str, str], launch: Callable):
-        self.assignment = assignment
-        self.env = env
-        self.via_ssh = False
-        self.forwarders: list = []  # Ray forwards the actors' output itself
-        self.pid = None
+        super().__init__(assignment, env)  # Ray forwards the actors' output itself
         self.result = None
         self._launch = launch  # (host, env) -> (actor, ObjectRef of the training call)
         self._actor = None
-        self._code: int | None = None
-        self._done = threading.Event()
         self._stopped = False  # by the driver, through signal_group
-
-    @property
-    def rank(self) -> int:
-        return self.assignment.rank
-
-    @property
-    def hostname(self) -> str:
-        return self.assignment.hostname
 
     def start(self, console: Console, events, output_dir) -> None:
         self._actor, future = self._launch(self.hostname, self.env)
@@ -119,16 +105,7 @@ class RayWorkerProcess:
                             f"{_first_line(cause)}")
             code = 1
         ray.kill(self._actor, no_restart=True)  # frees its slot for a new worker
-        self._code = code
-        self._done.set()
-        events.put(RankExited(self.rank, code))
-
-    def poll(self) -> int | None:
-        return self._code
-
-    def wait(self, timeout: float) -> int | None:
-        self._done.wait(timeout)
-        return self._code
+        self.exited(code, events)
 
     def signal_group(self, signum: int) -> None:
         import ray

@@ -79,6 +79,7 @@ def gather(futures: list, hosts: list[str], on_failure: Callable[[str], None],
     cause: one that did not fail with HorovodInternalError (the others' consequence of it).
     With a relay, its callbacks get the workers' logged values while they run."""
     import ray
+    # Deferred: the module imports without the core (which the exceptions' module needs).
     from horovodlike.common.exceptions import HorovodInternalError
     results: list[Any] = [None] * len(futures)
     failures: list[tuple[int, BaseException]] = []

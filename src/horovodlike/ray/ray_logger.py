@@ -39,7 +39,7 @@ def log(info, chief_only: bool = True) -> None:
 def _rank() -> int:
     """This worker's rank: the runtime's once hvd.init() ran (it changes in elastic jobs), else
     the one the executor gave the worker."""
-    from horovodlike import _core
+    from horovodlike import _core  # deferred: the module imports without the core
     if _core.is_initialized():
         return _core.rank()
     return int(os.environ.get("HOROVOD_RANK", "-1"))

@@ -6,11 +6,13 @@ from __future__ import annotations
 import os
 import socket
 
+from horovodlike.ray import ray_logger
+
 
 def stop_runtime() -> None:
     """Shuts the core down in this process if it runs: its peers then fail with
     HorovodInternalError instead of waiting on a rank that will never send."""
-    from horovodlike import _core
+    from horovodlike import _core  # deferred: the module imports without the core
     if _core.is_initialized():
         _core.shutdown()
 
@@ -47,7 +49,6 @@ class HorovodWorker:
         stop_runtime()
 
     def _guarded(self, fn, args, kwargs, queue):
-        from horovodlike.ray import ray_logger
         ray_logger.configure(queue)
         try:
             return fn(*args, **kwargs)

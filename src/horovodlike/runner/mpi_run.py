@@ -20,7 +20,7 @@ from typing import BinaryIO
 from horovodlike.runner import orphan_guard
 from horovodlike.runner.environment import remote_rank_environment
 from horovodlike.runner.hosts import HostSlots, format_hosts
-from horovodlike.runner.output import Console, rank_output_dir
+from horovodlike.runner.output import Console, lines_of, rank_output_dir
 from horovodlike.runner.rank_process import describe_exit
 
 KILL_GRACE_S = 5.0  # mpirun's own teardown (SIGTERM, then SIGKILL to the ranks) takes ~3 s
@@ -167,10 +167,7 @@ class TagRewriter(threading.Thread):
 
     def run(self) -> None:
         try:
-            while True:
-                line = self._source.readline(_MAX_LINE_BYTES)
-                if not line:
-                    break
+            for line in lines_of(self._source):
                 self._split(line)
             for (rank, stream), rest in self._partial.items():
                 if rest:

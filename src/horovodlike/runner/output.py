@@ -12,6 +12,13 @@ from typing import BinaryIO
 _MAX_LINE_BYTES = 1 << 20
 
 
+def lines_of(source: BinaryIO):
+    """The lines read from `source` until end of file; a longer one than _MAX_LINE_BYTES comes
+    in pieces. A pipe closed under the reader raises OSError or ValueError."""
+    while line := source.readline(_MAX_LINE_BYTES):
+        yield line
+
+
 def rank_output_dir(base: str, rank: int, size: int) -> Path:
     """DIR/rank.<r>, the rank zero-padded to the width of the largest rank so names sort."""
     width = len(str(size - 1))
@@ -59,10 +66,7 @@ class StreamForwarder(threading.Thread):
 
     def run(self) -> None:
         try:
-            while True:
-                line = self._source.readline(_MAX_LINE_BYTES)
-                if not line:
-                    break
+            for line in lines_of(self._source):
                 self.last_activity = time.monotonic()
                 if self._raw_file is not None:
                     self._raw_file.write(line)

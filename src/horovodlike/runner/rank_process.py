@@ -23,15 +23,15 @@ class RankExited:
         self.returncode = returncode
 
 
-class RankProcess:
-    def __init__(self, assignment: RankAssignment, argv: list[str], env: dict[str, str],
-                 via_ssh: bool):
+class AssignedRank:
+    """What the launcher and the elastic driver know of any rank they run (a process here, a Ray
+    actor, a Spark task): its slot, its environment, how it is reached and its forwarders."""
+
+    def __init__(self, assignment: RankAssignment, env: dict[str, str], via_ssh: bool):
         self.assignment = assignment
-        self.argv = argv
         self.env = env
         self.via_ssh = via_ssh
         self.forwarders: list[StreamForwarder] = []
-        self._process: subprocess.Popen | None = None
 
     @property
     def rank(self) -> int:
@@ -40,6 +40,38 @@ class RankProcess:
     @property
     def hostname(self) -> str:
         return self.assignment.hostname
+
+
+class ReportedRank(AssignedRank):
+    """A rank that something else runs (a Ray actor, a Spark agent's process) and whose exit it
+    reports: exited() posts RankExited; poll() and wait() answer as a process's do. Its output
+    reaches the launcher without forwarders."""
+
+    def __init__(self, assignment: RankAssignment, env: dict[str, str]):
+        super().__init__(assignment, env, via_ssh=False)
+        self.pid = None
+        self._code: int | None = None
+        self._done = threading.Event()
+
+    def exited(self, code: int, events) -> None:
+        self._code = code
+        self._done.set()
+        events.put(RankExited(self.rank, code))
+
+    def poll(self) -> int | None:
+        return self._code
+
+    def wait(self, timeout: float) -> int | None:
+        self._done.wait(timeout)
+        return self._code
+
+
+class RankProcess(AssignedRank):
+    def __init__(self, assignment: RankAssignment, argv: list[str], env: dict[str, str],
+                 via_ssh: bool):
+        super().__init__(assignment, env, via_ssh)
+        self.argv = argv
+        self._process: subprocess.Popen | None = None
 
     @property
     def pid(self) -> int | None:

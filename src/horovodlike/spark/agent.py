@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 
+from horovodlike.common.rendezvous_client import RendezvousClient
 from horovodlike.spark.output import OutputSender, PipeReader
 
 AGENT_PREFIX = "spark/agent/"
@@ -70,7 +71,6 @@ def agent_task(payload: bytes, job, user_env: dict | None, with_timestamps: bool
 
     def run_agent(_):
         from pyspark import TaskContext
-        from horovodlike.runner.rendezvous_client import RendezvousClient
         partition = TaskContext.get().partitionId()
         client = RendezvousClient(job.rendezvous_addr, job.rendezvous_port, job.secret_key)
         workdir = tempfile.mkdtemp(prefix="hvdl-agent-")

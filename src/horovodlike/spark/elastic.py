@@ -13,7 +13,7 @@ from horovodlike.runner.elastic_driver import ElasticDriver
 from horovodlike.runner.environment import format_number, horovod_environment
 from horovodlike.runner.hosts import HostSlots
 from horovodlike.runner.output import Console
-from horovodlike.runner.rank_process import RankExited
+from horovodlike.runner.rank_process import ReportedRank
 from horovodlike.spark.agent import (AGENT_PREFIX, DONE_KEY, agent_key, agent_task,
                                      encode_env)
 from horovodlike.spark.output import OutputForwarder
@@ -61,31 +61,17 @@ class Agents:
             self.send(partition, "done")
 
 
-class AgentWorkerProcess:
+class AgentWorkerProcess(ReportedRank):
     """An elastic worker as the elastic driver sees a process: started and stopped by the agent
     of its slot, which reports its exit code."""
 
     def __init__(self, assignment, env: dict[str, str], agents: Agents, partition: int,
                  server):
-        self.assignment = assignment
-        self.env = env
-        self.via_ssh = False
-        self.forwarders: list = []  # its agent sends the worker's output (output.py)
-        self.pid = None
+        super().__init__(assignment, env)  # its agent sends the worker's output (output.py)
         self._agents = agents
         self._partition = partition
         self._server = server
-        self._code: int | None = None
-        self._done = threading.Event()
         self._stop_sent = False
-
-    @property
-    def rank(self) -> int:
-        return self.assignment.rank
-
-    @property
-    def hostname(self) -> str:
-        return self.assignment.hostname
 
     def start(self, console: Console, events, output_dir) -> None:
         self._agents.send(self._partition, f"start:{self.rank}:{encode_env(self.env)}")
@@ -96,16 +82,7 @@ class AgentWorkerProcess:
         key = agent_key(self._partition, "exit", self.rank)
         while (value := self._server.get(key)) is None:
             time.sleep(_POLL_S)
-        self._code = int(value)
-        self._done.set()
-        events.put(RankExited(self.rank, self._code))
-
-    def poll(self) -> int | None:
-        return self._code
-
-    def wait(self, timeout: float) -> int | None:
-        self._done.wait(timeout)
-        return self._code
+        self.exited(int(value), events)
 
     def signal_group(self, signum: int) -> None:
         if not self._stop_sent and self._code is None:

@@ -17,6 +17,8 @@ import sys
 import threading
 import time
 
+from horovodlike.common.rendezvous_client import RendezvousClient, RendezvousError
+
 OUTPUT_PREFIX = "spark/output/"
 _SEND_EVERY_S = 0.2
 _BATCH_CHARS = 2400  # JSON per batch: in base64, with its key, under the protocol's 4 KiB line
@@ -86,7 +88,6 @@ class OutputSender:
             self._send()
 
     def _send(self) -> None:
-        from horovodlike.runner.rendezvous_client import RendezvousClient, RendezvousError
         with self._lock:
             lines, self._pending = self._pending, []
         if not lines:

@@ -10,6 +10,7 @@ import os
 import random
 import traceback
 
+from horovodlike.common.rendezvous_client import RendezvousClient, RendezvousError
 from horovodlike.runner.cluster_job import assign_by_host
 from horovodlike.runner.environment import JobSettings, horovod_environment
 from horovodlike.spark.output import CapturedOutput, OutputSender
@@ -71,7 +72,7 @@ def barrier_task(fn, args, kwargs, job: JobSettings, env: dict | None,
 
 
 def _stop_runtime() -> None:
-    from horovodlike import _core
+    from horovodlike import _core  # deferred: the module imports without the core
     if _core.is_initialized():
         _core.shutdown()
 
@@ -83,7 +84,6 @@ def _report_failure(job: JobSettings, rank: int, host: str, error: BaseException
 
 def _put(job: JobSettings, key: str, value: str) -> None:
     """Tells the driver's rendezvous server something, best effort."""
-    from horovodlike.runner.rendezvous_client import RendezvousClient, RendezvousError
     try:
         client = RendezvousClient(job.rendezvous_addr, job.rendezvous_port, job.secret_key,
                                   timeout=10.0)

@@ -25,6 +25,8 @@ each collective, whatever ``tf.device`` scope or ``device_dense`` / ``device_spa
 (those are accepted as in Horovod). NCCL serves PyTorch's CUDA tensors only (docs/gpu.md).
 """
 
+import tensorflow as tf
+
 from horovodlike.common.basics import (init, shutdown, is_initialized, rank, size, local_rank,
                                        local_size, cross_rank, cross_size, is_homogeneous,
                                        mpi_built, gloo_built, nccl_built, ddl_built, ccl_built,
@@ -51,15 +53,15 @@ from horovodlike.tensorflow.gradient_tape import (DistributedGradientTape,
                                                   PartialDistributedGradientTape)
 from horovodlike.tensorflow import elastic, util  # noqa: F401
 from horovodlike.tensorflow.util import _executing_eagerly  # noqa: F401
+from horovodlike.tensorflow.legacy_optimizer import legacy_distributed_optimizer
 
 
 def gpu_available(ext_base_name="tensorflow", verbose=False):
     """Whether the framework named by ``ext_base_name`` ("tensorflow" or "torch") sees a GPU,
     as Horovod's helper of this name answers."""
     if ext_base_name == "torch":
-        import torch
+        import torch  # deferred: torch is optional, asked about only here
         return torch.cuda.is_available()
-    import tensorflow as tf
     return bool(tf.config.list_physical_devices("GPU"))
 
 
@@ -76,19 +78,19 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
     """Wraps a Keras 3 optimizer (see horovodlike.keras.DistributedOptimizer), or a TensorFlow 1
     optimizer (tf.compat.v1.train.Optimizer), whose compute_gradients then returns gradients
     reduced over the ranks of the process set."""
-    import tensorflow as tf
     if isinstance(optimizer, tf.compat.v1.train.Optimizer):
-        from horovodlike.tensorflow.legacy_optimizer import legacy_distributed_optimizer
         return legacy_distributed_optimizer(
             optimizer, name, use_locking, device_dense, device_sparse, compression,
             sparse_as_dense, backward_passes_per_step, op, gradient_predivide_factor,
             average_aggregated_gradients, groups if groups is not None else (num_groups or None),
             process_set, scale_local_gradients)
+    # Deferred: Keras is imported only when a Keras optimizer is wrapped (importing it is slow,
+    # and a script may have set it to another backend).
     import keras
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError(f"DistributedOptimizer expects a Keras optimizer or a "
                         f"tf.compat.v1.train.Optimizer, got {type(optimizer).__name__}")
-    from horovodlike.keras.optimizer import DistributedOptimizer as keras_optimizer
+    from horovodlike.tensorflow.keras_optimizer import DistributedOptimizer as keras_optimizer
     return keras_optimizer(optimizer, name=name, device_dense=device_dense,
                            device_sparse=device_sparse, compression=compression,
                            sparse_as_dense=sparse_as_dense,

@@ -39,7 +39,7 @@ import weakref
 import numpy as np
 import tensorflow as tf
 
-from horovodlike.common import numpy_ops
+from horovodlike.common import numpy_ops, requests
 from horovodlike.common.constants import DTYPES
 from horovodlike.common.exceptions import TensorMismatchError
 from horovodlike.common.numpy_ops import (ALLGATHER, ALLREDUCE, ALLTOALL, BROADCAST, KIND_NAMES,
@@ -134,7 +134,7 @@ def _outermost(graph):
 def auto_name(prefix):
     """A name for an unnamed collective, equal on every rank that makes the same calls."""
     if tf.executing_eagerly():
-        return numpy_ops.auto_name(prefix)
+        return requests.auto_name(prefix)
     root = _outermost(tf.compat.v1.get_default_graph())
     state = _state(root)
     with _lock:

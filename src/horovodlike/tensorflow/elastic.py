@@ -1,13 +1,8 @@
-"""Elastic training for TensorFlow 2 and Keras 3, with Horovod's API:
-
-    state = hvd.elastic.TensorFlowKerasState(model, optimizer, epoch=0, batch=0)
-
-    @hvd.elastic.run
-    def train(state):
-        ...
-        state.commit()
-
-Started with ``horovodlikerun --min-np 2 --max-np 4 --host-discovery-script discover.sh``.
+"""Elastic training for TensorFlow 2 and Keras 3, with Horovod's API: the training function,
+decorated with ``hvd.elastic.run``, takes a ``hvd.elastic.TensorFlowKerasState(model,
+optimizer, epoch=0, batch=0)`` and calls ``state.commit()`` after each batch it wants kept; the
+job runs under ``horovodlikerun --min-np N --max-np M --host-discovery-script SCRIPT`` (see
+horovodlike.torch.elastic for the same with PyTorch).
 """
 
 import functools
@@ -20,6 +15,7 @@ from horovodlike.common.elastic import ObjectState as _ObjectState
 from horovodlike.common.elastic import State, reset_runtime, run_fn
 from horovodlike.common.exceptions import HorovodInternalError
 from horovodlike.tensorflow.functions import broadcast_object, broadcast_variables
+from horovodlike.tensorflow.keras_variables import optimizer_variables
 
 
 def run(func):
@@ -115,10 +111,9 @@ class TensorFlowKerasState(ObjectState):
         super().__init__(**kwargs)
 
     def _variables(self):
-        from horovodlike.keras.callbacks import _optimizer_variables
         variables = list(self.model.variables)
         if self.optimizer is not None:
-            variables += _optimizer_variables(self.optimizer)
+            variables += optimizer_variables(self.optimizer)
         return variables
 
     def _save_model(self):

@@ -6,6 +6,7 @@ import tensorflow as tf
 from horovodlike.common.process_sets import global_process_set, set_id, set_ranks
 from horovodlike.tensorflow import bridge
 from horovodlike.tensorflow.compression import Compression
+from horovodlike.tensorflow.keras_variables import local_layer_variables
 from horovodlike.tensorflow.mpi_ops import Adasum, Average, Sum, _reduce
 
 
@@ -112,6 +113,24 @@ def store_reduction_options(owner, device_dense, device_sparse, compression, spa
     owner._hvd_set_size = len(set_ranks(process_set))
     owner._hvd_scale_local_gradients = scale_local_gradients
 
+
+def reduce_shared_gradients(owner, grads, sources, local, what):
+    """The gradients of a tape or optimizer wrapper (``owner``, with store_reduction_options'
+    options): those of sources not marked ``local`` reduced over the ranks; the local ones kept,
+    divided by the set's size when scale_local_gradients is set (as in Horovod)."""
+    shared = [i for i, is_local in enumerate(local) if not is_local]
+    reduced = reduce_gradients([grads[i] for i in shared], [sources[i] for i in shared], what,
+                               **owner._hvd_options)
+    out = list(grads)
+    for i, g in zip(shared, reduced):
+        out[i] = g
+    if owner._hvd_scale_local_gradients:
+        for i, is_local in enumerate(local):
+            if is_local and out[i] is not None:
+                out[i] = scale_gradient(out[i], 1.0 / owner._hvd_set_size)
+    return out
+
+
 class _DistributedGradientTape:
     """Methods added to the wrapped tape's class."""
 
@@ -134,19 +153,11 @@ class _DistributedGradientTape:
                                                      unconnected_gradients)
         flat_sources = tf.nest.flatten(sources)
         flat_grads = tf.nest.flatten(grads, expand_composites=False)
-        local = [_source_key(s) in self._hvd_local_sources for s in flat_sources]
-        shared = [i for i, is_local in enumerate(local) if not is_local]
         out = list(flat_grads)
         if self._hvd_set_size > 1:
-            reduced = reduce_gradients([flat_grads[i] for i in shared],
-                                       [flat_sources[i] for i in shared],
-                                       "DistributedGradientTape", **self._hvd_options)
-            for i, g in zip(shared, reduced):
-                out[i] = g
-            if self._hvd_scale_local_gradients:
-                for i, is_local in enumerate(local):
-                    if is_local and out[i] is not None:
-                        out[i] = scale_gradient(out[i], 1.0 / self._hvd_set_size)
+            local = [_source_key(s) in self._hvd_local_sources for s in flat_sources]
+            out = reduce_shared_gradients(self, flat_grads, flat_sources, local,
+                                          "DistributedGradientTape")
         return tf.nest.pack_sequence_as(grads, out)
 
 
@@ -185,7 +196,6 @@ def PartialDistributedGradientTape(gradtape, device_dense="", device_sparse="",
     """A DistributedGradientTape whose ``local_layers`` (Keras layers each rank owns, in model
     parallelism) keep their own gradients: their trainable variables are registered with
     ``register_local_source``."""
-    from horovodlike.keras.optimizer import local_layer_variables
     tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression,
                                    sparse_as_dense, op, gradient_predivide_factor, num_groups,
                                    groups, process_set, scale_local_gradients)

@@ -14,7 +14,7 @@ The gradients are Horovod's, rule for rule, so that a model migrated from Horovo
 import tensorflow as tf
 
 from horovodlike import _core
-from horovodlike.common import basics, numpy_ops
+from horovodlike.common import basics, numpy_ops, requests
 from horovodlike.common import basics as _basics  # Horovod's name; its tests call hvd.mpi_ops._basics
 from horovodlike.common.numpy_ops import (ALLGATHER, ALLREDUCE, ALLTOALL, BROADCAST,
                                           REDUCESCATTER, Adasum, Average, Max, Min, Product, Sum)
@@ -38,13 +38,7 @@ __all__ = ["Average", "Sum", "Min", "Max", "Product", "Adasum", "allreduce", "gr
 
 def handle_average_backwards_compatibility(op, average):
     """The reduce op from Horovod's deprecated ``average`` argument and ``op``."""
-    if op is not None:
-        if average is not None:
-            raise ValueError("the op and average arguments are mutually exclusive")
-        return op
-    if average is None or average:
-        return Average
-    return Sum
+    return requests.resolve_reduce_op(average, op)
 
 
 def _name(name, prefix, ignore_name_scope):
@@ -67,7 +61,7 @@ def _names(base, count):
 def _group(count, atomic):
     """Grouped calls run as one fused unit in the core; Horovod's grouped_* functions promise
     that, and single tensors need no group."""
-    return numpy_ops.new_group(count) if atomic and count > 1 else (0, 0)
+    return requests.new_group(count) if atomic and count > 1 else (0, 0)
 
 
 def _set_size(process_set):

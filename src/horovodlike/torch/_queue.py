@@ -1,16 +1,13 @@
-"""What every torch collective shares: argument checks, automatic names, queueing a handle and
-the bookkeeping that keeps its tensors alive until it is synchronized, and the synchronous path
-that runs a collective in one call into the core."""
-
-import itertools
-import threading
+"""What every torch collective shares on top of the common request path (common/requests.py:
+names, names in flight, reduce ops, groups, handles): the checks of torch tensors, their device
+and stream, outputs as tensors, and the synchronous path that runs a collective in one call into
+the core."""
 
 import torch
 
 from horovodlike import _core
-from horovodlike.common import basics
-from horovodlike.common.constants import (DTYPES, OP_NAMES, Adasum, Average, Max, Min, Product,
-                                          Sum)
+from horovodlike.common import requests
+from horovodlike.common.constants import ALLTOALL, DTYPES, OP_NAMES
 from horovodlike.common.exceptions import raise_for_status
 from horovodlike.common.process_sets import global_process_set, set_id
 
@@ -18,32 +15,7 @@ from horovodlike.common.process_sets import global_process_set, set_id
 # torch's dtype of each name the core numbers.
 _DTYPES = {getattr(torch, name): code for name, code in DTYPES.items()}
 
-_lock = threading.Lock()
-_handle_map = {}  # handle -> (result, objects to keep alive, op)
-_name_counters = {}
-_group_ids = itertools.count(1)
-# (process set id, name) -> handle, until the handle is synchronized: as in Horovod, a second
-# collective under a name still in flight is an error, raised at once on the rank that made it
-# (the core's own check misses it when the first one has already run but not been waited on).
-_names_in_flight = {}
-_key_of_handle = {}
-
-
-def _restart_auto_names():
-    with _lock:
-        _name_counters.clear()
-        _names_in_flight.clear()
-        _key_of_handle.clear()
-        _interrupted_buffers.clear()
-
-
-basics.register_init_hook(_restart_auto_names)
-
-
-def _auto_name(prefix):
-    with _lock:
-        counter = _name_counters.setdefault(prefix, itertools.count())
-        return f"{prefix}.noname.{next(counter)}"
+_auto_name = requests.auto_name
 
 
 def _tensor_problem(tensor):
@@ -106,6 +78,15 @@ def _cuda_stream(tensor):
     return torch.cuda.current_stream(tensor.device).cuda_stream
 
 
+def _output(kind, handle, raw, shape, extra, keep):
+    """What synchronize() returns for a collective whose output the core allocated: the output
+    tensor; for an alltoall, with the rows received from each rank (an int32 tensor)."""
+    output = _output_tensor(handle, raw, shape, keep[0])
+    if kind == ALLTOALL:
+        return output, torch.tensor(extra, dtype=torch.int32)
+    return output
+
+
 def _output_tensor(handle, raw, shape, source):
     """The output the core allocated for ``handle`` (allgather, alltoall, reducescatter), as a
     tensor on ``source``'s device: copied from the core's bytes ``raw`` on the host, or by the
@@ -127,52 +108,21 @@ def _check_inplace(tensor, what, name):
                          "out-of-place form")
 
 
-# The reduce ops as given by the caller: an int (not a bool) among these needs no resolving.
-_OPS = frozenset((Average, Sum, Min, Max, Product, Adasum))
-
-
 def _resolve_op(average, op, kind, name):
     """The reduce op of a call to ``kind`` on tensor ``name`` (Horovod's average/op rules)."""
-    if average is None and op.__class__ is int and op in _OPS:
+    if average is None and op.__class__ is int and op in requests.REDUCE_OPS:
         return op  # the common case, without building any message
     what = f"{kind} '{name}'"
-    if op is not None and average is not None:
-        raise ValueError(f"{what}: the op and average arguments are mutually exclusive")
-    if op is None:
-        op = Average if average is None or average else Sum
-    if isinstance(op, bool) or op not in _OPS:
-        raise ValueError(f"{what}: unknown reduce op {op!r}; use hvd.Average, hvd.Sum, "
-                         "hvd.Min, hvd.Max, hvd.Product or hvd.Adasum")
-    return op
+    return requests.check_reduce_op(requests.resolve_reduce_op(average, op, what), what)
 
 
 def _enqueue(op, name, tensor, output, result, keep, process_set, **kwargs):
     """Queues the collective; synchronize() will return ``result`` (or the core's output)."""
-    key = (set_id(process_set), name)
-    with _lock:
-        if key in _names_in_flight:
-            _raise_in_flight(name)
     if not tensor.is_cpu:  # the output, when given, is on the same device
         kwargs["device"], kwargs["stream"] = _device_args(tensor, op, name)
-    handle = _core.enqueue(op, name, tensor.data_ptr(), 0 if output is None else output.data_ptr(),
-                           _DTYPES[tensor.dtype], list(tensor.shape),
-                           process_set=set_id(process_set), **kwargs)
-    with _lock:
-        _handle_map[handle] = (result, keep, op)
-        _names_in_flight[key] = handle
-        _key_of_handle[handle] = key
-    return handle
-
-
-def _raise_in_flight(name):
-    raise ValueError(f"a collective named '{name}' is already in flight (its handle has not "
-                     "been synchronized); synchronize it first or give each concurrent "
-                     "operation a unique name")
-
-
-# Buffers of synchronous calls interrupted (Ctrl-C) while the core may still use them: kept
-# alive, as an abandoned handle's are, until the next init().
-_interrupted_buffers = []
+    return requests.enqueue(op, name, process_set, tensor.data_ptr(),
+                            0 if output is None else output.data_ptr(), _DTYPES[tensor.dtype],
+                            tensor.shape, keep, result, **kwargs)
 
 
 def _run(op, name, tensor, output, process_set, reduce_op, prescale, postscale, root_rank=0):
@@ -181,8 +131,8 @@ def _run(op, name, tensor, output, process_set, reduce_op, prescale, postscale, 
     thread (no hand-off to the background loop and back). Every step here counts: a small
     allreduce costs a few microseconds in all."""
     set_ = 0 if process_set is global_process_set else set_id(process_set)
-    if _names_in_flight and (set_, name) in _names_in_flight:
-        _raise_in_flight(name)
+    if requests.in_flight and (set_, name) in requests.in_flight:
+        requests.raise_in_flight(name)
     try:
         if tensor.is_cpu:
             failed = _core.run(op, name, tensor.data_ptr(), output.data_ptr(),
@@ -194,7 +144,7 @@ def _run(op, name, tensor, output, process_set, reduce_op, prescale, postscale, 
     except (ValueError, TypeError):
         raise  # refused before it was queued: the core never saw the buffers
     except BaseException:
-        _interrupted_buffers.append((tensor, output))
+        requests.keep_interrupted((tensor, output))
         raise
     if failed is not None:
         raise_for_status(*failed)

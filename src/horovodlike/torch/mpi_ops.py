@@ -7,24 +7,21 @@ every argument before anything is queued.
 
 import torch
 
-from horovodlike import _core
-from horovodlike.common import basics
+from horovodlike import _core  # noqa: F401 (hvd.mpi_ops._core: the counters, as tests read them)
+from horovodlike.common import basics, requests
 from horovodlike.common import basics as _basics  # Horovod's name; its tests call hvd.mpi_ops._basics
 from horovodlike.common.constants import (ALLGATHER as _OP_ALLGATHER,
                                           ALLREDUCE as _OP_ALLREDUCE,
                                           ALLTOALL as _OP_ALLTOALL,
-                                          BARRIER as _OP_BARRIER,
                                           BROADCAST as _OP_BROADCAST,
-                                          JOIN as _OP_JOIN,
                                           REDUCESCATTER as _OP_REDUCESCATTER,
                                           Adasum, Average, Max, Min, Product, Sum)  # noqa: F401
-from horovodlike.common.exceptions import raise_for_status
 from horovodlike.common.numpy_ops import check_name_length
 from horovodlike.common.process_sets import global_process_set, set_id, set_ranks
-from horovodlike.torch._queue import (  # noqa: F401 (_DTYPES and _auto_name: other modules')
-    _DTYPES, _lock, _handle_map, _group_ids, _names_in_flight, _key_of_handle, _auto_name,
-    _check_tensor, _check_member, _check_inplace, _resolve_op, _enqueue, _output_tensor, _run,
-    _GroupHandle)
+from horovodlike.torch.compression import Compression
+from horovodlike.torch._queue import (  # noqa: F401 (_auto_name: sparse_ops.py's)
+    _auto_name, _check_tensor, _check_member, _check_inplace, _resolve_op, _enqueue,
+    _output, _run, _GroupHandle)
 
 
 # ---------------------------------------------------------------------------------- allreduce
@@ -78,7 +75,6 @@ class _AllreduceFunction(torch.autograd.Function):
 def allreduce(tensor, average=None, name=None, compression=None, op=None, prescale_factor=1.0,
               postscale_factor=1.0, process_set=global_process_set):
     """Returns the reduction of ``tensor`` over all ranks (differentiable)."""
-    from horovodlike.torch.compression import Compression
     compression = compression or Compression.none
     op = _resolve_op(average, op, "allreduce", name)
     compressed, ctx = compression.compress(tensor)
@@ -107,7 +103,7 @@ def _new_group(tensors, what, name):
         _check_member(tensor, what, f"{name}.{i}" if name else f"tensor {i}")
     if name:
         check_name_length(f"{name}.{len(tensors) - 1}", what)  # the longest member name
-    return next(_group_ids), len(tensors)
+    return requests.new_group(len(tensors))
 
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
@@ -149,7 +145,6 @@ def grouped_allreduce(tensors, average=None, name=None, compression=None, op=Non
                       prescale_factor=1.0, postscale_factor=1.0,
                       process_set=global_process_set):
     """Reduces every tensor of the list as one fused operation (differentiable)."""
-    from horovodlike.torch.compression import Compression
     compression = compression or Compression.none
     op = _resolve_op(average, op, "grouped_allreduce", name)
     pairs = [compression.compress(t) for t in tensors]
@@ -396,7 +391,6 @@ class _ReducescatterFunction(torch.autograd.Function):
 def reducescatter(tensor, name=None, compression=None, op=Average,
                   process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
     """This rank's part of the reduction over ranks (differentiable)."""
-    from horovodlike.torch.compression import Compression
     compression = compression or Compression.none
     compressed, ctx = compression.compress(tensor)
     out = _ReducescatterFunction.apply(compressed, name, op, process_set, prescale_factor,
@@ -431,7 +425,6 @@ def grouped_reducescatter(tensors, name=None, compression=None, op=Average,
                           process_set=global_process_set, prescale_factor=1.0,
                           postscale_factor=1.0):
     """Reduce-scatters every tensor of the list as one fused operation (differentiable)."""
-    from horovodlike.torch.compression import Compression
     compression = compression or Compression.none
     pairs = [compression.compress(t) for t in tensors]
     outs = _GroupedReducescatterFunction.apply(name, _check_reducescatter_op(op, name),
@@ -445,10 +438,10 @@ def grouped_reducescatter(tensors, name=None, compression=None, op=Average,
 def poll(handle):
     """True when the operation behind ``handle`` has finished (synchronize() will not block)."""
     if isinstance(handle, _GroupHandle):
-        return all(_core.poll(h) for h in handle.handles)
+        return all(requests.poll(h) for h in handle.handles)
     if hasattr(handle, "parts"):  # a sparse allreduce (sparse_ops.py)
         return all(poll(h) for h in handle.parts)
-    return _core.poll(handle)
+    return requests.poll(handle)
 
 
 def _synchronize(handle, want_extra=False):
@@ -456,29 +449,7 @@ def _synchronize(handle, want_extra=False):
         return [_synchronize(h, want_extra) for h in handle.handles]
     if hasattr(handle, "parts"):  # a sparse allreduce (sparse_ops.py)
         return handle.combine(*(_synchronize(h) for h in handle.parts))
-    with _lock:
-        if handle not in _handle_map:
-            raise ValueError(f"unknown handle {handle}: it was already synchronized")
-    code, message = _core.wait(handle)
-    with _lock:
-        result, keep, op = _handle_map.pop(handle)
-        key = _key_of_handle.pop(handle, None)
-        if _names_in_flight.get(key) == handle:
-            del _names_in_flight[key]
-    extra = None
-    try:
-        if code != _core.STATUS_OK:
-            raise_for_status(code, message)
-        if op in (_OP_ALLGATHER, _OP_ALLTOALL, _OP_REDUCESCATTER, _OP_JOIN):
-            raw, shape, extra = _core.output(handle)
-            if op != _OP_JOIN:
-                result = _output_tensor(handle, raw, shape, keep[0])
-            if op == _OP_ALLTOALL:
-                result = (result, torch.tensor(extra, dtype=torch.int32))
-            elif op == _OP_JOIN:
-                result = extra[0]
-    finally:
-        _core.release(handle)
+    result, extra = requests.wait(handle, _output)
     return (result, extra) if want_extra else result
 
 
@@ -490,11 +461,7 @@ def synchronize(handle):
 
 def barrier(process_set=global_process_set):
     """Blocks until every rank of the set has called barrier()."""
-    handle = _core.enqueue(_OP_BARRIER, "barrier", 0, 0, _DTYPES[torch.uint8], [0],
-                           process_set=set_id(process_set))
-    with _lock:
-        _handle_map[handle] = (None, (), _OP_BARRIER)
-    _synchronize(handle)
+    requests.barrier(process_set)
 
 
 def join(device=-1):
@@ -503,7 +470,4 @@ def join(device=-1):
 
     ``device`` is Horovod's (the GPU for this rank's zeros, -1 for the host); it is accepted and
     not passed on: the core makes the zeros itself, and a join request names no device."""
-    handle = _core.enqueue_control(_OP_JOIN, "join")
-    with _lock:
-        _handle_map[handle] = (None, (), _OP_JOIN)
-    return _synchronize(handle)
+    return requests.join()

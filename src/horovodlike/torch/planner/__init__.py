@@ -13,10 +13,15 @@ model: check it against measured step times (benchmarks/planner.py does) before 
 
 import dataclasses
 
+import torch
+
+from horovodlike.common import basics
+from horovodlike.common.objects import broadcast_object
 from horovodlike.torch.planner.cost_model import (Candidate, factorisations,
                                                   links_by_dimension, predict, why_not)
 from horovodlike.torch.planner.profiling import (LayerProfile, LinkProfile, measure_link,
                                                  profile_layers)
+from horovodlike.torch.process_mesh import ProcessMesh
 
 __all__ = ["plan", "Plan", "LayerProfile", "LinkProfile", "measure_link", "profile_layers"]
 
@@ -41,7 +46,6 @@ class Plan:
 
     def process_mesh(self):
         """Builds the best layout's ProcessMesh (collective: every rank calls it)."""
-        from horovodlike.torch.process_mesh import ProcessMesh
         inner = "tp" if self.best.tp > 1 else "dp"
         return ProcessMesh(self.shape, ("pp", "dp", "tp"), innermost=inner)
 
@@ -91,8 +95,6 @@ def plan(model, sample_input, world_size, hosts=None, link=None, inter_host_link
     Inside a job of ``world_size`` ranks rank 0's measurements are used by every rank and the
     best layout's ProcessMesh is built (``Plan.mesh``). Prints the table when ``verbose``.
     """
-    import torch
-    from horovodlike.common import basics
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"plan: world_size must be a positive int, got {world_size!r}")
     if not isinstance(sample_input, torch.Tensor) or sample_input.dim() == 0:
@@ -102,7 +104,6 @@ def plan(model, sample_input, world_size, hosts=None, link=None, inter_host_link
     if layers is None:
         layers = profile_layers(model, sample_input)
     if in_job:
-        from horovodlike.common.objects import broadcast_object
         layers = broadcast_object(layers, root_rank=0, name="plan.layers")
     if link is None:
         if not in_job:

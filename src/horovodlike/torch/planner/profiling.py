@@ -6,6 +6,10 @@ import time
 
 import torch
 
+from horovodlike.common.objects import broadcast_object
+from horovodlike.common.process_sets import global_process_set, set_ranks
+from horovodlike.torch.mpi_ops import Sum, allreduce_
+
 
 @dataclasses.dataclass
 class LayerProfile:
@@ -89,9 +93,7 @@ def profile_layers(model, sample_input, repeats=7):
 def measure_link(process_set=None, sizes=(1 << 12, 1 << 22), repeats=10):
     """Allreduce latency and bus bandwidth of this job's links, timed with the core's
     allreduce (collective: every rank calls it). Needs at least two ranks."""
-    import horovodlike.torch as hvd
-    from horovodlike.common.process_sets import set_ranks
-    process_set = process_set or hvd.global_process_set
+    process_set = process_set or global_process_set
     ranks = len(set_ranks(process_set))
     if ranks < 2:
         raise ValueError("measure_link needs at least two ranks; start the job with "
@@ -100,13 +102,13 @@ def measure_link(process_set=None, sizes=(1 << 12, 1 << 22), repeats=10):
     for nbytes in sizes:
         buffer = torch.zeros(nbytes // 4)
         for _ in range(2):
-            hvd.allreduce_(buffer, op=hvd.Sum, name=f"plan.link.{nbytes}",
+            allreduce_(buffer, op=Sum, name=f"plan.link.{nbytes}",
                            process_set=process_set)
-        seconds = _best_time(lambda: hvd.allreduce_(buffer, op=hvd.Sum,
+        seconds = _best_time(lambda: allreduce_(buffer, op=Sum,
                                                       name=f"plan.link.{nbytes}",
                                                       process_set=process_set), repeats)
         # Every rank uses rank 0's figures, so that every rank plans alike.
-        results.append(hvd.broadcast_object(seconds, root_rank=0, name=f"plan.link.t{nbytes}"))
+        results.append(broadcast_object(seconds, root_rank=0, name=f"plan.link.t{nbytes}"))
     (small, t_small), (large, t_large) = zip(sizes, results)
     moved = 2 * (ranks - 1) / ranks * (large - small)
     # On a loaded machine both sizes can take the same scheduling delay, and their difference

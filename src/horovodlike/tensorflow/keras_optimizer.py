@@ -1,4 +1,5 @@
-"""DistributedOptimizer for Keras 3 (TensorFlow backend).
+"""DistributedOptimizer for Keras 3 (TensorFlow backend): horovodlike.keras's, and what
+horovodlike.tensorflow.DistributedOptimizer returns for a Keras optimizer.
 
 The wrapped optimizer is an instance of a subclass of the optimizer's own class, made from its
 config, whose ``apply`` (the method ``apply_gradients`` and Keras' ``model.fit`` train step go
@@ -17,11 +18,13 @@ written for Horovod calls) is kept: it returns the reduced (and aggregated) grad
 import keras
 import tensorflow as tf
 
-from horovodlike.common.process_sets import global_process_set, set_id, set_ranks
-from horovodlike.keras.aggregation import GradientAggregation
+from horovodlike.common.process_sets import global_process_set, set_id
+from horovodlike.tensorflow.aggregation import GradientAggregation
 from horovodlike.tensorflow.compression import Compression
-from horovodlike.tensorflow.gradient_tape import (store_reduction_options, check_gradient_options, reduce_gradients,
-                                                  scale_gradient)
+from horovodlike.tensorflow.gradient_tape import (check_gradient_options,
+                                                  reduce_shared_gradients,
+                                                  store_reduction_options)
+from horovodlike.tensorflow.keras_variables import local_layer_variables
 from horovodlike.tensorflow.mpi_ops import Average
 
 
@@ -53,17 +56,7 @@ class _DistributedOptimizer:
         if self._hvd_set_size == 1:
             return list(grads)
         local = [id(v) in self._hvd_local_vars for v in variables]
-        shared = [i for i, is_local in enumerate(local) if not is_local]
-        reduced = reduce_gradients([grads[i] for i in shared], [variables[i] for i in shared],
-                                   "DistributedOptimizer", **self._hvd_options)
-        out = list(grads)
-        for i, g in zip(shared, reduced):
-            out[i] = g
-        if self._hvd_scale_local_gradients:
-            for i, is_local in enumerate(local):
-                if is_local and out[i] is not None:
-                    out[i] = scale_gradient(out[i], 1.0 / self._hvd_set_size)
-        return out
+        return reduce_shared_gradients(self, grads, variables, local, "DistributedOptimizer")
 
     def _hvd_aggregate_and_reduce(self, grads, variables):
         """Adds this pass's gradients to the local sums. On the pass that completes
@@ -217,21 +210,6 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
                                average_aggregated_gradients, groups, process_set,
                                scale_local_gradients)
     return wrapped
-
-
-def local_layer_variables(local_layers, what):
-    """The trainable variables of ``local_layers`` (one Keras layer or a list of them)."""
-    if local_layers is None:
-        return []
-    if isinstance(local_layers, keras.layers.Layer):
-        local_layers = [local_layers]
-    variables = []
-    for layer in local_layers:
-        if not isinstance(layer, keras.layers.Layer):
-            raise TypeError(f"{what}: local_layers must hold Keras layers, got "
-                            f"{type(layer).__name__}")
-        variables.extend(layer.trainable_weights)
-    return variables
 
 
 def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",

@@ -1,5 +1,6 @@
-"""Python client of the launcher's rendezvous server (see rendezvous.py for the protocol), used
-by elastic workers to join rounds and to hear about host changes."""
+"""Python client of the launcher's rendezvous server (runner/rendezvous.py documents the
+protocol), used by the ranks: elastic workers join rounds and hear about host changes through it,
+and every rank the launcher started watches the launcher with it (launcher_watch.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import hmac
 import os
 import socket
 
-from horovodlike.runner.rendezvous import answer_hello
+from horovodlike.common.rendezvous_handshake import answer_hello
 
 
 class RendezvousError(RuntimeError):
