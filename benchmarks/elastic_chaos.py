@@ -20,9 +20,10 @@ It never attacks when fewer than --min-np workers would be left running, nor the
 holding committed state (the job would start over: elastic state lives in the workers).
 
 It reports the attacks survived and the recovery time of each: from the attack to the first
-commit after it. The raw output (commit, load, every attack) goes to --out as JSON. The test
-suite runs it for a few seconds (tests/test_elastic_chaos.py); the figures in docs/elastic.md
-come from a long run.
+commit after it (the state saved, even when the commit then re-forms the job to take in new
+workers). The raw output (commit, load, every attack) goes to --out as JSON. The test suite runs
+it for a few seconds (tests/test_elastic_chaos.py); the figures in docs/elastic.md come from a
+long run.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ def worker_main(workdir: Path, step_time: float) -> None:
     import torch
 
     import horovodlike.torch as hvd
+    from horovodlike.common.exceptions import HostsUpdatedInterrupt
     from horovodlike.data import ElasticSampler
 
     worker = os.environ["HOROVOD_ELASTIC_WORKER_ID"]
@@ -68,13 +70,20 @@ def worker_main(workdir: Path, step_time: float) -> None:
 
     holder = workdir / "holders" / worker.replace("/", "_")
 
-    def commit():
-        state.commit()
+    def saved():
         if not holder.exists():  # this worker now holds committed state
             holder.write_text("")
         if hvd.rank() == 0:
             with open(commits, "a") as f:
                 f.write(f"{time.time():.3f} {len(state.steps)} {hvd.size()}\n")
+
+    def commit():
+        try:
+            state.commit()
+        except HostsUpdatedInterrupt:
+            saved()  # saved, then told to re-form with the new workers
+            raise
+        saved()
         state.done = hvd.broadcast_object((workdir / "stop").exists(), 0, name="chaos.stop")
 
     @hvd.elastic.run
