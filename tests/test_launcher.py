@@ -39,7 +39,7 @@ def launcher_env(**extra) -> dict:
     return env
 
 
-def launch(args, env=None, cwd=None, timeout=60):
+def launch(args, env=None, cwd=None, timeout=240):
     started = time.monotonic()
     result = subprocess.run([sys.executable, "-m", "horovodlike.runner.launch", *args],
                             env=env or launcher_env(), cwd=cwd, capture_output=True, text=True,

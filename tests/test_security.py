@@ -255,7 +255,7 @@ def test_decoders_under_atheris(tmp_path):
 
 # ------------------------------------------------------------------------- live jobs
 
-def run_worker(np, mode, directory, *args, env=None, timeout=90):
+def run_worker(np, mode, directory, *args, env=None, timeout=240):
     command = [sys.executable, "-m", "horovodlike.runner.launch", "-np", str(np),
                sys.executable, str(WORKERS / "security_worker.py"), mode, str(directory),
                *map(str, args)]
@@ -342,7 +342,7 @@ def test_strangers_on_the_rendezvous_server_while_a_job_runs(tmp_path):
         # goes on.
         idle = [attacker.connect() for _ in range(20)]
         idle[0][0].sendall(b"AUTH 12")
-        stdout, stderr = launcher_process.communicate(timeout=90)
+        stdout, stderr = launcher_process.communicate(timeout=240)
         for sock, reader in idle:
             sock.close()
     finally:
