@@ -571,7 +571,7 @@ def test_rendezvous_rejects_garbage_and_keeps_serving_others(server):
     bystander = authed(server)
     blocked = authed(server)
     replies = []
-    thread = threading.Thread(target=lambda: replies.append(blocked.ask("GET wanted 10000")))
+    thread = threading.Thread(target=lambda: replies.append(blocked.ask("GET wanted 60000")))
     thread.start()
 
     silent = Client(server.port)  # never authenticates: dropped after auth_timeout

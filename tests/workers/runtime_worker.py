@@ -19,11 +19,15 @@ rank = int(os.environ["HOROVOD_RANK"])
 # 1. Rank 1 arrives only once rank 0 has called into the core from another thread while its
 # init() waits for rank 1: a core that held its lock for the whole connect would answer only
 # after rank 1 gave up waiting and the connect ended (True); it must answer False at once.
+entered = os.path.join(os.environ["RUNTIME_WORKER_DIR"], "rank0-in-init")
 ready = os.path.join(os.environ["RUNTIME_WORKER_DIR"], "rank0-asked")
 if rank == 1:
-    # No deadline of its own: a rank 0 whose is_initialized() blocked answers once its connect
-    # gives up (HOROVOD_START_TIMEOUT) and fails the check; a rank 0 that failed ends the job.
-    while not os.path.exists(ready):
+    # Timed from rank 0's call into the core, however late it started on a busy machine (a
+    # rank 0 that failed before it ends the job through the launcher).
+    while not os.path.exists(entered):
+        time.sleep(0.05)
+    deadline = time.monotonic() + 30  # not for ever: a blocked rank 0 must fail, not hang
+    while not os.path.exists(ready) and time.monotonic() < deadline:
         time.sleep(0.05)
     hvd.init()
 else:
@@ -45,6 +49,7 @@ else:
     init_thread = threading.Thread(target=init_watched)
     init_thread.start()
     in_core_init.wait()
+    open(entered, "w").close()
     time.sleep(0.5)  # then let it go on to the rendezvous, where it waits for rank 1
     during = hvd.is_initialized()
     open(ready, "w").close()
