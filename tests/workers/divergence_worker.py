@@ -36,11 +36,15 @@ def outcome(call):
                 "notes": getattr(e, "__notes__", []), "seconds": time.monotonic() - started}
 
 
-def wait_for_rank0():
-    """Until rank 0 has reported: this rank's exit would end rank 0's wait. (A rank 0 that
+def wait_for_report(rank):
+    """Until `rank` has reported: this rank's exit would end that rank's wait. (A rank that
     fails before it reports ends the job through the launcher.)"""
-    while not os.path.exists(os.path.join(REPORT_DIR, "rank0.json")):
+    while not os.path.exists(os.path.join(REPORT_DIR, f"rank{rank}.json")):
         time.sleep(0.1)
+
+
+def wait_for_rank0():
+    wait_for_report(0)
 
 
 def signal_once_waiting(signum, core_function, seconds=1.0):
@@ -113,3 +117,5 @@ elif MODE == "join":
     else:
         wait_for_rank0()  # busy elsewhere
 write_report(result)
+if MODE == "interrupt" and RANK == 0:
+    wait_for_report(1)  # rank 1 waits for its own signal, not for this rank's exit
