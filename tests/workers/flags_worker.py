@@ -38,8 +38,8 @@ if mode in ("init", "stall"):
         try:
             with open(f"/proc/self/task/{task}/comm") as f:
                 name = f.read().strip()
-        except FileNotFoundError:  # a short-lived thread that ended since the listing
-            continue
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # a short-lived thread that ended since the listing (open or read)
         if name == "hvdl-loop":
             seen["loop_cpus"] = cpus_of(task)
     if basics.mpi_enabled():
