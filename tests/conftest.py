@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -67,6 +68,21 @@ def run_job():
     return launch
 
 
+# A killed rank's peers notice the lost connection within seconds of the kill (workers report
+# the time from the kill itself, tests/workers/common.py: kill_self), where a silent peer
+# would be given up on only after HOROVOD_PEER_TIMEOUT_SECONDS (300 by default). The margin is
+# for a busy machine, where a survivor may wait for a core a while.
+NOTICED_WITHIN_S = 10.0
+# The launcher ends such a job within seconds of the kill too: it stops the other ranks, with
+# SIGKILL 3 s after SIGTERM where they ignore it.
+JOB_ENDED_WITHIN_S = 30.0
+
+
+def seconds_since_kill(report_dir):
+    """Seconds since the rank that tests/workers/common.py's kill_self() killed died."""
+    return time.time() - float((report_dir / "killed_at").read_text())
+
+
 def assert_survivors_failed_fast(result, report_dir, survivors):
     """tests/workers/kill_worker.py: rank 1 was SIGKILLed mid-collective; the launcher named it
     and exited with its signal, and every survivor raised HorovodInternalError, naming the lost
@@ -77,7 +93,7 @@ def assert_survivors_failed_fast(result, report_dir, survivors):
         report = (report_dir / f"rank{rank}.txt").read_text().splitlines()
         assert report[0].startswith("HorovodInternalError after"), report
         assert "lost connection to rank" in report[0], report
-        assert float(report[0].split()[2]) < 5.0, report
+        assert float(report[0].split()[2]) < NOTICED_WITHIN_S, report
         assert report[1] == "HorovodInternalError", report
 
 

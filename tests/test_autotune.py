@@ -120,7 +120,7 @@ def test_autotuned_job_keeps_every_rank_in_step(np_, tmp_path):
 ])
 def test_bad_autotune_settings_fail_init_naming_the_variable(name, value):
     result = launch(1, "init_only_worker.py", env={"HOROVOD_AUTOTUNE": "1", name: value},
-                    timeout=60)
+                    timeout=240)
     output = result.stdout + result.stderr
     assert result.returncode != 0, output
     # The error (ValueError, as for every bad HOROVOD_* value) names the variable.
@@ -129,6 +129,6 @@ def test_bad_autotune_settings_fail_init_naming_the_variable(name, value):
 
 def test_launcher_rejects_bad_autotune_flags():
     result = launch(1, "init_only_worker.py",
-                    launcher_args=["--autotune", "--autotune-steps-per-sample", "0"], timeout=60)
+                    launcher_args=["--autotune", "--autotune-steps-per-sample", "0"], timeout=240)
     assert result.returncode != 0
     assert "--autotune-steps-per-sample must be >= 1" in result.stderr

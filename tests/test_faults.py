@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import WORKERS, job_env
+from conftest import JOB_ENDED_WITHIN_S, NOTICED_WITHIN_S, WORKERS, job_env
 
 REPO = Path(__file__).resolve().parents[1]
 HELPERS = REPO / "tests" / "helpers"
@@ -29,7 +29,7 @@ def tagged_env(extra=None):
     return env
 
 
-def leftovers(tag, timeout=5.0):
+def leftovers(tag, timeout=30.0):
     """Processes whose environment carries `tag` (a scan of /proc), after waiting up to
     `timeout` for them to go."""
     needle = f"HOROVODLIKE_TEST_TAG={tag}".encode()
@@ -77,11 +77,13 @@ def test_killed_rank_is_named_and_the_others_raise(tmp_path, moment):
     env = tagged_env()
     result = run(3, [sys.executable, str(WORKERS / "fault_worker.py"), f"kill-{moment}",
                      tmp_path], env)
+    ended_at = time.time()
     lines = launcher_lines(result)
     assert result.returncode == 128 + 9, result.output[-4000:]
     assert lines[0] == ("horovodlikerun: rank 2 (on localhost) was killed by signal 9 (SIGKILL); "
                         "stopping the job"), result.output[-4000:]
     seen = reports(tmp_path, [0, 1])
+    killed_at = json.loads((tmp_path / "victim.json").read_text())["time"]
     for rank, report in seen.items():
         assert report["outcome"] == "HorovodInternalError", report
         if moment == "rendezvous":
@@ -91,9 +93,8 @@ def test_killed_rank_is_named_and_the_others_raise(tmp_path, moment):
         else:
             assert "rank 2" in report["message"], report
             assert report["later"] == "HorovodInternalError", report
-            killed_at = json.loads((tmp_path / "victim.json").read_text())["time"]
-            assert report["at"] - killed_at < 5.0, report  # connection loss: no timeout
-    assert result.elapsed < 30
+            assert report["at"] - killed_at < NOTICED_WITHIN_S, report  # no timeout
+    assert ended_at - killed_at < JOB_ENDED_WITHIN_S
     assert leftovers(env["HOROVODLIKE_TEST_TAG"]) == []
 
 
@@ -128,9 +129,14 @@ def test_exit_code_of_the_rank_that_failed_first_in_cause(tmp_path):
 
 # ------------------------------------------------------------------------- stalls
 
+# Rank 1 is 2.5 s late in the first phase (tests/workers/stall_worker.py): well past the check
+# time (1 s), well before the shutdown time on a busy machine too.
+STALL_SHUTDOWN_S = 8
+
+
 def test_stall_warning_then_stall_shutdown(tmp_path):
     env = tagged_env({"HOROVOD_STALL_CHECK_TIME_SECONDS": "1",
-                      "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "4"})
+                      "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": str(STALL_SHUTDOWN_S)})
     result = run(2, [sys.executable, str(WORKERS / "stall_worker.py"), tmp_path], env)
     # Phase 1: late but not too late; the coordinator warns about both kinds of tensor, the
     # cached one (waited for in the bit vector) and the new one (at the coordinator).
@@ -146,7 +152,13 @@ def test_stall_warning_then_stall_shutdown(tmp_path):
         assert message.startswith("HorovodInternalError: horovodlike stopped on rank"), report
         assert "stall shutdown" in message and "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS" in message
         assert "'cached' missing on rank 1" in message and "'only1' missing on rank 0" in message
-        assert 3.5 < report["phase2_waited"] < 20, report
+    # Stopped at the shutdown time: not before it from the first submission (a stall's clock
+    # starts no earlier), nor long after the last.
+    first = min(report["phase2_started"] for report in seen.values())
+    last = max(report["phase2_started"] for report in seen.values())
+    for rank, report in seen.items():
+        assert report["phase2_ended"] - first > STALL_SHUTDOWN_S * 0.95, seen
+        assert report["phase2_ended"] - last < STALL_SHUTDOWN_S + 15, seen
     assert result.returncode == 1, result.output[-4000:]
     assert "stall shutdown" in result.stderr
     assert leftovers(env["HOROVODLIKE_TEST_TAG"]) == []
@@ -173,6 +185,9 @@ esac
 
 
 RANK = [sys.executable, str(HELPERS / "rank.py")]
+# The jobs below have ranks that sleep 120 s: a launcher that stopped them ends well before,
+# however busy the machine is with start-ups.
+STOPPED_WITHIN_S = 60
 
 
 @pytest.mark.parametrize("mode, code, expected", [
@@ -183,22 +198,22 @@ RANK = [sys.executable, str(HELPERS / "rank.py")]
 ])
 def test_unreachable_host_or_missing_python_is_named(ssh_stub, mode, code, expected):
     env = tagged_env({"PATH": ssh_stub, "FAKE_SSH_MODE": mode})
-    result = run(2, [*RANK, "--join", "--sleep", "60"], env,
+    result = run(2, [*RANK, "--join", "--sleep", "120"], env, timeout=180,
                  launcher_args=["-H", "localhost:1,b:1"])
     assert result.returncode == code, result.output
     assert f"horovodlikerun: {expected}" in result.stderr
     assert "[1]<stderr>:" in result.stderr  # ssh's (or the remote shell's) own words
-    assert result.elapsed < 20
+    assert result.elapsed < STOPPED_WITHIN_S
     assert leftovers(env["HOROVODLIKE_TEST_TAG"]) == []
 
 
 def test_host_that_never_answers_is_named_at_the_start_timeout(ssh_stub):
     env = tagged_env({"PATH": ssh_stub, "FAKE_SSH_MODE": "hang"})
-    result = run(3, [*RANK, "--join", "--sleep", "60"], env,
+    result = run(3, [*RANK, "--join", "--sleep", "120"], env, timeout=180,
                  launcher_args=["-H", "localhost:1,b:2", "--start-timeout", "1.5"])
     assert result.returncode == 1, result.output
     assert "horovodlikerun: ranks 1, 2 (on b) did not join within 1.5 s" in result.stderr
-    assert result.elapsed < 20
+    assert result.elapsed < STOPPED_WITHIN_S
     assert leftovers(env["HOROVODLIKE_TEST_TAG"]) == []
 
 
@@ -212,12 +227,12 @@ def test_real_ssh_failures_are_named_quickly(host):
         probe.bind(("127.0.0.1", 0))
         free_port = probe.getsockname()[1]
     env = tagged_env()
-    result = run(2, [*RANK, "--join", "--sleep", "60"], env,
+    result = run(2, [*RANK, "--join", "--sleep", "120"], env, timeout=180,
                  launcher_args=["-H", f"localhost:1,{host}:1", "-p", str(free_port)])
     assert result.returncode == 255, result.output
     assert f"horovodlikerun: rank 1 (on {host}) exited with code 255" in result.stderr
     assert re.search(r"\[1\]<stderr>:.*(resolve|refused)", result.stderr), result.stderr
-    assert result.elapsed < 25
+    assert result.elapsed < STOPPED_WITHIN_S
     assert leftovers(env["HOROVODLIKE_TEST_TAG"]) == []
 
 

@@ -30,15 +30,14 @@ def _blocked_then_released(w, comm, s, destroy=False):
     probe = w.device(np.arange(4, dtype=np.float32))
     cu.launch_read(s, late, probe)
     cu.event_record(after, s)
-    start = time.monotonic()
-    error = nc.wait_async_error(comm, 15)
-    seconds = time.monotonic() - start
+    error = nc.wait_async_error(comm, 60)
+    error_at = time.monotonic()  # the same clock in every process of this machine
     time.sleep(0.3)
     blocked = cu.event_query(after) == NOT_READY and not late.any()
     (nc.destroy if destroy else nc.abort)(comm)
     released = cu.wait_event(after, timeout=10)
     cu.stream_synchronize(s)
-    return {"error": error, "seconds": seconds, "blocked": blocked, "released": released,
+    return {"error": error, "error_at": error_at, "blocked": blocked, "released": released,
             "read_after": bool(np.array_equal(late, np.arange(4, dtype=np.float32)))}
 
 
@@ -113,9 +112,12 @@ def test_nccl_peer_killed_mid_collective(standins, tmp_path):
             break
         time.sleep(0.02)
     time.sleep(0.2)
+    killed_at = time.monotonic()
     procs[1].send_signal(signal.SIGKILL)
     survivor, _ = finish(procs, tmp_path, expect_dead=(1,))
     assert procs[1].returncode == -signal.SIGKILL
     assert survivor["error"] == 6
-    assert survivor["seconds"] < 5.0
+    # Timed from the kill (the test's own waits before it take any time on a busy machine):
+    # seconds, the lost connections, not a timeout.
+    assert survivor["error_at"] - killed_at < 10.0
     assert survivor["blocked"] is True and survivor["released"] is True

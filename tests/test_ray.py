@@ -176,9 +176,11 @@ def test_failed_worker_is_named_and_the_others_raise(executor, tmp_path, how):
     actors_before = live_actors()
     executor.start()
     pids = [node["pid"] for node in executor.nodes]
-    started = time.monotonic()
     with pytest.raises(RuntimeError) as failure:
         executor.run(cluster_jobs.fail_on_rank, args=[1, how, str(tmp_path)])
+    # Timed from the failure itself (rank 1 wrote when): the start-up before it takes any time
+    # on a busy machine. Seconds, where a silent peer would take the peer timeout (300 s).
+    since_failure = time.time() - float((tmp_path / "failed_at").read_text())
     message = str(failure.value)
     if how == "raise":
         assert message.startswith("rank 1 (on ") and "raised ValueError: rank 1 gives up" in \
@@ -186,8 +188,8 @@ def test_failed_worker_is_named_and_the_others_raise(executor, tmp_path, how):
     else:
         assert message.startswith("rank 1 (on ") and "died" in message, message
     outcome, seconds = (tmp_path / "rank0.txt").read_text().split()
-    assert outcome == "HorovodInternalError" and float(seconds) < 10, (outcome, seconds)
-    assert time.monotonic() - started < 30
+    assert outcome == "HorovodInternalError" and 0 <= float(seconds) < 10, (outcome, seconds)
+    assert since_failure < 30
     with pytest.raises(RuntimeError, match="this job failed .*call shutdown"):
         executor.run(cluster_jobs.placement)
     # A failed job's shutdown leaves nothing behind either.
@@ -202,7 +204,8 @@ def test_too_few_cpus_is_a_clear_error_within_the_placement_timeout(local_ray):
     with pytest.raises(TimeoutError, match=r"could not place 3 workers with 1 CPU each .*"
                                            r"the cluster has 2 CPUs"):
         executor.start()
-    assert time.monotonic() - started < 15
+    # Its 3 s, not for ever (the bound leaves room for a busy machine).
+    assert time.monotonic() - started < 30
     assert executor.workers == []
 
 

@@ -11,6 +11,7 @@ import struct
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -255,7 +256,7 @@ def test_decoders_under_atheris(tmp_path):
 
 # ------------------------------------------------------------------------- live jobs
 
-def run_worker(np, mode, directory, *args, env=None, timeout=90):
+def run_worker(np, mode, directory, *args, env=None, timeout=240):
     command = [sys.executable, "-m", "horovodlike.runner.launch", "-np", str(np),
                sys.executable, str(WORKERS / "security_worker.py"), mode, str(directory),
                *map(str, args)]
@@ -320,7 +321,8 @@ class _Attacker:
 def test_strangers_on_the_rendezvous_server_while_a_job_runs(tmp_path):
     launcher_process = subprocess.Popen(
         [sys.executable, "-m", "horovodlike.runner.launch", "-np", "2", "--verbose",
-         sys.executable, str(WORKERS / "security_worker.py"), "steady", str(tmp_path), "4"],
+         sys.executable, str(WORKERS / "security_worker.py"), "steady", str(tmp_path),
+         str(tmp_path / "stop")],
         env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
     try:
         first = launcher_process.stdout.readline()
@@ -342,7 +344,9 @@ def test_strangers_on_the_rendezvous_server_while_a_job_runs(tmp_path):
         # goes on.
         idle = [attacker.connect() for _ in range(20)]
         idle[0][0].sendall(b"AUTH 12")
-        stdout, stderr = launcher_process.communicate(timeout=90)
+        time.sleep(1)  # the job goes on beside them a while (it runs until told to stop)
+        (tmp_path / "stop").touch()
+        stdout, stderr = launcher_process.communicate(timeout=240)
         for sock, reader in idle:
             sock.close()
     finally:

@@ -28,9 +28,9 @@ def limit_open_files():
 
 def test_a_crowd_of_silent_connections_does_not_hold_up_init(tmp_path):
     command = [sys.executable, "-m", "horovodlike.runner.launch", "-np", "2",
-               "--start-timeout", "15", sys.executable, str(WORKERS / "crowded_init_worker.py"),
+               "--start-timeout", "60", sys.executable, str(WORKERS / "crowded_init_worker.py"),
                str(tmp_path), str(CROWD)]
-    result = subprocess.run(command, env=job_env(), capture_output=True, text=True, timeout=90,
+    result = subprocess.run(command, env=job_env(), capture_output=True, text=True, timeout=240,
                             cwd=REPO, preexec_fn=limit_open_files)
     output = (result.stdout + result.stderr)[-6000:]
     assert result.returncode == 0, output
@@ -40,8 +40,11 @@ def test_a_crowd_of_silent_connections_does_not_hold_up_init(tmp_path):
     # The whole crowd was established (the servers' listen queues took it) before rank 1's
     # init() began; the helper held it open through init() and the allreduces.
     assert crowded["connected"] == [CROWD, CROWD], crowded
+    # Not held up: a server that waited on the silent ones would take their auth timeout
+    # (10 s) or run out of descriptors; the margin below it is for a busy machine, where the
+    # servers' work on the crowd competes for a core.
     baseline, attacked = crowded["init seconds 1"], crowded["init seconds 2"]
-    assert attacked < baseline + 1.0, crowded
+    assert attacked < baseline + 5.0, crowded
     # Silent connections beyond what the servers keep pending were dropped, not left to pile
     # up against the file-descriptor limit: rank 0 never had half its descriptors open.
     assert all(closed > 0 for closed in crowded["closed by server"]), crowded
@@ -98,7 +101,9 @@ def rank_env(rank, size, rendezvous_port):
                     "HOROVOD_HOSTNAME": "localhost", "HOROVOD_SECRET_KEY": SECRET,
                     "HOROVOD_RENDEZVOUS_ADDR": "127.0.0.1",
                     "HOROVOD_RENDEZVOUS_PORT": str(rendezvous_port),
-                    "HOROVOD_START_TIMEOUT": "10"})
+                    # Room for the ranks' start-up on a busy machine; the tests are about
+                    # connecting again, not about the timeout.
+                    "HOROVOD_START_TIMEOUT": "60"})
 
 
 def test_a_rank_dropped_before_the_rendezvous_answers_connects_again():
@@ -110,7 +115,7 @@ def test_a_rank_dropped_before_the_rendezvous_answers_connects_again():
         result = subprocess.run(
             [sys.executable, "-c", "from horovodlike.common import basics; basics.init()"],
             env=rank_env(0, 1, proxy.address.rsplit(":", 1)[1]), capture_output=True,
-            text=True, timeout=60, cwd=REPO)
+            text=True, timeout=120, cwd=REPO)
     finally:
         proxy.close()
         server.stop()
@@ -152,7 +157,7 @@ def test_a_rank_dropped_before_its_peer_answers_dials_again():
             ranks.append(subprocess.Popen([sys.executable, "-c", RANK_SCRIPT], cwd=REPO,
                                           env=rank_env(rank, 2, server.port), text=True,
                                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
-        outputs = [rank.communicate(timeout=60)[0] for rank in ranks]
+        outputs = [rank.communicate(timeout=120)[0] for rank in ranks]
     finally:
         for rank in ranks:
             if rank.poll() is None:

@@ -127,7 +127,7 @@ def test_unwritable_path_is_a_clear_error(tmp_path):
     assert "[1]<stdout>:rank 1: no error" in result.stdout  # rank 1 records nothing
 
     # The same path in HOROVOD_TIMELINE fails init() on rank 0, naming the variable and path.
-    result = launch(2, WORKER, "env", tmp_path, env={"HOROVOD_TIMELINE": bad}, timeout=60)
+    result = launch(2, WORKER, "env", tmp_path, env={"HOROVOD_TIMELINE": bad}, timeout=240)
     assert result.returncode != 0
     output = result.stdout + result.stderr
     assert f"HOROVOD_TIMELINE: cannot write the timeline to '{bad}'" in output, output[-3000:]
@@ -136,6 +136,6 @@ def test_unwritable_path_is_a_clear_error(tmp_path):
 def test_mark_cycles_flag_needs_a_file():
     result = subprocess.run([sys.executable, "-m", "horovodlike.runner.launch", "-np", "1",
                              "--timeline-mark-cycles", sys.executable, "-c", "pass"],
-                            env=job_env(), capture_output=True, text=True, timeout=60)
+                            env=job_env(), capture_output=True, text=True, timeout=240)
     assert result.returncode == 2
     assert "--timeline-mark-cycles needs --timeline-filename" in result.stderr

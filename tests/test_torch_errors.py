@@ -1,9 +1,8 @@
 """Mismatched and bad input: clear errors, on every rank, and the job goes on. A killed rank
 makes the others raise HorovodInternalError at once, and the launcher names it."""
 
-import time
-
-from conftest import assert_all_ranks, assert_survivors_failed_fast, launch
+from conftest import (JOB_ENDED_WITHIN_S, assert_all_ranks, assert_survivors_failed_fast, launch,
+                      seconds_since_kill)
 
 
 def test_mismatches_and_bad_input():
@@ -19,9 +18,7 @@ def test_inputs_the_core_cannot_send_raise_on_the_caller():
 
 
 def test_killed_rank_fails_the_others_quickly(tmp_path):
-    start = time.time()
-    result = launch(3, "kill_worker.py", tmp_path, timeout=60)
-    elapsed = time.time() - start
+    result = launch(3, "kill_worker.py", tmp_path)
     assert_survivors_failed_fast(result, tmp_path, survivors=(0, 2))
-    # The job ended within seconds of the kill (start-up included), with no timeout.
-    assert elapsed < 45, elapsed
+    # The job ended within seconds of the kill, with no timeout.
+    assert seconds_since_kill(tmp_path) < JOB_ENDED_WITHIN_S

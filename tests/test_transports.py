@@ -8,13 +8,13 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import REPO, assert_all_ranks, assert_survivors_failed_fast, job_env, launch
+from conftest import (JOB_ENDED_WITHIN_S, NOTICED_WITHIN_S, REPO, assert_all_ranks,
+                      assert_survivors_failed_fast, job_env, launch, seconds_since_kill)
 from horovodlike import _core
 
 BUILD = _core.build_info()
@@ -149,17 +149,18 @@ def test_training_over(transport, np_):
 
 @pytest.mark.parametrize("transport", ["tcp", GLOO, MPI])
 def test_a_rank_that_gives_up_fails_the_others_and_all_start_again(transport, tmp_path):
-    """The last rank is stopped; the others time out on it (2 s), and it learns on waking that
-    they gave up (MPI: an abort notice; Gloo, TCP, shared memory: the closed connections)
-    instead of waiting for ever. Then all shut down, init() again, and work."""
-    result = launch(3, "transport_worker.py", "stall", tmp_path, timeout=120,
+    """The last rank is stopped; the others time out on it (2 s), and it learns on waking (once
+    they have) that they gave up (MPI: an abort notice; Gloo, TCP, shared memory: the closed
+    connections) instead of waiting for ever. Then all shut down, init() again, and work."""
+    result = launch(3, "transport_worker.py", "stall", tmp_path,
                     launcher_args=FLAGS[transport])
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-6000:]
     for rank in range(3):
         outcome, recovered = (tmp_path / f"rank{rank}.txt").read_text().splitlines()
         assert outcome.startswith("HorovodInternalError after"), (rank, outcome)
-        assert float(outcome.split()[2]) < 5.0, (rank, outcome)
+        # The peer timeout (2 s) and then seconds at most, not for ever.
+        assert float(outcome.split()[2]) < NOTICED_WITHIN_S, (rank, outcome)
         # The default transport is tcp, with shared memory between the ranks of a host.
         names = ("tcp", "shm", "shm+tcp") if transport == "tcp" else (transport,)
         assert recovered in [f"recovered over {name}" for name in names], (rank, recovered)
@@ -167,11 +168,9 @@ def test_a_rank_that_gives_up_fails_the_others_and_all_start_again(transport, tm
 
 @needs_gloo
 def test_killed_rank_under_gloo_fails_the_others_quickly(tmp_path):
-    start = time.time()
-    result = launch(3, "kill_worker.py", tmp_path, timeout=90, launcher_args=["--gloo"])
-    elapsed = time.time() - start
+    result = launch(3, "kill_worker.py", tmp_path, launcher_args=["--gloo"])
     assert_survivors_failed_fast(result, tmp_path, survivors=(0, 2))
-    assert elapsed < 60, elapsed
+    assert seconds_since_kill(tmp_path) < JOB_ENDED_WITHIN_S
     assert not processes_mentioning(str(tmp_path))
 
 
@@ -180,13 +179,11 @@ def test_killed_rank_under_mpi_ends_the_job(tmp_path):
     """Open MPI ends the whole job when a rank dies (the survivors are killed by mpirun:
     SIGTERM, which kill_worker ignores, then SIGKILL), so they report nothing; the launcher
     names the rank with mpirun's verdict and exits at once with its code."""
-    start = time.time()
-    result = launch(3, "kill_worker.py", tmp_path, timeout=90, launcher_args=["--mpi"])
-    elapsed = time.time() - start
+    result = launch(3, "kill_worker.py", tmp_path, launcher_args=["--mpi"])
     assert result.returncode == 128 + 9, result.stdout + result.stderr
     assert re.search(r"horovodlikerun: rank 1 \(on \S+\) was killed by signal 9 \(SIGKILL\)",
                      result.stderr), result.stderr
-    assert elapsed < 60, elapsed
+    assert seconds_since_kill(tmp_path) < JOB_ENDED_WITHIN_S
     assert not processes_mentioning(str(tmp_path))
 
 
@@ -206,7 +203,7 @@ def test_mpi_output_is_tagged_like_ours(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "horovodlike.runner.launch", "-np", "2", "--mpi",
          "--output-filename", str(out_dir), sys.executable, str(script)],
-        env=job_env(), capture_output=True, text=True, timeout=60, cwd=REPO)
+        env=job_env(), capture_output=True, text=True, timeout=240, cwd=REPO)
     assert result.returncode == 0, result.stdout + result.stderr
     for rank in (0, 1):
         for i in range(3):
@@ -315,7 +312,7 @@ def test_cpu_operations_choose_the_providers(operations, flags, ran, check_build
         if "links OK" in line:
             assert f"transport={operations} ran={ran};" in line, line
     report = subprocess.run([sys.executable, "-m", "horovodlike.runner.launch", "--check-build"],
-                            env=job_env(env), capture_output=True, text=True, timeout=60)
+                            env=job_env(env), capture_output=True, text=True, timeout=240)
     assert report.returncode == 0, report.stderr
     assert f"    {check_build}" in report.stdout.splitlines(), report.stdout
 

@@ -412,14 +412,24 @@ void PointToPoint::ReaderLoop(int peer_rank) {
         FailPeerLocked(peer_rank, header.set_id, Status::Error(StatusCode::kInternal, text));
         continue;
       }
-      // A message this rank sent did not fit the peer's receive. The send completed long ago;
-      // the rejection fails what is pending with the peer in that set, or else the next
-      // operation with it, so that this rank raises as well as the receiver.
+      // A message this rank sent did not fit the peer's receive. The send completed (it was
+      // written, as the peer has read it); the rejection fails what is pending with the peer in
+      // that set, or else the next operation with it, so that this rank raises as well as the
+      // receiver. The rejected send itself may not be marked complete yet, the sender thread
+      // still on its way back from the write: it is no operation pending, or which call raises
+      // would depend on that thread's timing.
+      std::shared_ptr<PendingSend> rejected;
+      auto written = peer.unsent.find(header.sequence);
+      if (written != peer.unsent.end()) {
+        rejected = written->second;
+        peer.unsent.erase(written);
+      }
       const size_t pending = peer.posted.size() + peer.unsent.size();
       FailPeerLocked(peer_rank, header.set_id, Status::Error(StatusCode::kMismatch, text));
       if (peer.posted.size() + peer.unsent.size() == pending) {
         peer.rejections[header.set_id] = text;
       }
+      if (rejected) peer.unsent[header.sequence] = rejected;
     }
   } catch (const TransportError& e) {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -170,7 +170,7 @@ def launch(script, scenario, nranks, folder, libs, envs=None):
     return procs
 
 
-def finish(procs, folder, timeout=60, expect_dead=()):
+def finish(procs, folder, timeout=240, expect_dead=()):
     """Waits for the ranks; returns their results (None for those in expect_dead)."""
     deadline = time.monotonic() + timeout
     outputs = []
@@ -195,7 +195,7 @@ def finish(procs, folder, timeout=60, expect_dead=()):
     return results
 
 
-def run(script, scenario, nranks, folder, libs, envs=None, timeout=60):
+def run(script, scenario, nranks, folder, libs, envs=None, timeout=240):
     return finish(launch(script, scenario, nranks, folder, libs, envs), folder, timeout)
 
 

@@ -28,6 +28,13 @@ mode = sys.argv[1]
 hvd.init()
 rank, size = hvd.rank(), hvd.size()
 
+
+def stopped_state(pid):
+    """The process's state letter from /proc ("T": stopped by a signal)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
 if mode == "results":
     t = torch.empty(1024)
     for i in range(200):
@@ -63,7 +70,10 @@ elif mode == "interrupt":
         raises(hvd.HorovodInternalError, lambda: hvd.allreduce_(torch.ones(4), name="late"),
                "rank 0")
     else:
-        time.sleep(0.3)  # rank 1 is stopped by now (its background loop too)
+        # Until rank 1 (its background loop too) is stopped: a round it still answered would
+        # end, and the alarm would find no round to interrupt. The ranks share this host.
+        while stopped_state(pids[1]) != "T":
+            time.sleep(0.01)
 
         def on_alarm(signum, frame):
             raise Alarm()

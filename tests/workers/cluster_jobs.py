@@ -70,22 +70,29 @@ def placement():
 
 def fail_on_rank(bad_rank, how, report_dir):
     """Rank `bad_rank` raises (how="raise") or kills its own process (how="kill") before an
-    allreduce that the others enter; they write down what the allreduce raised."""
+    allreduce that the others enter, having written when (report_dir/failed_at, time.time());
+    they write down what the allreduce raised, and how long after the failure."""
     import horovodlike.torch as hvd
     import torch
     hvd.init()
+    failed_at = os.path.join(report_dir, "failed_at")
     if hvd.rank() == bad_rank:
+        with open(failed_at, "w") as f:
+            f.write(repr(time.time()))
         if how == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
         raise ValueError(f"rank {bad_rank} gives up")
-    started = time.monotonic()
     try:
         hvd.allreduce(torch.ones(3), name="after.failure")
         outcome = "no error"
     except Exception as error:  # what the test checks
         outcome = type(error).__name__
+    seconds = -1.0  # no failure time: the test fails on it
+    if os.path.exists(failed_at):
+        with open(failed_at) as f:
+            seconds = time.time() - float(f.read())
     with open(os.path.join(report_dir, f"rank{hvd.rank()}.txt"), "w") as f:
-        f.write(f"{outcome} {time.monotonic() - started:.2f}\n")
+        f.write(f"{outcome} {seconds:.2f}\n")
     return outcome
 
 

@@ -1,5 +1,9 @@
 """Helpers shared by the worker scripts that tests run under the launcher."""
 
+import os
+import signal
+import time
+
 import numpy as np
 import torch
 
@@ -27,3 +31,22 @@ def raises(kind, fn, *words):
         check(all(w in str(e) for w in words), f"unclear error: {e}")
         return
     raise AssertionError(f"{kind.__name__} not raised")
+
+
+# A rank killed on purpose writes when (KILLED_AT in the report folder), so that the others can
+# say how long they took to notice from the kill itself: on a busy machine, what came before it
+# (start-up, the steps before) takes any time.
+KILLED_AT = "killed_at"
+
+
+def kill_self(report_dir):
+    """SIGKILLs this rank, having written the time of the kill."""
+    with open(os.path.join(report_dir, KILLED_AT), "w") as f:
+        f.write(repr(time.time()))
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def seconds_since_kill(report_dir):
+    """Seconds since a rank of the job called kill_self(report_dir)."""
+    with open(os.path.join(report_dir, KILLED_AT)) as f:
+        return time.time() - float(f.read())

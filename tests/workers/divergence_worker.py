@@ -36,12 +36,26 @@ def outcome(call):
                 "notes": getattr(e, "__notes__", []), "seconds": time.monotonic() - started}
 
 
-def wait_for_rank0():
-    """Until rank 0 has reported (at most 30 s): this rank's exit would end rank 0's wait."""
-    deadline = time.monotonic() + 30
-    while not os.path.exists(os.path.join(REPORT_DIR, "rank0.json")) and \
-            time.monotonic() < deadline:
+def wait_for_report(rank):
+    """Until `rank` has reported: this rank's exit would end that rank's wait. (A rank that
+    fails before it reports ends the job through the launcher.)"""
+    while not os.path.exists(os.path.join(REPORT_DIR, f"rank{rank}.json")):
         time.sleep(0.1)
+
+
+def wait_for_rank0():
+    wait_for_report(0)
+
+
+def signal_once_waiting(signum, core_function, seconds=1.0):
+    """Sends `signum` to this process `seconds` after this thread calls `core_function`, the
+    core's blocking wait: a timer started before the call could go off before the wait began
+    on a busy machine, and interrupt something else."""
+    def on_call(frame, event, arg):
+        if event == "c_call" and arg is core_function:
+            sys.setprofile(None)
+            threading.Timer(seconds, os.kill, (os.getpid(), signum)).start()
+    sys.setprofile(on_call)
 
 
 class AlarmTimeout(Exception):
@@ -56,10 +70,11 @@ signal.signal(signal.SIGALRM, raise_alarm)
 
 if MODE == "init":
     import horovodlike.torch as hvd
+    from horovodlike import _core
     if RANK == 1:
         wait_for_rank0()  # never calls init()
         sys.exit(0)
-    signal.setitimer(signal.ITIMER_REAL, 1.0)
+    signal_once_waiting(signal.SIGALRM, _core.init)
     write_report({"init": outcome(hvd.init)})
     sys.exit(0)
 
@@ -67,6 +82,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import horovodlike.torch as hvd  # noqa: E402
+from horovodlike import _core  # noqa: E402
 from horovodlike.common import numpy_ops as ops  # noqa: E402
 
 hvd.init()
@@ -88,16 +104,18 @@ elif MODE == "order":
 elif MODE == "interrupt":
     if RANK == 0:
         handle = hvd.allreduce_async(torch.ones(3), name="only_on_0")
-        threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()
+        signal_once_waiting(signal.SIGINT, _core.wait)
         result["synchronize"] = outcome(lambda: hvd.synchronize(handle))
     else:
-        signal.setitimer(signal.ITIMER_REAL, 1.0)
+        signal_once_waiting(signal.SIGALRM, _core.wait)
         result["barrier"] = outcome(hvd.barrier)
         wait_for_rank0()
 elif MODE == "join":
     if RANK == 0:
-        signal.setitimer(signal.ITIMER_REAL, 1.0)
+        signal_once_waiting(signal.SIGALRM, _core.wait)
         result["join"] = outcome(hvd.join)
     else:
         wait_for_rank0()  # busy elsewhere
 write_report(result)
+if MODE == "interrupt" and RANK == 0:
+    wait_for_report(1)  # rank 1 waits for its own signal, not for this rank's exit

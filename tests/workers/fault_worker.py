@@ -71,8 +71,14 @@ def fail_with(error, started):
 
 if mode == "kill-rendezvous":
     if rank == victim:
+        # Only once the others are calling init(): on a busy machine they may start late, and
+        # the launcher stops them a few seconds after the victim died, report or not.
+        while not all(os.path.exists(os.path.join(report_dir, f"init-{r}"))
+                      for r in range(size) if r != victim):
+            time.sleep(0.01)
         kill_self_after(0.5)
         time.sleep(60)
+    open(os.path.join(report_dir, f"init-{rank}"), "w").close()
     started = time.time()
     try:
         basics.init()

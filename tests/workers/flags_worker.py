@@ -1,6 +1,6 @@
 """What a rank sees of horovodlikerun's flags: prints `rank R: {json}` with the variables the
 flags set, and with `init`, also what init() did (the background thread's CPUs, MPI's thread
-level); with `stall`, rank 1 submits 1.5 s late so that rank 0 logs a stall warning."""
+level); with `stall`, rank 1 submits 3 s late so that rank 0 logs a stall warning."""
 
 import json
 import os
@@ -38,8 +38,8 @@ if mode in ("init", "stall"):
         try:
             with open(f"/proc/self/task/{task}/comm") as f:
                 name = f.read().strip()
-        except (FileNotFoundError, ProcessLookupError):  # a thread that ended since the listing
-            continue
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # a short-lived thread that ended since the listing (open or read)
         if name == "hvdl-loop":
             seen["loop_cpus"] = cpus_of(task)
     if basics.mpi_enabled():
@@ -48,7 +48,9 @@ if mode in ("init", "stall"):
         seen["mpi_thread_multiple"] = MPI.THREAD_MULTIPLE
     if mode == "stall":
         if basics.rank() == 1:
-            time.sleep(1.5)
+            # Late by six stall check times (0.5 s): late enough for a warning even when rank 0
+            # itself got to its call a second or two late on a busy machine.
+            time.sleep(3)
         ops.allreduce(np.ones(2, np.float32), "late")
     basics.shutdown()
 print(f"rank {os.environ.get('HOROVOD_RANK', os.environ.get('OMPI_COMM_WORLD_RANK'))}: "

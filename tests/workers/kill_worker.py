@@ -4,11 +4,11 @@
 import os
 import signal
 import sys
-import time
 
 import torch
 
 import horovodlike.torch as hvd
+from common import kill_self, seconds_since_kill
 
 report_dir = sys.argv[1]
 hvd.init()
@@ -19,14 +19,13 @@ big = torch.ones(4 * 1024 * 1024)
 for step in range(2):
     hvd.allreduce(big, name="warmup")
 if rank == 1:
-    os.kill(os.getpid(), signal.SIGKILL)
-start = time.time()
+    kill_self(report_dir)
 try:
     for step in range(100000):
         hvd.allreduce(big, name="during")
     outcome = "no error"
 except hvd.HorovodInternalError as e:
-    outcome = f"HorovodInternalError after {time.time() - start:.2f} s: {e}"
+    outcome = f"HorovodInternalError after {seconds_since_kill(report_dir):.2f} s: {e}"
 except Exception as e:  # anything else is a failure of the test
     outcome = f"{type(e).__name__}: {e}"
 # Later calls fail at once too.

@@ -11,7 +11,8 @@ import torch
 
 import horovodlike.torch as hvd
 from horovodlike.common import point_to_point as np_p2p
-from common import TORCH_DTYPES, as_float64, check, rank_input, to_torch
+from common import (TORCH_DTYPES, as_float64, check, kill_self, rank_input, seconds_since_kill,
+                    to_torch)
 
 mode = sys.argv[1]
 hvd.init()
@@ -167,6 +168,16 @@ def failure_notice():
                      lambda: hvd.recv(torch.zeros(1), 1, tag=0))
 
 
+def inside(frame, function):
+    """Whether `frame` runs within a call of `function` (a name in point_to_point.py)."""
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == function and code.co_filename == np_p2p.__file__:
+            return True
+        frame = frame.f_back
+    return False
+
+
 def interrupted_wait():
     """A wait interrupted by a signal handler's exception leaves the receive pending; waiting
     again gets the message."""
@@ -174,6 +185,12 @@ def interrupted_wait():
         work = hvd.irecv(torch.zeros(2), 1, tag=11)
 
         def on_alarm(signum, frame):
+            # Interrupts the wait, not the lines before it: on a busy machine the timer may
+            # go off before wait() is reached; it then tries again a little later.
+            if not inside(frame, "_wait"):
+                signal.setitimer(signal.ITIMER_REAL, 0.1)
+                return
+            signal.setitimer(signal.ITIMER_REAL, 0)
             raise KeyboardInterrupt
 
         signal.signal(signal.SIGALRM, on_alarm)
@@ -291,13 +308,12 @@ elif mode == "kill":
     hvd.send(torch.ones(2), peer)
     hvd.recv(torch.zeros(2), peer)
     if rank == 1:
-        os.kill(os.getpid(), signal.SIGKILL)
-    start = time.time()
+        kill_self(report_dir)
     try:
         hvd.recv(torch.zeros(2), 1, tag=3)
         outcome = "no error"
     except hvd.HorovodInternalError as e:
-        outcome = f"HorovodInternalError after {time.time() - start:.2f} s: {e}"
+        outcome = f"HorovodInternalError after {seconds_since_kill(report_dir):.2f} s: {e}"
     try:
         hvd.send(torch.ones(1), 1)
         later = "no error"

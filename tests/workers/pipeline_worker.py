@@ -10,14 +10,13 @@ Usage: pipeline_worker.py MODE [args]
 import os
 import signal
 import sys
-import time
 
 import torch
 
 import horovodlike.torch as hvd
 from horovodlike.torch.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
                                           ScheduleInterleaved1F1B, split_sequential)
-from common import check
+from common import check, kill_self, seconds_since_kill
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B,
              "interleaved": ScheduleInterleaved1F1B}
@@ -221,14 +220,11 @@ elif mode == "kill":
     report_dir = sys.argv[2]
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # report before the launcher stops this rank
 
-    def die():
-        os.kill(os.getpid(), signal.SIGKILL)
     make_optimizer([torch.zeros(1, requires_grad=True)])  # torch's first one imports a lot
-    start = time.time()  # the steps before the kill take a fraction of a second
     try:
-        fail_midway(die)
+        fail_midway(lambda: kill_self(report_dir))
         outcome = "no error"
     except hvd.HorovodInternalError as e:
-        outcome = f"HorovodInternalError after {time.time() - start:.2f} s: {e}"
+        outcome = f"HorovodInternalError after {seconds_since_kill(report_dir):.2f} s: {e}"
     with open(os.path.join(report_dir, f"rank{rank}.txt"), "w") as f:
         f.write(outcome + "\n")

@@ -2,6 +2,7 @@
 for the other ranks; a caller holding the runtime survives a shutdown(); the fusion buffer
 gives memory back after one large step."""
 
+import sys
 import threading
 import time
 
@@ -18,16 +19,38 @@ rank = int(os.environ["HOROVOD_RANK"])
 # 1. Rank 1 arrives only once rank 0 has called into the core from another thread while its
 # init() waits for rank 1: a core that held its lock for the whole connect would answer only
 # after rank 1 gave up waiting and the connect ended (True); it must answer False at once.
+entered = os.path.join(os.environ["RUNTIME_WORKER_DIR"], "rank0-in-init")
 ready = os.path.join(os.environ["RUNTIME_WORKER_DIR"], "rank0-asked")
 if rank == 1:
-    deadline = time.monotonic() + 10  # not for ever: a blocked rank 0 must fail, not hang
+    # Timed from rank 0's call into the core, however late it started on a busy machine (a
+    # rank 0 that failed before it ends the job through the launcher).
+    while not os.path.exists(entered):
+        time.sleep(0.05)
+    deadline = time.monotonic() + 30  # not for ever: a blocked rank 0 must fail, not hang
     while not os.path.exists(ready) and time.monotonic() < deadline:
         time.sleep(0.05)
     hvd.init()
 else:
-    init_thread = threading.Thread(target=hvd.init)
+    in_core_init = threading.Event()
+
+    def on_call(frame, event, arg):
+        # The init thread's call into the core's init(), which connects to rank 1.
+        if event == "c_call" and arg is _core.init:
+            in_core_init.set()
+
+    def init_watched():
+        sys.setprofile(on_call)
+        try:
+            hvd.init()
+        finally:
+            sys.setprofile(None)
+            in_core_init.set()  # an init() that raised wakes rank 0's main thread as well
+
+    init_thread = threading.Thread(target=init_watched)
     init_thread.start()
-    time.sleep(0.5)  # let init() reach the rendezvous, where it waits for rank 1
+    in_core_init.wait()
+    open(entered, "w").close()
+    time.sleep(0.5)  # then let it go on to the rendezvous, where it waits for rank 1
     during = hvd.is_initialized()
     open(ready, "w").close()
     check(not during, f"is_initialized() during init returned {during}")

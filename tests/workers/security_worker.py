@@ -9,8 +9,8 @@ attack-listener  rank 0 waits in init() for rank 1; rank 1 first reads rank 0's 
 fake-listener    rank 0 does not init: it publishes its own address as rank 0's and answers rank
                  1's handshake with a wrong proof; rank 1's init() must refuse it, and rank 0
                  must have received nothing but the 44-byte Hello.
-steady           both ranks run allreduces for argv[3] seconds and check every result (the test
-                 attacks the rendezvous server meanwhile).
+steady           both ranks run allreduces, checking every result, until the file argv[3]
+                 exists (the test attacks the rendezvous server meanwhile, then creates it).
 """
 
 import hashlib
@@ -151,10 +151,10 @@ elif mode == "fake-listener":
 
 elif mode == "steady":
     basics.init()
-    until = time.time() + float(sys.argv[3])
+    stop = sys.argv[3]
     steps = 0
-    # Rank 0's clock decides when to stop, so that both ranks make the same calls.
-    while steps < 20 or ops.broadcast(np.array([time.time() < until]), 0, "go")[0]:
+    # Rank 0 decides when to stop, so that both ranks make the same calls.
+    while steps < 20 or ops.broadcast(np.array([not os.path.exists(stop)]), 0, "go")[0]:
         check_allreduce(f"t{steps % 7}", 1000 + steps % 3)
         steps += 1
     report(outcome="ok", steps=steps)

@@ -11,6 +11,7 @@ and init() and checks that collectives work again over the same transport.
 """
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -62,8 +63,15 @@ report_dir = sys.argv[2]
 check_allreduce("warmup")
 stalled = rank == size - 1
 if stalled:
-    # A helper wakes this rank up again after the others have given up on it.
-    subprocess.Popen(["sh", "-c", f"sleep 6; kill -CONT {os.getpid()}"])
+    # A helper wakes this rank up again once the others have given up on it (each leaves a
+    # file), however long that took on a busy machine; after 120 s in any case, so that a rank
+    # that never gave up fails the test instead of leaving this one stopped.
+    gave_up = " ".join(shlex.quote(os.path.join(report_dir, f"gave-up-{r}"))
+                       for r in range(size) if r != rank)
+    subprocess.Popen(["sh", "-c", f"n=0; for f in {gave_up}; do "
+                                  f"while [ ! -e \"$f\" ] && [ $n -lt 2400 ]; do "
+                                  f"sleep 0.05; n=$((n + 1)); done; done; "
+                                  f"kill -CONT {os.getpid()}"])
     os.kill(os.getpid(), signal.SIGSTOP)
 start = time.time()
 try:
@@ -72,6 +80,7 @@ try:
     outcome = "no error"
 except hvd.HorovodInternalError as e:
     outcome = f"HorovodInternalError after {time.time() - start:.2f} s: {e}"
+    open(os.path.join(report_dir, f"gave-up-{rank}"), "w").close()
 # Every rank starts again: the failed runtime is shut down and a new one connects.
 hvd.shutdown()
 hvd.init()
