@@ -106,15 +106,16 @@ void Runtime::Init() {
                       "that mpirun started, and this job has neither; start it with "
                       "horovodlikerun";
   } else if (config.size > 1) {
-    Config links_config = config;
-    links_config.peer_timeout_seconds = 1e9;
     try {
 #ifdef HOROVODLIKE_MPI_FOUND
-      if (over_mpi) p2p_links = ConnectTcpMeshOverMpi(links_config, generation);
-#endif
-      if (!over_mpi) {
-        p2p_links = PerPeerLink::ConnectPointToPoint(links_config, generation, "p2p");
+      if (over_mpi) {
+        Config links_config = config;
+        links_config.peer_timeout_seconds = kPointToPointIdleSeconds;
+        p2p_links = ConnectTcpMeshOverMpi(links_config, generation);
       }
+#endif
+      // Set up under the peer timeout; idle for ever afterwards (per_peer_link.cc).
+      if (!over_mpi) p2p_links = PerPeerLink::ConnectPointToPoint(config, generation, "p2p");
     } catch (const TransportError& e) {
       ReportFailureToLauncher(config, generation, {e.peer(), FailureKind(e.cause()), e.what()});
       throw;

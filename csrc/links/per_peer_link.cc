@@ -43,8 +43,13 @@ std::unique_ptr<Link> PerPeerLink::ConnectPointToPoint(const Config& config, int
 std::unique_ptr<Link> PerPeerLink::ConnectChannel(const Config& config, int generation,
                                                   const std::string& channel) {
   const bool point_to_point = !channel.empty();
-  std::unique_ptr<Link> tcp = point_to_point ? TcpLink::Connect(config, generation, channel)
-                                             : TcpLink::Connect(config, generation);
+  // Set-up runs under the peer timeout, point-to-point's too: a peer stopped while the ranks
+  // exchange their hosts and shared-memory segments must fail the others, not hold them.
+  std::unique_ptr<TcpLink> tcp_link = point_to_point
+                                          ? TcpLink::Connect(config, generation, channel)
+                                          : TcpLink::Connect(config, generation);
+  TcpLink* const tcp_raw = tcp_link.get();
+  std::unique_ptr<Link> tcp = std::move(tcp_link);
   const int size = tcp->size(), me = tcp->rank();
   if (size == 1) return tcp;
 
@@ -86,6 +91,7 @@ std::unique_ptr<Link> PerPeerLink::ConnectChannel(const Config& config, int gene
       options.per_peer_waits = true;
       // A reader thread per peer sleeps while no message comes; the doorbell wakes it.
       options.sleep_slice_ms = 100;
+      options.peer_timeout_seconds = kPointToPointIdleSeconds;  // waits after set-up
     }
     shm = ShmLink::Connect(*tcp, group, options);
     if (shm) {
@@ -98,6 +104,9 @@ std::unique_ptr<Link> PerPeerLink::ConnectChannel(const Config& config, int gene
       HostHierarchy::Build(*tcp, shm.get(),
                            {config.hierarchical_allreduce && !point_to_point,
                             config.hierarchical_allgather && !point_to_point});
+  // Point-to-point may then stay idle for as long as a pipeline waits: silence is no failure
+  // there (a peer that dies still fails it).
+  if (point_to_point) tcp_raw->set_timeout_seconds(kPointToPointIdleSeconds);
   if (!shm && !hierarchy) return tcp;
   return std::unique_ptr<Link>(
       new PerPeerLink(std::move(tcp), std::move(shm), std::move(hierarchy)));

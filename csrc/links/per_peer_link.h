@@ -26,6 +26,9 @@ namespace horovodlike {
 
 struct Config;
 
+// How long point-to-point's links let a peer stay silent once set up: for ever, in effect.
+constexpr double kPointToPointIdleSeconds = 1e9;
+
 class PerPeerLink : public Link {
  public:
   // Connects TCP, then shared memory among the ranks of each host, then agrees on the host

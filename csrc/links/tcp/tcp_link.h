@@ -40,6 +40,11 @@ class TcpLink : public Link {
   bool interruptible() const override { return true; }
   // The connected socket to `peer` (-1 for this rank), for a watcher that only polls it.
   int socket(int peer) const { return fds_[peer]; }
+  // How long a peer may stay silent from now on; set before the link is shared between threads
+  // (point-to-point's mesh is set up under the peer timeout, then may stay idle for ever).
+  void set_timeout_seconds(double seconds) {
+    timeout_ms_ = static_cast<int>(std::min(seconds * 1000, 2e9));
+  }
 
  private:
   TcpLink(int rank, int size, std::vector<int> fds, double timeout_seconds);
