@@ -5,9 +5,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-# EXIT_WITH_LAUNCHER is set to "1" in the ranks horovodlikerun starts (locally or over ssh):
-# they end, with their children, when the launcher is gone.
-from horovodlike.common.launcher_watch import EXIT_WITH_LAUNCHER  # noqa: F401 (re-exported)
 from horovodlike.runner.hosts import RankAssignment
 
 # Variables that describe the launcher's own login session; on another host they would be wrong.
@@ -16,6 +13,10 @@ _NOT_FORWARDED_OVER_SSH = re.compile(
     r"LS_COLORS|PS1|PS2|PS4|PROMPT_COMMAND|TMPDIR|SSH_.*|XDG_.*|TMUX.*|BASH_FUNC_.*|"
     r"KRB5CCNAME|DBUS_SESSION_BUS_ADDRESS)$")
 _SHELL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Set to "1" in the ranks horovodlikerun starts (locally or over ssh): they end, with their
+# children, when the launcher is gone (common/launcher_watch.py, which names it too: the
+# launcher imports nothing that needs the core).
+EXIT_WITH_LAUNCHER = "HOROVODLIKE_EXIT_WITH_LAUNCHER"
 
 
 @dataclass(frozen=True)
