@@ -172,21 +172,21 @@ def check_report(report) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------- the driver
+def _state(pid: int) -> str | None:
+    """The process's state letter from /proc (None when it is gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
 def alive(pid: int) -> bool:
     """Whether the process exists and is neither a zombie nor stopped."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "T", "t", "X")
+    return _state(pid) not in (None, "Z", "T", "t", "X")
 
 
 def exists(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
+    return _state(pid) not in (None, "Z", "X")
 
 
 def live_workers(workdir: Path) -> dict[str, int]:

@@ -5,8 +5,9 @@ before apply_gradients sees it, as Horovod's TensorFlow 1 DistributedOptimizer d
 import tensorflow as tf
 
 from horovodlike.common.process_sets import set_id, set_ranks
-from horovodlike.tensorflow.gradient_tape import (store_reduction_options, _source_key, check_gradient_options,
-                                                  reduce_gradients, scale_gradient)
+from horovodlike.tensorflow.gradient_tape import (_source_key, check_gradient_options,
+                                                  reduce_shared_gradients,
+                                                  store_reduction_options)
 
 
 class LegacyDistributedOptimizer(tf.compat.v1.train.Optimizer):
@@ -41,15 +42,7 @@ class LegacyDistributedOptimizer(tf.compat.v1.train.Optimizer):
         grads = [g for g, _ in pairs]
         variables = [v for _, v in pairs]
         local = [_source_key(v) in self._hvd_local_vars for v in variables]
-        shared = [i for i, is_local in enumerate(local) if not is_local]
-        reduced = reduce_gradients([grads[i] for i in shared], [variables[i] for i in shared],
-                                   "DistributedOptimizer", **self._hvd_options)
-        for i, g in zip(shared, reduced):
-            grads[i] = g
-        if self._hvd_scale_local_gradients:
-            for i, is_local in enumerate(local):
-                if is_local and grads[i] is not None:
-                    grads[i] = scale_gradient(grads[i], 1.0 / self._hvd_set_size)
+        grads = reduce_shared_gradients(self, grads, variables, local, "DistributedOptimizer")
         return list(zip(grads, variables))
 
     def apply_gradients(self, *args, **kwargs):
