@@ -1,19 +1,28 @@
 #!/usr/bin/env bash
 # Everything horovodlike's GPU path is checked by on a machine with a GPU, in one run of about
-# 8 minutes: builds and installs horovodlike over that machine's own PyTorch (no download), then
+# 7 minutes: builds and installs horovodlike over that machine's own PyTorch (no download), then
 # runs each step under `timeout`, writing each step's raw output to a file of its own and going
 # on past a failing step.
 #
-#   bash scripts/gpu_check.sh prepare        on the build machine: copies Horovod's test_torch.py
-#                                            suite and the commit id into .gpu_check/ (ignored by
-#                                            git), to travel with the checkout
-#   OUT=/some/folder bash scripts/gpu_check.sh   on the GPU machine (OUT defaults to gpu_check_out)
+#   bash scripts/gpu_check.sh prepare     on a machine with the network and Horovod's suites:
+#                                         fills .gpu_check/ (ignored by git) with what travels
+#                                         with the checkout: Horovod's test suites, the commit,
+#                                         the `mock` wheel those suites import, OpenSSL's headers,
+#                                         and a core prebuilt for Python 3.12 (PREBUILT_PYTHON)
+#   bash scripts/gpu_check.sh             on the GPU machine
 #
-# Steps (docs/gpu.md): 1. the project's GPU tests (one rank per GPU over NCCL, and 2 and 4 ranks
-# sharing a GPU through host staging; the stand-in tests too); 2. Horovod's test_torch.py at 1
-# and 2 ranks; 3. examples/pytorch_digits.py --cuda at 1 and 2 ranks; 4. benchmarks/allreduce.py
-# --cuda at 1 and 2 ranks; 5. benchmarks/train_step.py --cuda at 1 rank. Each file starts with
-# its command, the GPU (nvidia-smi -L) and the commit.
+# Environment: RESULTS (folder of the raw outputs, default gpu_check_out), ARCHIVE (also pack
+# RESULTS into this .tgz after every step, so that a run cut short still leaves what it did),
+# BUDGET (seconds for the whole run, default 450: a step gets what is left, never more).
+#
+# Steps (docs/gpu.md): 1. the project's GPU tests (one rank on the GPU over NCCL, and 2 and 4
+# ranks sharing it through host staging), and the stand-in tests; 2. Horovod's test_torch.py at
+# 1 and 2 ranks (scripts/horovod_suites.py, batches as Horovod's CI runs it) and its tests named
+# cuda/gpu through run_suite.sh, one job per test; 3. examples/pytorch_digits.py --cuda at 1 and
+# 2 ranks; 4. benchmarks/allreduce.py --cuda at 1 and 2 ranks; 5. benchmarks/train_step.py
+# --cuda at 1 rank. Steps 1-3 run side by side (they check results, not time); the timed steps
+# 4 and 5 run alone after them. Each file starts with its command, the GPU (nvidia-smi -L) and
+# the commit.
 set -u
 cd "$(dirname "$0")/.."
 HERE=$(pwd)
@@ -21,68 +30,141 @@ PREPARED=.gpu_check
 
 if [ "${1:-}" = prepare ]; then
   suites=${HOROVOD_TESTS:-../shared/horovod-tests}
-  rm -rf "$PREPARED" && mkdir -p "$PREPARED"
-  cp -r "$suites" "$PREPARED/horovod-tests"
+  [ -d "$PREPARED" ] && chmod -R u+w "$PREPARED"
+  rm -rf "$PREPARED" && mkdir -p "$PREPARED/wheels" "$PREPARED/openssl/include" \
+    "$PREPARED/prebuilt"
+  cp -r "$suites" "$PREPARED/horovod-tests" && chmod -R u+w "$PREPARED/horovod-tests"
   git rev-parse HEAD > "$PREPARED/commit"
-  git diff --quiet HEAD || echo "(with uncommitted changes)" >> "$PREPARED/commit"
+  git diff --quiet HEAD -- src csrc || echo "(with uncommitted changes)" >> "$PREPARED/commit"
+  python3 -m pip download -q --no-deps --only-binary=:all: -d "$PREPARED/wheels" mock \
+    || echo "could not download mock: Horovod's suites will not import there"
+  # For a machine without libssl-dev: the headers, linked against its own libcrypto.so.3.
+  for dir in /usr/include/openssl /usr/include/*-linux-gnu/openssl; do
+    [ -d "$dir" ] && cp -r "$dir" "$PREPARED/openssl/include/"
+  done
+  py=${PREBUILT_PYTHON:-python3.12}
+  if command -v "$py" > /dev/null && "$py" -c "import pybind11" 2> /dev/null; then
+    cmake -S . -B "$PREPARED/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+      -DPython_EXECUTABLE="$(command -v "$py")" \
+      -Dpybind11_DIR="$("$py" -c 'import pybind11; print(pybind11.get_cmake_dir())')" \
+      -DCMAKE_DISABLE_FIND_PACKAGE_MPI=ON -DGLOO_LIBRARY=GLOO_LIBRARY-NOTFOUND > /dev/null \
+      && ninja -C "$PREPARED/build" > /dev/null \
+      && cp "$PREPARED"/build/_core*.so "$PREPARED/prebuilt/" && rm -rf "$PREPARED/build"
+  else
+    echo "no $py with pybind11: no prebuilt core (the GPU machine must build it)"
+  fi
+  du -sh "$PREPARED"
   echo "prepared $PREPARED: carry it with the checkout"
   exit 0
 fi
 
-OUT=${OUT:-gpu_check_out}
-mkdir -p "$OUT"
+RESULTS=${RESULTS:-gpu_check_out}
+ARCHIVE=${ARCHIVE:-}
+BUDGET=${BUDGET:-450}
+DEADLINE=$((SECONDS + BUDGET))
+mkdir -p "$RESULTS"
+RESULTS=$(cd "$RESULTS" && pwd)
 COMMIT=$(tr '\n' ' ' < "$PREPARED/commit" 2>/dev/null || git rev-parse HEAD 2>/dev/null || echo unknown)
 GPU=$(nvidia-smi -L 2>/dev/null | head -1)
-SUMMARY=$OUT/summary.txt
+SUMMARY=$RESULTS/summary.txt
 : > "$SUMMARY"
 
-# step NAME SECONDS COMMAND...: the command's output, headed, in $OUT/NAME.txt.
+pack() {
+  [ -n "$ARCHIVE" ] || return 0
+  (
+    command -v flock > /dev/null && flock 9
+    tar czf "$ARCHIVE.part" -C "$RESULTS" --exclude=./.lock . 2>/dev/null && mv "$ARCHIVE.part" "$ARCHIVE"
+  ) 9> "$RESULTS/.lock"
+}
+
+# step NAME SECONDS COMMAND...: the command's output, headed, in $RESULTS/NAME.txt; it gets
+# SECONDS or what is left of the budget, whichever is less.
 step() {
   local name=$1 limit=$2
   shift 2
-  local file=$OUT/$name.txt start=$SECONDS
+  local file=$RESULTS/$name.txt start=$SECONDS left=$((DEADLINE - SECONDS))
+  [ "$limit" -gt "$left" ] && limit=$left
   {
     echo "# command: $*"
     echo "# gpu: ${GPU:-none}"
     echo "# commit: $COMMIT"
-    echo "# date: $(date -u +%Y-%m-%dT%H:%M:%SZ)  load: $(cut -d' ' -f1-3 /proc/loadavg)"
+    echo "# date: $(date -u +%Y-%m-%dT%H:%M:%SZ)  load: $(cut -d' ' -f1-3 /proc/loadavg)  cores: $(nproc)"
   } > "$file"
+  if [ "$limit" -lt 10 ]; then
+    echo "# not run: the run's budget ($BUDGET s) is spent" >> "$file"
+    echo "$name: not run (budget spent)" | tee -a "$SUMMARY"
+    pack
+    return
+  fi
   timeout -k 10 "$limit" "$@" >> "$file" 2>&1
   local rc=$?
-  echo "# exit: $rc after $((SECONDS - start)) s" >> "$file"
+  echo "# exit: $rc after $((SECONDS - start)) s (limit $limit s)" >> "$file"
   echo "$name: exit $rc after $((SECONDS - start)) s" | tee -a "$SUMMARY"
+  pack
 }
 
-step 00-environment 60 bash -c 'nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv;
-  python3 -c "import torch; print(\"torch\", torch.__version__, \"cuda\", torch.version.cuda, \"nccl\", torch.cuda.nccl.version(), \"gpus\", torch.cuda.device_count())";
-  python3 -m pip list 2>/dev/null | grep -iE "^(torch|nvidia-nccl|nvidia-cuda-runtime|numpy) "'
-step 01-build 300 python3 -m pip install --no-build-isolation --no-deps --quiet .
-step 02-check-build 60 horovodlikerun --check-build
+step 00-environment 30 bash -c 'nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv;
+  python3 -c "import sys, torch; print(sys.executable, sys.version.split()[0]); print(\"torch\", torch.__version__, \"cuda\", torch.version.cuda, \"nccl\", torch.cuda.nccl.version(), \"gpus\", torch.cuda.device_count())";
+  python3 -m pip list 2>/dev/null | grep -iE "^(torch|nvidia-nccl|nvidia-cuda-runtime|numpy|scikit-build-core|pybind11|cloudpickle|mock|scikit-learn) ";
+  ls /usr/include/openssl/evp.h; ldconfig -p | grep -E "libcrypto.so|libmpi.so" | head -4;
+  python3 -c "import sysconfig, os; h = sysconfig.get_paths()[\"include\"]; print(\"Python.h\", os.path.exists(h + \"/Python.h\"))";
+  gcc --version | head -1; cmake --version | head -1; nproc; free -g | head -2'
 
-# 1. The project's tests of the GPU path.
-step 10-torch-cuda-tests 240 python3 -m pytest -q -rs tests/test_torch_device.py
-step 11-standin-tests 120 python3 -m pytest -q -rs tests/test_gpu.py tests/test_gpu_standins_*.py
+# Build: pip over this machine's PyTorch; OpenSSL's headers from .gpu_check when the system has
+# none. The source tree gets the same core, so that tests and benchmarks run from the checkout
+# import what was built. When the build fails, the core prebuilt for this Python is used.
+if [ ! -f /usr/include/openssl/evp.h ] && [ -d "$PREPARED/openssl/include/openssl" ]; then
+  crypto=$(ldconfig -p | grep -oE '/[^ ]*libcrypto\.so\.3$' | head -1)
+  export CMAKE_ARGS="-DOPENSSL_INCLUDE_DIR=$HERE/$PREPARED/openssl/include -DOPENSSL_CRYPTO_LIBRARY=$crypto"
+  echo "build: OpenSSL's headers from $PREPARED ($crypto)" | tee -a "$SUMMARY"
+fi
+ls "$PREPARED"/wheels/*.whl > /dev/null 2>&1 && \
+  step 01-wheels 60 python3 -m pip install --no-index --no-deps --quiet "$PREPARED"/wheels/*.whl
+export PIP_BREAK_SYSTEM_PACKAGES=1
+step 01-build 240 python3 -m pip install --no-build-isolation --no-deps --verbose .
+rm -f src/horovodlike/_core*.so
+core=$(cd / && python3 -c "import horovodlike._core as c; print(c.__file__)" 2>/dev/null)
+if [ -n "$core" ]; then
+  cp "$core" src/horovodlike/
+  echo "build: installed $core" | tee -a "$SUMMARY"
+else
+  cp "$PREPARED"/prebuilt/_core*.so src/horovodlike/ 2>/dev/null \
+    && echo "build: failed; using the prebuilt core" | tee -a "$SUMMARY"
+  export PYTHONPATH=$HERE/src${PYTHONPATH:+:$PYTHONPATH}
+  mkdir -p "$PREPARED/bin"
+  printf '#!/bin/sh\nexec python3 -m horovodlike.runner.launch "$@"\n' > "$PREPARED/bin/horovodlikerun"
+  chmod +x "$PREPARED/bin/horovodlikerun"
+  export PATH=$HERE/$PREPARED/bin:$PATH
+fi
+step 02-check-build 30 horovodlikerun --check-build
 
-# 2. Horovod's own test_torch.py, its tests that use CUDA when it is available.
+# 1-3: correctness, side by side.
 SUITE_DIR=$PREPARED/horovod-tests
-export SUITE_WORK=$HERE/$OUT/suites TEST_TIMEOUT=60
-export SUITE_K=${SUITE_K:-"cuda or gpu or allreduce or allgather or broadcast or alltoall or reducescatter"}
-mkdir -p "$SUITE_WORK"
-step 20-horovod-test-torch-np1 150 bash "$SUITE_DIR/run_suite.sh" test_torch.py 1
-step 21-horovod-test-torch-np2 150 bash "$SUITE_DIR/run_suite.sh" test_torch.py 2
+step 10-torch-cuda-tests 180 python3 -m pytest -v -rs -p no:cacheprovider tests/test_torch_device.py &
+step 11-standin-tests 150 python3 -m pytest -q -rs -p no:cacheprovider tests/test_gpu.py \
+  tests/test_gpu_standins_*.py &
+step 20-horovod-test-torch-np1 180 python3 scripts/horovod_suites.py "$SUITE_DIR" test_torch.py \
+  --np 1 --timeout 60 --check --record "$RESULTS/20-record.txt" &
+step 21-horovod-test-torch-np2 180 python3 scripts/horovod_suites.py "$SUITE_DIR" test_torch.py \
+  --np 2 --timeout 60 --check --record "$RESULTS/21-record.txt" &
+(
+  export SUITE_K="cuda or gpu" TEST_TIMEOUT=60
+  SUITE_WORK=$RESULTS/suite-np1 step 22-run-suite-gpu-named-np1 90 bash "$SUITE_DIR/run_suite.sh" test_torch.py 1
+  SUITE_WORK=$RESULTS/suite-np2 step 23-run-suite-gpu-named-np2 90 bash "$SUITE_DIR/run_suite.sh" test_torch.py 2
+) &
+(
+  step 30-digits-np1 90 horovodlikerun -np 1 python3 examples/pytorch_digits.py --cuda
+  step 31-digits-np2 90 horovodlikerun -np 2 python3 examples/pytorch_digits.py --cuda
+) &
+wait
 
-# 3. Training on the GPU: one rank over NCCL, two sharing it (staged).
-step 30-digits-np1 90 horovodlikerun -np 1 python3 examples/pytorch_digits.py --cuda
-step 31-digits-np2 90 horovodlikerun -np 2 python3 examples/pytorch_digits.py --cuda
+# 4-5: time, alone on the machine.
+step 40-allreduce-np1 100 python3 benchmarks/allreduce.py --cuda --np 1 --repeat 3 \
+  --sizes 4K,64K,1M,16M,256M --json "$RESULTS/40-allreduce-np1.json"
+step 41-allreduce-np2 100 python3 benchmarks/allreduce.py --cuda --np 2 --repeat 3 \
+  --only hvdl-cuda,torch-gloo-cuda --sizes 4K,64K,1M,16M,64M --json "$RESULTS/41-allreduce-np2.json"
+step 50-train-step-np1 90 python3 benchmarks/train_step.py --cuda --np 1 --repeat 3 \
+  --json "$RESULTS/50-train-step-np1.json"
 
-# 4. Allreduce time per call and bus bandwidth beside torch.distributed.
-step 40-allreduce-np1 120 python3 benchmarks/allreduce.py --cuda --np 1 --repeat 3 \
-  --sizes 4K,64K,1M,16M,256M --json "$OUT/allreduce-np1.json"
-step 41-allreduce-np2 120 python3 benchmarks/allreduce.py --cuda --np 2 --repeat 3 \
-  --sizes 4K,64K,1M,16M,64M --json "$OUT/allreduce-np2.json"
-
-# 5. A training step: DistributedOptimizer, no exchange, DDP over NCCL.
-step 50-train-step-np1 120 python3 benchmarks/train_step.py --cuda --np 1 --repeat 3 \
-  --json "$OUT/train-step-np1.json"
-
-echo "done: $SUMMARY"
+echo "done in $SECONDS s: $SUMMARY" | tee -a "$SUMMARY"
+pack
