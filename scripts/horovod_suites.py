@@ -312,15 +312,19 @@ def run_tests(parallel, ids, args, launcher_flags, alone_first=()):
         if len(batch) == 1:
             alone.append(batch[0])
             continue
+        started = time.monotonic()
         results = run_batch(parallel, batch, args, launcher_flags)
+        progress(args, f"a batch of {len(batch)} ran {time.monotonic() - started:.0f} s")
         for position, test_id in enumerate(batch):
             reports = results.get(test_id, [])
             ranks = [outcome for outcome, _ in reports]
             if len(ranks) < args.np:
+                progress(args, f"  {test_id}: the batch ended in it (ranks {' '.join(ranks)})")
                 # The batch ended in this test: it runs alone, the rest in a new batch.
                 alone.append(test_id)
                 remaining = batch[position + 1:] + remaining
                 break
+            progress(args, f"  {test_id}: {' '.join(ranks)}")
             if all(r == "passed" for r in ranks):
                 outcomes[test_id] = ("passed", "")
             elif "failed" not in ranks:
@@ -334,8 +338,17 @@ def run_tests(parallel, ids, args, launcher_flags, alone_first=()):
                 remaining = batch[position + 1:] + remaining
                 break
     for test_id in alone:
+        started = time.monotonic()
         outcomes[test_id] = run_one(parallel, test_id, args, launcher_flags)
+        progress(args, f"  {test_id} alone: {outcomes[test_id][0]} in "
+                       f"{time.monotonic() - started:.0f} s")
     return outcomes, len(alone)
+
+
+def progress(args, line):
+    """--progress: each outcome as soon as it is known (a run cut short still says where)."""
+    if args.progress:
+        print(line, flush=True)
 
 
 def run_one(parallel, test_id, args, launcher_flags):
@@ -449,6 +462,8 @@ def make_parser():
     parser.add_argument("--timeout", type=float, default=90, help="seconds per test")
     parser.add_argument("--batch", type=int, default=0,
                         help="tests per launcher job (default 0: as many as there are)")
+    parser.add_argument("--progress", action="store_true",
+                        help="print each test's outcome as soon as it is known")
     parser.add_argument("--log", type=Path, help="write every non-passing test's output here")
     parser.add_argument("--record", type=Path,
                         help="write the command, versions, summary and the output of every test "

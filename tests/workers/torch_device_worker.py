@@ -38,8 +38,11 @@ def host(tensor):
 
 
 def close(got, want, what, tol=1e-5):
-    check(np.allclose(got, want, rtol=tol, atol=tol),
-          f"rank {rank}: {what}: max error {np.max(np.abs(np.asarray(got) - want))}")
+    got, want = np.asarray(got), np.asarray(want)
+    check(got.shape == want.shape, f"rank {rank}: {what}: shape {got.shape}, want {want.shape}")
+    if got.size:
+        check(np.allclose(got, want, rtol=tol, atol=tol),
+              f"rank {rank}: {what}: max error {np.max(np.abs(got - want))}")
 
 
 def allreduces():

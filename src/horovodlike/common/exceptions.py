@@ -13,6 +13,12 @@ class TensorMismatchError(HorovodInternalError):
     failed; the runtime keeps working."""
 
 
+class DeviceMismatchError(ValueError, RuntimeError):
+    """The tensors of one grouped call are on different devices (the CPU and a GPU, or two
+    GPUs): refused before any is queued. A RuntimeError as in Horovod, and a ValueError as any
+    other bad argument here."""
+
+
 class HostsUpdatedInterrupt(RuntimeError):
     """The set of hosts changed during elastic training."""
 

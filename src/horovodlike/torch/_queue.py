@@ -83,7 +83,8 @@ def _output(kind, handle, raw, shape, extra, keep):
     tensor; for an alltoall, with the rows received from each rank (an int32 tensor)."""
     output = _output_tensor(handle, raw, shape, keep[0])
     if kind == ALLTOALL:
-        return output, torch.tensor(extra, dtype=torch.int32)
+        device = keep[1] if len(keep) > 1 and keep[1] is not None else None
+        return output, torch.tensor(extra, dtype=torch.int32, device=device)
     return output
 
 

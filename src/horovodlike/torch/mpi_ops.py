@@ -16,6 +16,7 @@ from horovodlike.common.constants import (ALLGATHER as _OP_ALLGATHER,
                                           BROADCAST as _OP_BROADCAST,
                                           REDUCESCATTER as _OP_REDUCESCATTER,
                                           Adasum, Average, Max, Min, Product, Sum)  # noqa: F401
+from horovodlike.common.exceptions import DeviceMismatchError
 from horovodlike.common.numpy_ops import check_name_length
 from horovodlike.common.process_sets import global_process_set, set_id, set_ranks
 from horovodlike.torch.compression import Compression
@@ -101,6 +102,13 @@ def _new_group(tensors, what, name):
         raise ValueError(f"{what} expects a non-empty list of tensors")
     for i, tensor in enumerate(tensors):
         _check_member(tensor, what, f"{name}.{i}" if name else f"tensor {i}")
+    devices = [tensor.device for tensor in tensors]
+    if any(device != devices[0] for device in devices):
+        other = next(i for i, device in enumerate(devices) if device != devices[0])
+        raise DeviceMismatchError(
+            f"{what}{f' {name!r}' if name else ''}: tensor 0 is on {devices[0]} and tensor "
+            f"{other} on {devices[other]}; a group's tensors must all be on one device (move "
+            "them with .to(device), or make one call per device)")
     if name:
         check_name_length(f"{name}.{len(tensors) - 1}", what)  # the longest member name
     return requests.new_group(len(tensors))
@@ -304,15 +312,18 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
             raise ValueError(f"alltoall '{name}': the first dimension {tensor.shape[0]} does "
                              f"not divide evenly among {n} ranks; pass splits")
         splits = [tensor.shape[0] // n] * n
-    elif isinstance(splits, torch.Tensor):
+    source = tensor.detach().contiguous()
+    # The received splits come back on the device of the splits given (as Horovod's), else
+    # on the CPU.
+    splits_device = splits.device if isinstance(splits, torch.Tensor) else None
+    if isinstance(splits, torch.Tensor):
         splits = splits.tolist()
     splits = [int(s) for s in splits]
     if len(splits) != n or any(s < 0 for s in splits) or sum(splits) != tensor.shape[0]:
         raise ValueError(f"alltoall '{name}': splits {splits} must be {n} non-negative counts "
                          f"adding up to the first dimension {tensor.shape[0]}")
-    source = tensor.detach().contiguous()
-    return _enqueue(_OP_ALLTOALL, name, source, None, None, (source,), process_set,
-                    splits=splits)
+    return _enqueue(_OP_ALLTOALL, name, source, None, None, (source, splits_device),
+                    process_set, splits=splits)
 
 
 class _AlltoallFunction(torch.autograd.Function):
