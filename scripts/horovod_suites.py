@@ -15,10 +15,10 @@ Tests run in batches, many to a launcher job, as Horovod's own CI runs them, so 
 start (and import torch) once per batch instead of once per test. Every rank writes each test's
 outcome to a file as soon as it is known. A test that fails in a batch, and the test a batch was
 in when it died or stopped making progress for --timeout seconds, are then run again each in a
-job of its own, and that run decides; the tests after it go on in a new batch, as the failure
-may have left the ranks out of step: such a test costs only itself. The tests in KNOWN_FAILURES
-run alone from the start, as they would end every batch they were in. --batch 1 runs every test
-alone.
+job of its own, and that run decides; the tests after a batch's end go on in a new batch. A
+failure may leave the ranks out of step, so a later test that fails in the same batch runs
+alone too; one that passes on every rank keeps its pass. The tests in KNOWN_FAILURES run alone
+from the start. --batch 1 runs every test alone.
 
 --check exits 1 when a test fails that is not in KNOWN_FAILURES (a regression); the known ones
 are tests that cannot pass here for reasons outside horovodlike, each with its reason.
@@ -332,22 +332,24 @@ def run_tests(parallel, ids, args, launcher_flags, alone_first=()):
                 outcomes[test_id] = ("skipped", f"skipped in a batch: {'; '.join(reasons)}")
             else:
                 # A failure may have left the ranks out of step (one rank's collective still
-                # in flight), which would fail the tests after it for no fault of theirs: it
-                # runs alone, and the tests after it in a new batch.
+                # in flight), which could fail a test after it for no fault of its own: a
+                # failed test runs again alone, and that run decides. The tests after it that
+                # passed on every rank keep their outcome (ranks out of step fail, they do not
+                # pass), so a suite with many failures still costs one batch, not one each.
                 alone.append(test_id)
-                remaining = batch[position + 1:] + remaining
-                break
     for test_id in alone:
         started = time.monotonic()
         outcomes[test_id] = run_one(parallel, test_id, args, launcher_flags)
-        progress(args, f"  {test_id} alone: {outcomes[test_id][0]} in "
-                       f"{time.monotonic() - started:.0f} s")
+        result, out = outcomes[test_id]
+        progress(args, f"  {test_id} alone: {result} in {time.monotonic() - started:.0f} s")
+        if result == "failed":
+            progress(args, "\n".join("    " + line for line in out.splitlines()[-40:]))
     return outcomes, len(alone)
 
 
 def progress(args, line):
     """--progress: each outcome as soon as it is known (a run cut short still says where)."""
-    if args.progress:
+    if getattr(args, "progress", False):
         print(line, flush=True)
 
 

@@ -155,3 +155,12 @@ basics.shutdown()
                              text=True, timeout=60)
         assert out.returncode == 0, out.stderr
         assert expect in out.stdout, out.stdout
+
+
+@pytest.mark.parametrize("np_,devices,mode", [(1, 1, "nccl"), (2, 1, "staged"), (2, 2, "nccl")])
+def test_every_dtype_and_shape_as_horovods_suites_send_them(standins, np_, devices, mode):
+    # What Horovod's test_torch.py sends on a GPU: each dtype, dims 1-3, Sum, Average, Min, Max,
+    # scaled sums, gathers, broadcasts, uneven alltoalls, reducescatters; each result equal to
+    # the same call on host buffers.
+    result = launch(np_, "gpu_dtypes_worker.py", mode, env=gpu_env(standins, devices))
+    assert_all_ranks(result, np_, "gpu dtypes ok")

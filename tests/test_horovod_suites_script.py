@@ -33,20 +33,44 @@ def test_recorded_output_names_no_path_of_this_machine(tmp_path):
         "python-prefix/lib/thing.py", "tmp/other"], scrubbed
 
 
-def test_tests_after_a_failure_in_a_batch_run_in_a_new_batch(monkeypatch):
-    """The failure in test b leaves the ranks out of step in its batch, failing c there: b runs
-    alone, c and d go on in a new batch, where c passes."""
+def test_a_failure_in_a_batch_reruns_the_failed_tests_alone_and_keeps_the_passes(monkeypatch):
+    """The failure in test b leaves the ranks out of step, failing c in the same batch: b and c
+    run alone, and that decides (c passes there); d passed on every rank after them and keeps
+    its pass. One batch in all."""
     ids = ["t::a", "t::b", "t::c", "t::d"]
     batches, alone = [], []
 
     def run_batch(parallel, batch, args, flags):
         batches.append(list(batch))
-        broken = False
-        results = {}
-        for test_id in batch:
-            failed = test_id == "t::b" or broken
-            broken = broken or failed
-            results[test_id] = [("failed" if failed else "passed", "")] * args.np
+        outcome = {"t::b": "failed", "t::c": "failed"}
+        return {t: [(outcome.get(t, "passed"), "")] * args.np for t in batch}
+
+    def run_one(parallel, test_id, args, flags):
+        alone.append(test_id)
+        return ("failed" if test_id == "t::b" else "passed"), "its output"
+
+    monkeypatch.setattr(suites, "run_batch", run_batch)
+    monkeypatch.setattr(suites, "run_one", run_one)
+    outcomes, rechecked = suites.run_tests(None, ids, Namespace(batch=0, np=2, progress=False),
+                                           [])
+    assert batches == [ids]
+    assert alone == ["t::b", "t::c"] and rechecked == 2
+    assert {t: o for t, (o, _) in outcomes.items()} == {
+        "t::a": "passed", "t::b": "failed", "t::c": "passed", "t::d": "passed"}
+
+
+def test_a_batch_that_ends_in_a_test_goes_on_in_a_new_batch(monkeypatch):
+    """Rank 1 never reports c (the job died in it): c runs alone, and what had not run after it
+    goes on (here d, alone)."""
+    ids = ["t::a", "t::b", "t::c", "t::d"]
+    batches, alone = [], []
+
+    def run_batch(parallel, batch, args, flags):
+        batches.append(list(batch))
+        results = {t: [("passed", "")] * args.np for t in batch}
+        if "t::c" in results:
+            results["t::c"] = [("passed", "")]
+            results.pop("t::d")
         return results
 
     def run_one(parallel, test_id, args, flags):
@@ -55,11 +79,11 @@ def test_tests_after_a_failure_in_a_batch_run_in_a_new_batch(monkeypatch):
 
     monkeypatch.setattr(suites, "run_batch", run_batch)
     monkeypatch.setattr(suites, "run_one", run_one)
-    outcomes, rechecked = suites.run_tests(None, ids, Namespace(batch=0, np=2), [])
-    assert batches == [ids, ["t::c", "t::d"]]
-    assert alone == ["t::b"] and rechecked == 1
+    outcomes, _ = suites.run_tests(None, ids, Namespace(batch=0, np=2, progress=False), [])
+    # What is left after the batch's end is one test, which runs alone rather than as a batch.
+    assert batches == [ids] and alone == ["t::c", "t::d"]
     assert {t: o for t, (o, _) in outcomes.items()} == {
-        "t::a": "passed", "t::b": "failed", "t::c": "passed", "t::d": "passed"}
+        "t::a": "passed", "t::b": "passed", "t::c": "failed", "t::d": "failed"}
 
 
 def test_expectations_fail_on_a_test_that_stops_passing_and_say_so_on_one_that_starts():

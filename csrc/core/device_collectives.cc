@@ -181,6 +181,12 @@ bool DeviceCollectives::NcclRuns(const Response& response) const {
   switch (response.type) {
     case Response::Type::kAllreduce:
     case Response::Type::kReducescatter:
+      // An integer tensor is scaled twice, each time truncated, as on the host (and as
+      // Horovod's kernels do): pre * post in one step would round differently.
+      if (!IsFloatingPoint(response.dtype) &&
+          (response.prescale != 1.0 || response.postscale != 1.0)) {
+        return false;
+      }
       return nccl_->CanReduce(response.dtype, response.reduce_op, scale);
     default:
       return true;
