@@ -179,6 +179,33 @@ def join_and_point_to_point():
     check(last in range(size), f"join returned {last}")
 
 
+def horovod_style():
+    """As Horovod's test_torch.py calls them: on the current (default) stream, dims 1 to 3 of
+    17, a CPU tensor's call before each device tensor's, splits given as a tensor on the
+    device, results read on the same stream at once."""
+    for dtype in ("int32", "int64", "float16", "float32", "float64"):
+        for dim in (1, 2, 3):
+            shape = (17,) * dim
+            rng = np.random.default_rng(1234)
+            base = rng.integers(-100, 100, shape)
+            for device in ("cpu", DEVICE):
+                tensor = to_torch(base, dtype).to(device)
+                averaged = hvd.allreduce(tensor, average=True, name=f"hs.avg.{dtype}.{dim}")
+                close(host(averaged), base.astype(np.float64), f"{device} average {dtype} {dim}-D")
+                gathered = hvd.allgather(to_torch(np.full(shape, rank), dtype).to(device),
+                                         name=f"hs.ag.{dtype}.{dim}")
+                close(host(gathered), np.concatenate([np.full(shape, r) for r in range(size)]),
+                      f"{device} allgather {dtype} {dim}-D")
+                splits = torch.tensor([rank + 1] * size, dtype=torch.int32, device=device)
+                rows = to_torch(np.concatenate([np.full((rank + 1,) + shape[1:], j)
+                                                for j in range(size)]), dtype).to(device)
+                out, received = hvd.alltoall(rows, splits, name=f"hs.a2a.{dtype}.{dim}")
+                check(received.device == splits.device, f"received splits on {received.device}")
+                check(received.tolist() == [r + 1 for r in range(size)], f"received {received}")
+                close(host(out), np.full((size * (size + 1) // 2,) + shape[1:], rank),
+                      f"{device} alltoall {dtype} {dim}-D")
+
+
 if KIND == "cuda":
     # Issued on a side stream: the core follows the stream it was called on.
     with torch.cuda.stream(torch.cuda.Stream()):
@@ -188,6 +215,7 @@ if KIND == "cuda":
 else:
     allreduces()
     gathers_and_others()
+horovod_style()
 training()
 sync_batch_norm()
 join_and_point_to_point()
