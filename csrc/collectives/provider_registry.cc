@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "shm/shm_allreduce.h"
+#include "../common/backend_names.h"
 
 namespace horovodlike {
 
@@ -18,7 +19,7 @@ ProviderContext::ProviderContext(Link& link, bool spans_job, std::string cpu_ope
 bool OverAnyLink(const std::string&) { return true; }
 
 bool OverBuiltInLinks(const std::string& cpu_operations) {
-  return cpu_operations.empty() || cpu_operations == "tcp";
+  return cpu_operations.empty() || IsBackend(cpu_operations, Backend::kTcp);
 }
 
 }  // namespace horovodlike

@@ -42,6 +42,16 @@ inline bool ParseBackend(const std::string& name, Backend* backend) {
 
 inline bool IsBackend(const std::string& name, Backend backend) { return name == NameOf(backend); }
 
+// HOROVOD_GPU_OPERATIONS: NCCL, or GPU tensors staged through host memory (where a CPU
+// backend's name also asks for staging, its host collectives being that backend's).
+inline constexpr const char* kGpuNccl = "nccl";
+inline constexpr const char* kGpuStaged = "staged";
+
+// Whether HOROVOD_GPU_OPERATIONS=`value` (lower case) asks for staging.
+inline bool AsksForStaging(const std::string& value) {
+  return value == kGpuStaged || IsBackend(value, Backend::kMpi) || IsBackend(value, Backend::kGloo);
+}
+
 // "tcp, mpi, gloo"
 inline std::string BackendNames() {
   std::string names;

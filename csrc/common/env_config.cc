@@ -114,10 +114,9 @@ std::string GetGpuOperations() {
   const char* value = Get("HOROVOD_GPU_OPERATIONS");
   std::string v = value != nullptr ? value : "";
   for (char& c : v) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  const bool cpu_backend = IsBackend(v, Backend::kMpi) || IsBackend(v, Backend::kGloo);
-  if (!(v.empty() || v == "nccl" || v == "staged" || cpu_backend)) {
-    throw InvalidArgument("HOROVOD_GPU_OPERATIONS='" + std::string(value) +
-                          "' is not one of nccl, staged (GPU tensors through host memory), " +
+  if (!(v.empty() || v == kGpuNccl || AsksForStaging(v))) {
+    throw InvalidArgument("HOROVOD_GPU_OPERATIONS='" + std::string(value) + "' is not one of " +
+                          kGpuNccl + ", " + kGpuStaged + " (GPU tensors through host memory), " +
                           NameOf(Backend::kMpi) + ", " + NameOf(Backend::kGloo));
   }
   return v;

@@ -11,6 +11,7 @@
 #include "../common/logging.h"
 #include "../cuda/device_context.h"
 #include "tensor_layout.h"
+#include "../common/backend_names.h"
 
 namespace horovodlike {
 namespace {
@@ -54,7 +55,7 @@ class Activity {
 
 std::string DeviceCollectives::mode() const {
   switch (mode_) {
-    case Mode::kNccl: return "nccl";
+    case Mode::kNccl: return kGpuNccl;
     case Mode::kStaged: return "staged: " + reason_;
     case Mode::kRefused: return "refused: " + reason_;
     case Mode::kUndecided: break;
@@ -136,11 +137,11 @@ void DeviceCollectives::Decide(DeviceContext& device, const Host& host) {
       kCudaSuccess) {
     std::snprintf(mine.bus_id, sizeof(mine.bus_id), "device %d", device.device());
   }
-  mine.nccl_usable = gpu_operations_ == "staged" ? 0 : NcclUsable();
+  mine.nccl_usable = gpu_operations_ == kGpuStaged ? 0 : NcclUsable();
   mine.device = device.device();
   if (size_ > 1) host.allgather(reports.data(), std::vector<size_t>(size_, sizeof(RankReport)));
   std::string why;
-  if (gpu_operations_ == "staged" || gpu_operations_ == "mpi" || gpu_operations_ == "gloo") {
+  if (AsksForStaging(gpu_operations_)) {
     why = "HOROVOD_GPU_OPERATIONS=" + gpu_operations_;
   }
   for (int r = 0; r < size_ && why.empty(); ++r) {
@@ -166,7 +167,7 @@ void DeviceCollectives::Decide(DeviceContext& device, const Host& host) {
     return;
   }
   reason_ = why;
-  if (gpu_operations_ == "nccl") {
+  if (gpu_operations_ == kGpuNccl) {
     mode_ = Mode::kRefused;
     reason_ = "HOROVOD_GPU_OPERATIONS=nccl asks for NCCL, but " + why +
               "; unset it to stage GPU tensors through host memory";

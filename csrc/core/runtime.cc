@@ -16,6 +16,7 @@
 #include "../links/rendezvous_client.h"
 #ifdef HOROVODLIKE_MPI_FOUND
 #include "../links/mpi/tcp_mesh_over_mpi.h"
+#include "../common/backend_names.h"
 #endif
 
 namespace horovodlike {
@@ -100,7 +101,7 @@ void Runtime::Init() {
   std::string p2p_unavailable;
   const bool has_rendezvous = !config.rendezvous_addr.empty() && config.rendezvous_port > 0;
   const bool over_mpi = !has_rendezvous && config.launched_by_mpirun &&
-                        std::string(transport->name()) == "mpi";
+                        IsBackend(transport->name(), Backend::kMpi);
   if (config.size > 1 && !has_rendezvous && !over_mpi) {
     p2p_unavailable = "point-to-point needs the launcher's rendezvous server, or MPI in a job "
                       "that mpirun started, and this job has neither; start it with "

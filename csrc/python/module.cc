@@ -18,6 +18,7 @@
 #include "../links/connect.h"
 #include "gpu.h"
 #include "testing.h"
+#include "../common/backend_names.h"
 
 namespace py = pybind11;
 using namespace horovodlike;
@@ -298,17 +299,17 @@ py::dict Stats() {
 py::dict BuildInfo() {
   py::dict info;
   info["version"] = HOROVODLIKE_VERSION;
-  info["tcp"] = true;
+  info[NameOf(Backend::kTcp)] = true;
   info["shm"] = true;  // shared memory between the ranks of a host: always built
 #ifdef HOROVODLIKE_MPI_FOUND
-  info["mpi"] = true;
+  info[NameOf(Backend::kMpi)] = true;
 #else
-  info["mpi"] = false;
+  info[NameOf(Backend::kMpi)] = false;
 #endif
 #ifdef HOROVODLIKE_GLOO_FOUND
-  info["gloo"] = true;
+  info[NameOf(Backend::kGloo)] = true;
 #else
-  info["gloo"] = false;
+  info[NameOf(Backend::kGloo)] = false;
 #endif
   info["nccl"] = NcclStatus().found;
   info["cuda"] = CudaStatus().found;

@@ -3,6 +3,7 @@
 // finds MPI.
 #include "../provider_registry.h"
 #include "mpi_allreduce.h"
+#include "../../common/backend_names.h"
 
 namespace horovodlike {
 namespace {
@@ -14,18 +15,18 @@ MpiLink* JobsMpiLink(const ProviderContext& context) {
 
 std::shared_ptr<AllreduceProvider> EverySize(const ProviderContext& context) {
   MpiLink* mpi = JobsMpiLink(context);
-  if (mpi == nullptr || context.cpu_operations != "mpi") return nullptr;
+  if (mpi == nullptr || !IsBackend(context.cpu_operations, Backend::kMpi)) return nullptr;
   return std::make_shared<MpiAllreduce>(*mpi, /*every_size=*/true);
 }
 
 std::shared_ptr<AllreduceProvider> SmallMessages(const ProviderContext& context) {
   MpiLink* mpi = JobsMpiLink(context);
-  if (mpi == nullptr || context.cpu_operations == "mpi") return nullptr;
+  if (mpi == nullptr || IsBackend(context.cpu_operations, Backend::kMpi)) return nullptr;
   return std::make_shared<MpiAllreduce>(*mpi, /*every_size=*/false);
 }
 
 // HOROVOD_CPU_OPERATIONS=mpi asks for MPI's operations; unset, mpirun's jobs run over MPI.
-bool AskedForMpi(const std::string& cpu_operations) { return cpu_operations == "mpi"; }
+bool AskedForMpi(const std::string& cpu_operations) { return IsBackend(cpu_operations, Backend::kMpi); }
 bool MaybeOverMpi(const std::string& cpu_operations) { return cpu_operations.empty(); }
 
 const ProviderRegistrar<AllreduceProvider> kEverySize({

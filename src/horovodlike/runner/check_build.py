@@ -7,12 +7,13 @@ import importlib
 import importlib.util
 import sys
 
+from horovodlike.runner.settings import GLOO, MPI, TCP
+
 # (label, module) in the order they are listed.
 FRAMEWORKS = (("PyTorch", "torch"), ("TensorFlow", "tensorflow"), ("Keras", "keras"))
 # (label, build_info key)
-CONTROLLERS = (("TCP", "tcp"), ("MPI", "mpi"), ("Gloo", "gloo"))
-TENSOR_OPERATIONS = (("TCP", "tcp"), ("SHM", "shm"), ("MPI", "mpi"), ("Gloo", "gloo"),
-                     ("NCCL", "nccl"))
+CONTROLLERS = (("TCP", TCP), ("MPI", MPI), ("Gloo", GLOO))
+TENSOR_OPERATIONS = (("TCP", TCP), ("SHM", "shm"), ("MPI", MPI), ("Gloo", GLOO), ("NCCL", "nccl"))
 _KNOWN_KEYS = {"version"} | {key for _, key in CONTROLLERS + TENSOR_OPERATIONS}
 
 
