@@ -40,6 +40,7 @@ import tempfile
 import time
 
 from gpu_setup import bench_device, horovodlike_gpu_report, in_full, require_cuda, torch_peers
+from source_tree import jobs_pythonpath
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_SIZES = "4K,16K,64K,256K,1M,4M,16M,64M"
@@ -258,8 +259,7 @@ def _base_env() -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_")}
     env["OMP_NUM_THREADS"] = "1"
     # An explicit PYTHONPATH (another build of horovodlike) wins over this source tree.
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"),
-                                                      os.path.join(REPO, "src")]))
+    env["PYTHONPATH"] = jobs_pythonpath()
     return env
 
 

@@ -40,6 +40,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from allreduce import _check, format_size, iterations, own_session, parse_size  # noqa: E402
+from source_tree import jobs_pythonpath  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ALGORITHMS = ("flat-ring", "hierarchical", "MPI", "Gloo")
@@ -206,8 +207,7 @@ def _base_env(bin_dir: str) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HOROVOD_", "OMPI_"))}
     env["OMP_NUM_THREADS"] = "1"
     env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"),
-                                                      os.path.join(REPO, "src")]))
+    env["PYTHONPATH"] = jobs_pythonpath()
     return env
 
 

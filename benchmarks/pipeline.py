@@ -46,6 +46,7 @@ from horovodlike.common.basics import build_info
 from horovodlike.torch.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
                                           ScheduleInterleaved1F1B, split_sequential)
 from wire_bytes import tcp_bytes_sent
+from source_tree import jobs_pythonpath
 
 OVER_TCP = False  # set in main(): the kernel's TCP counters then see every byte sent
 
@@ -282,8 +283,7 @@ def run_jobs(args):
     its own and the wire counters see every byte; then one table."""
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, HOROVOD_SHM_DISABLE="1", OMP_NUM_THREADS="1")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.join(repo, "src"),
-                                                      env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = jobs_pythonpath()
     loads, results = [os.getloadavg()[0]], {}
     for name, _ in layouts_for(args, args.np):
         with tempfile.TemporaryDirectory() as tmp:

@@ -20,6 +20,8 @@ import sys
 import tempfile
 import time
 
+from source_tree import jobs_pythonpath
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 D, HIDDEN, BATCH = 512, 2048, 64
 
@@ -125,8 +127,7 @@ def main():
     if args.worker:
         return worker(args.steps, args.out)
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.join(REPO, "src"),
-                                                      env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = jobs_pythonpath()
     raw = {"load_before": os.getloadavg(), "cores": os.cpu_count(), "sizes": {}}
     print(f"model: 2 x (Linear({D}, {HIDDEN}), GELU, Linear({HIDDEN}, {D})), global batch "
           f"{BATCH}, SGD; one thread per rank\n")

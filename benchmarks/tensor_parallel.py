@@ -26,6 +26,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from wire_bytes import tcp_bytes_sent  # noqa: E402
+from source_tree import jobs_pythonpath  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BS, H, E = 72, 576, 2304
@@ -124,8 +125,7 @@ def main():
         return worker(args.worker, args.steps, args.out)
     # Every byte over TCP, so that the kernel's socket counters see all of it.
     env = dict(os.environ, OMP_NUM_THREADS="1", HOROVOD_SHM_DISABLE="1")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.join(REPO, "src"),
-                                                      env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = jobs_pythonpath()
     raw = {"load_before": os.getloadavg(), "cores": os.cpu_count(), "rows": []}
     print(f"activation ({BS}, {H}), weights ({H}, {E}) and ({E}, {H}), fp32; KiB sent per rank "
           "for one forward and one backward pass of the pair: counted (the collectives the "

@@ -34,6 +34,8 @@ import sys
 import tempfile
 import time
 
+from source_tree import jobs_pythonpath
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WIDTHS = [512, 1024, 1536, 1024, 2048, 1024, 1536, 768, 1024, 2048, 1024, 512, 1024, 1536, 1024,
           2048, 512]
@@ -222,8 +224,7 @@ def run_job(kind, args, worker_args, launcher_args=()):
         env.update(args.variant)
     worker = "horovodlike" if kind == "variant" else kind
     env["OMP_NUM_THREADS"] = "1"
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"),
-                                                      os.path.join(REPO, "src")]))
+    env["PYTHONPATH"] = jobs_pythonpath()
     me = os.path.abspath(__file__)
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "result.json")

@@ -20,6 +20,8 @@ import sys
 import tempfile
 import time
 
+from source_tree import jobs_pythonpath
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -79,8 +81,7 @@ def main():
     if args.worker:
         return worker(args.worker, args.width, args.steps, args.out)
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.join(REPO, "src"),
-                                                      env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = jobs_pythonpath()
     mib = 1 << 20
     rows, loads = [], [os.getloadavg()]
     for kind, label in (("dp", "data parallel"), ("zero", "ZeRO")):
