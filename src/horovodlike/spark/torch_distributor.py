@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 
 import horovodlike
+from horovodlike.runner.environment import EXIT_WITH_LAUNCHER
 from horovodlike.spark.rank_program import RESULT_FILE, read_failures
 from horovodlike.spark.runner import active_spark_context, describe_failures, run as spark_run
 
@@ -153,13 +155,22 @@ def _rank_zero_result(fn, *args, **kwargs):
 
 def run_rank_program(program: list[str]) -> None:
     """In a Spark task: the rank's program as a child process, with the rank's environment;
-    its output goes where the task's goes (to the driver). Its failure is raised here."""
+    its output goes where the task's goes (to the driver). Its failure is raised here. The
+    child has a session of its own and ends, as a launcher's rank does, when the driver's
+    rendezvous server goes (the job failed elsewhere and Spark gave up this task)."""
     report_dir = tempfile.mkdtemp(prefix="hvdl-rank-")
+    env = {**_python_env(), EXIT_WITH_LAUNCHER: "1"}
     try:
         sys.stdout.flush()
         sys.stderr.flush()
-        code = subprocess.call([sys.executable, "-m", "horovodlike.spark.rank_program",
-                                report_dir, *program], env=_python_env())
+        child = subprocess.Popen([sys.executable, "-m", "horovodlike.spark.rank_program",
+                                  report_dir, *program], env=env, start_new_session=True)
+        try:
+            code = child.wait()
+        finally:
+            if child.poll() is None:  # this task was interrupted
+                os.killpg(child.pid, signal.SIGKILL)
+                child.wait()
         failures = read_failures(report_dir)
         if failures:
             _, kind, message = next(iter(failures.values()))
