@@ -80,9 +80,7 @@ def main():
     params = [p for i in mine for p in parts[i].parameters()]
     named = [(f"stage{i}.{name}", p) for i in mine for name, p in parts[i].named_parameters()]
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(params, lr=args.lr, momentum=0.9),
-                                         named_parameters=named,
-                                         backward_passes_per_step=args.microbatches,
-                                         process_set=dp_set)
+                                         named_parameters=named, process_set=dp_set)
 
     x_train, x_test, y_train, y_test = load_data()
     first, last = 0 in schedule.stages, num_stages - 1 in schedule.stages

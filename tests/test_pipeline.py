@@ -20,7 +20,8 @@ def test_pipeline_equals_single_process(np_, specs):
 
 
 def test_pipeline_times_data_parallel_equals_global_batch():
-    result = launch(4, "pipeline_worker.py", "ppdp", "gpipe", "1f1b")
+    # A plain DistributedOptimizer and one with backward_passes_per_step=n_microbatches.
+    result = launch(4, "pipeline_worker.py", "ppdp", "gpipe", "1f1b", "interleaved:2")
     assert_all_ranks(result, 4, "pp x dp OK")
 
 

@@ -163,6 +163,18 @@ for optimizer_class, kwargs in ((torch.optim.SGD, {"lr": 0.1}),
                                                      np.float64).reshape(s.shape)
             check(np.allclose(p.detach().numpy(), want, rtol=1e-10, atol=1e-12),
                   f"SGD step {i} is not -lr * Adasum(gradients)")
+        # The same step from two half-batch passes, the first accumulated inside no_sync.
+        halves = make_model()
+        opt_halves = hvd.DistributedOptimizer(torch.optim.SGD(halves.parameters(), lr=0.1),
+                                              named_parameters=halves.named_parameters(),
+                                              op=hvd.Adasum)
+        with opt_halves.no_sync():
+            (0.5 * torch.nn.functional.mse_loss(halves(x[:3]), y[:3])).backward()
+        (0.5 * torch.nn.functional.mse_loss(halves(x[3:]), y[3:])).backward()
+        opt_halves.step()
+        for i, (p, q) in enumerate(zip(halves.parameters(), model.parameters())):
+            check(torch.allclose(p, q, rtol=1e-10, atol=1e-12),
+                  f"SGD step {i} from passes in no_sync differs from the one-pass step")
     opt.zero_grad()
     checks += 1
 

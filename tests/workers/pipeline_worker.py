@@ -2,7 +2,7 @@
 
 Usage: pipeline_worker.py MODE [args]
   train SCHEDULE:STAGES_PER_RANK...  pipeline over every rank; weights and losses after 3 steps
-  ppdp SCHEDULE...                   4 ranks, ProcessMesh (pp=2, dp=2): 2 stages x 2 replicas
+  ppdp SCHEDULE[:STAGES_PER_RANK]... 4 ranks, ProcessMesh (pp=2, dp=2): a pipeline x 2 replicas
   raise                            stage 1 raises mid-step: every rank raises
   kill REPORT_DIR                  rank 1 is killed mid-step: the others raise within seconds
 """
@@ -124,25 +124,44 @@ def train(schedule_name, stages_per_rank):
         check(stages[0].peak_saved == N_MICROBATCHES, f"gpipe held {stages[0].peak_saved}")
 
 
-def pp_dp(schedule_name, mesh):
+def pp_dp_train(schedule_name, stages_per_rank, mesh, passes):
     """Each replica (a dp coordinate) pipelines its half of the global batch over its pp line;
-    the stage's gradients are averaged over its dp line."""
+    the stages' gradients are averaged over their dp line by a DistributedOptimizer given
+    backward_passes_per_step=passes (None: the default). Returns this rank's stage modules."""
     pp_set, dp_set = mesh.process_set("pp"), mesh.process_set("dp")
     pp_index, dp_index = pp_set.rank(), mesh.coordinate("dp")
-    model = build_model(2)
-    part = split_sequential(model, 2)[pp_index]
-    stage = PipelineStage(part, pp_index, 2, process_set=pp_set)
-    schedule = SCHEDULES[schedule_name](stage, N_MICROBATCHES,
-                                        loss_fn=torch.nn.functional.mse_loss)
-    optimizer = hvd.DistributedOptimizer(make_optimizer(part.parameters()),
-                                         named_parameters=part.named_parameters(),
-                                         backward_passes_per_step=N_MICROBATCHES,
-                                         process_set=dp_set)
+    num_stages = 2 * stages_per_rank
+    parts = split_sequential(build_model(num_stages), num_stages)
+    mine = {i: parts[i] for i in range(pp_index, num_stages, 2)}
+    stages = [PipelineStage(part, i, num_stages, process_set=pp_set) for i, part in mine.items()]
+    schedule = SCHEDULES[schedule_name](stages if len(stages) > 1 else stages[0],
+                                        N_MICROBATCHES, loss_fn=torch.nn.functional.mse_loss)
+    params = [p for part in mine.values() for p in part.parameters()]
+    named = [(f"{i}.{name}", p) for i, part in mine.items() for name, p in part.named_parameters()]
+    options = {} if passes is None else {"backward_passes_per_step": passes}
+    optimizer = hvd.DistributedOptimizer(make_optimizer(params), named_parameters=named,
+                                         process_set=dp_set, **options)
     rows = slice(dp_index * BATCH // 2, (dp_index + 1) * BATCH // 2)
-    run_pipeline(schedule, [part], optimizer, 2, x_rows=rows)
+    run_pipeline(schedule, list(mine.values()), optimizer, num_stages, x_rows=rows)
+    return mine
+
+
+def pp_dp(spec, mesh):
+    """pp x dp with a plain DistributedOptimizer (the schedule defers the exchange to each
+    stage's last micro-batch) and with backward_passes_per_step=N_MICROBATCHES: both equal
+    single-process training on the global batch, and each other."""
+    name, _, per_rank = spec.partition(":")
+    per_rank = int(per_rank or 1)
+    plain = pp_dp_train(name, per_rank, mesh, None)
+    explicit = pp_dp_train(name, per_rank, mesh, N_MICROBATCHES)
     # The global batch is BATCH rows = 2 replicas x N_MICROBATCHES micro-batches of BATCH / 8.
-    reference, _ = reference_run(2, 2 * N_MICROBATCHES)
-    compare(reference, pp_index, part, f"pp x dp {schedule_name}")
+    reference, _ = reference_run(2 * per_rank, 2 * N_MICROBATCHES)
+    for index, part in plain.items():
+        compare(reference, index, part, f"pp x dp {spec}")
+        for (name, p), q in zip(part.named_parameters(), explicit[index].parameters()):
+            check(torch.allclose(p, q, rtol=1e-12, atol=0),
+                  f"pp x dp {spec}: stage {index} {name}, plain and explicit "
+                  f"backward_passes_per_step differ by {(p - q).abs().max().item():.3g}")
 
 
 class Failing(torch.nn.Module):

@@ -1,6 +1,7 @@
 """Autograd of the collectives, DistributedOptimizer against a single-process replica over the
 global batch, and broadcast of parameters and optimizer state."""
 
+import contextlib
 import copy
 
 import numpy as np
@@ -62,7 +63,9 @@ def global_batch(step, per_rank):
     return xs, ys
 
 
-def run(compression, passes, predivide, optimizer_cls, **opt_kwargs):
+def run(compression, passes, predivide, optimizer_cls, in_no_sync=False, **opt_kwargs):
+    """`passes` backward passes per step: counted by backward_passes_per_step, or (in_no_sync)
+    all but the last inside optimizer.no_sync() with the default backward_passes_per_step."""
     per_rank, steps = 4, 5
     model = make_model(seed=7 + rank)  # different on purpose; broadcast fixes it
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
@@ -71,7 +74,8 @@ def run(compression, passes, predivide, optimizer_cls, **opt_kwargs):
         check(torch.equal(p, q), "broadcast_parameters did not give rank 0's weights")
     opt = hvd.DistributedOptimizer(optimizer_cls(model.parameters(), **opt_kwargs),
                                    named_parameters=model.named_parameters(),
-                                   compression=compression, backward_passes_per_step=passes,
+                                   compression=compression,
+                                   backward_passes_per_step=1 if in_no_sync else passes,
                                    gradient_predivide_factor=predivide)
     ref_opt = optimizer_cls(reference.parameters(), **opt_kwargs)
     loss_fn = torch.nn.CrossEntropyLoss()
@@ -81,7 +85,9 @@ def run(compression, passes, predivide, optimizer_cls, **opt_kwargs):
         for micro in range(passes):
             xs, ys = global_batch(step * passes + micro, per_rank)
             mine = slice(rank * per_rank, (rank + 1) * per_rank)
-            loss_fn(model(xs[mine]), ys[mine]).backward()
+            deferred = in_no_sync and micro < passes - 1
+            with opt.no_sync() if deferred else contextlib.nullcontext():
+                loss_fn(model(xs[mine]), ys[mine]).backward()
             # The replica sees the whole global batch; its mean loss matches the average of the
             # ranks' means because every rank has the same number of samples.
             loss_fn(reference(xs), ys).backward()
@@ -96,6 +102,9 @@ for label, kwargs, t in [
                  optimizer_cls=torch.optim.SGD, lr=0.1, momentum=0.9), tol),
     ("adam+2passes+predivide", dict(compression=hvd.Compression.none, passes=2, predivide=2.0,
                                     optimizer_cls=torch.optim.Adam, lr=0.01), tol),
+    ("adam+3passes+no_sync", dict(compression=hvd.Compression.none, passes=3, predivide=1.0,
+                                  optimizer_cls=torch.optim.Adam, in_no_sync=True, lr=0.01),
+     tol),
     ("fp16", dict(compression=hvd.Compression.fp16, passes=1, predivide=1.0,
                   optimizer_cls=torch.optim.SGD, lr=0.1), dict(rtol=1e-2, atol=1e-3)),
 ]:

@@ -116,8 +116,8 @@ def run(fn, args=(), kwargs={}, num_proc=None, start_timeout=None, use_mpi=None,
 
 
 def describe_failure(server, error: BaseException) -> str:
-    """Names the rank that failed first in cause: one that did not fail with
-    HorovodInternalError (what its peers raise because of it), else the lowest failed rank."""
+    """Names the rank that failed first in cause, from the failures the ranks reported to the
+    job's rendezvous server (see describe_failures)."""
     failures = {}
     for key in server.keys():
         if key.startswith(FAILURE_PREFIX):
@@ -126,6 +126,13 @@ def describe_failure(server, error: BaseException) -> str:
         first = str(error).strip().splitlines()
         return (f"the Spark job of horovodlike.spark.run failed before any rank reported why: "
                 f"{first[0] if first else type(error).__name__}")
+    return describe_failures(failures)
+
+
+def describe_failures(failures: dict[int, tuple[str, str, str]]) -> str:
+    """{rank: (host, exception type name, message)} as one sentence naming the rank that failed
+    first in cause: one that did not fail with HorovodInternalError (what its peers raise
+    because of it), else the lowest failed rank."""
     primary = min((r for r, (_, kind, _) in failures.items() if kind != "HorovodInternalError"),
                   default=min(failures))
     host, kind, message = failures[primary]

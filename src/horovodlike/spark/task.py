@@ -21,7 +21,10 @@ _MAX_REPORT_CHARS = 1500  # the rendezvous protocol's lines are at most 4 KiB
 
 
 def encode_failure(host: str, error: BaseException) -> str:
-    text = f"{host}\n{type(error).__name__}\n{error}"[:_MAX_REPORT_CHARS]
+    """A failure record; an error that stands for one raised in a child process (it has
+    `reported_type`) is recorded under that one's type name."""
+    kind = getattr(error, "reported_type", None) or type(error).__name__
+    text = f"{host}\n{kind}\n{error}"[:_MAX_REPORT_CHARS]
     return base64.urlsafe_b64encode(text.encode()).decode("ascii")
 
 

@@ -10,6 +10,7 @@ Adasum of the gradients; for optimizers with state (momentum, Adam) each rank ke
 
 import torch
 
+from horovodlike.torch.local_accumulation import exchange_deferred, no_sync
 from horovodlike.torch.mpi_ops import Adasum, allreduce_async_, synchronize
 from horovodlike.torch.optimizer_common import discard, parameter_names, too_many_passes
 
@@ -68,12 +69,17 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
         if p in self._handles:
             raise too_many_passes(self._names[p], self.backward_passes_per_step)
         self._passes_left[p] -= 1
-        if self._passes_left[p] == 0:
+        if self._passes_left[p] <= 0 and not exchange_deferred(p):
             self._local_step(p)
 
     def synchronize(self):
         """Nothing to wait for before step(): with Adasum the update is combined, so step()
         does the waiting (as in Horovod)."""
+
+    def no_sync(self):
+        """Context manager: backward passes inside it accumulate the gradients locally; the
+        first one after it takes the local step and starts its Adasum."""
+        return no_sync(p for group in self.param_groups for p in group["params"])
 
     def skip_synchronize(self):
         raise RuntimeError("DistributedOptimizer(op=Adasum) has no separate synchronize(): "

@@ -14,6 +14,7 @@ from horovodlike.common import elastic as _elastic
 from horovodlike.common.process_sets import global_process_set
 from horovodlike.torch.adasum_optimizer import _DistributedAdasumOptimizer
 from horovodlike.torch.compression import Compression
+from horovodlike.torch.local_accumulation import exchange_deferred, no_sync
 from horovodlike.torch.optimizer_common import discard, parameter_names, too_many_passes
 from horovodlike.torch.mpi_ops import (Average, Sum, Adasum, allreduce_async_,
                                        grouped_allreduce_async_, synchronize)
@@ -143,7 +144,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self._pending(p):
             raise too_many_passes(self._names[p], self.backward_passes_per_step)
         self._passes_left[p] -= 1
-        if self._passes_left[p] == 0:
+        # Past the count inside no_sync: the first pass outside it starts the exchange.
+        if self._passes_left[p] <= 0 and not exchange_deferred(p):
             self._start_allreduce(p)
 
     def synchronize(self):
@@ -178,6 +180,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             for p in self._passes_left:
                 self._passes_left[p] = self.backward_passes_per_step
         self._synchronized = True
+
+    def no_sync(self):
+        """Context manager: backward passes inside it accumulate the gradients locally; the
+        first one after it exchanges the sum (local_accumulation.py)."""
+        return no_sync(self._params)
 
     def skip_synchronize(self):
         """Context manager: step() inside it does not synchronize (call synchronize() first)."""

@@ -12,13 +12,19 @@ waits for data that its neighbour's own list produces before needing anything fr
 Gradients of one step are those of the mean of the micro-batch losses: each micro-batch's loss
 is scaled by 1/n_microbatches before its backward, and they accumulate into ``.grad``, so a
 pipelined step equals the step one process takes on the whole batch (when it divides evenly).
+As DistributedDataParallel's gradients are under torch.distributed.pipelining, a
+DistributedOptimizer's are exchanged once per step: every backward of a stage but its last runs
+inside no_sync (local_accumulation.py), so the optimizer needs no backward_passes_per_step.
 """
+
+import contextlib
 
 import torch
 
 from horovodlike.common import basics
 from horovodlike.common import point_to_point as p2p
 from horovodlike.common.exceptions import HorovodInternalError
+from horovodlike.torch.local_accumulation import no_sync
 from horovodlike.torch.p2p import irecv_any, isend
 from horovodlike.torch.pipelining.stage import PipelineStage
 
@@ -70,6 +76,7 @@ class _PipelineSchedule:
             raise ValueError(f"{type(self).__name__}: the last stage needs a loss_fn")
         self._check()
         self.actions = self.actions_for(self.position)
+        self._last_backward = last_backwards(self.actions)
 
     def _check(self):
         """Schedule-specific constraints (raise ValueError)."""
@@ -181,13 +188,22 @@ class _PipelineSchedule:
             self._send(stage, output, stage.stage_index + 1, False, microbatch, pending)
 
     def _backward(self, stage, microbatch, pending):
-        if stage.is_last:
-            grad_input = stage.backward_one(microbatch, loss_scale=1.0 / self.n_microbatches)
-        else:
-            grad = self._receive(stage, stage.stage_index + 1, True, microbatch)
-            grad_input = stage.backward_one(microbatch, grad_output=grad)
+        # The stage's gradients are exchanged after its last backward of the step only.
+        exchange = microbatch == self._last_backward[stage.stage_index]
+        with contextlib.nullcontext() if exchange else no_sync(stage.submodule.parameters()):
+            if stage.is_last:
+                grad_input = stage.backward_one(microbatch,
+                                                loss_scale=1.0 / self.n_microbatches)
+            else:
+                grad = self._receive(stage, stage.stage_index + 1, True, microbatch)
+                grad_input = stage.backward_one(microbatch, grad_output=grad)
         if not stage.is_first:
             self._send(stage, grad_input, stage.stage_index - 1, True, microbatch, pending)
+
+
+def last_backwards(actions):
+    """{stage: the micro-batch of its last backward} in a rank's actions."""
+    return {index: microbatch for kind, index, microbatch in actions if kind == BACKWARD}
 
 
 class ScheduleGPipe(_PipelineSchedule):
