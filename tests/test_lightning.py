@@ -5,6 +5,7 @@ ranks, and examples/lightning_digits.py's accuracy."""
 
 import json
 import re
+import time
 
 import numpy as np
 
@@ -48,6 +49,19 @@ def test_fit_logging_and_checkpoints_on_two_ranks_then_one(tmp_path):
     # Loaded on one rank: the weights rank 0 had, its optimizer state, training goes on.
     result = launch(1, "lightning_worker.py", "reload", tmp_path)
     assert_all_ranks(result, 1, "reload on 1 ranks OK")
+
+
+def test_a_rank_that_raises_ends_the_job(tmp_path):
+    # Rank 1 raises inside fit; rank 0, waiting for its gradients, must not hang: the failing
+    # rank skips the strategy's closing barrier and exits, and the launcher stops the job.
+    started = time.monotonic()
+    result = launch(2, "lightning_worker.py", "fail", tmp_path, timeout=120)
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output
+    assert "RuntimeError: rank 1 fails on purpose" in output
+    assert "rank 1 (on localhost) exited with code 1" in result.stderr, output
+    assert "fit returned" not in result.stdout, output
+    assert time.monotonic() - started < 60, output
 
 
 def test_example_reaches_95_percent_test_accuracy():

@@ -3,6 +3,7 @@
     lightning_worker.py train OUT      fit against a single-process replica, predict, logging
                                        with sync_dist, torchmetrics, checkpoints (2 ranks)
     lightning_worker.py reload OUT     the checkpoint of `train` loaded on this job's ranks
+    lightning_worker.py fail OUT       rank 1 raises in its second training step
 
 Each rank prints "rank R: ... OK" for what it checked itself and writes OUT/rankR.json with
 what the test compares across ranks with NumPy.
@@ -28,7 +29,8 @@ from lightning_digits import DigitsModule  # noqa: E402
 
 import horovodlike.torch as hvd  # noqa: E402
 import horovodlike.lightning  # noqa: E402,F401  registers strategy="horovod"
-from horovodlike.lightning import HorovodStrategy, gather_all_tensors, metric_sync_options  # noqa: E402
+from horovodlike.lightning import (HorovodStrategy, gather_all_tensors,  # noqa: E402
+                                   metric_sync_options)
 from common import check, raises  # noqa: E402
 
 QUIET = dict(logger=False, enable_progress_bar=False, enable_model_summary=False,
@@ -50,20 +52,36 @@ class ExactModule(DigitsModule):
                 "lr_scheduler": {"scheduler": step_lr(optimizer), "interval": "step"}}
 
 
-def global_batches(train_set):
+class ManualModule(ExactModule):
+    """The same steps with manual optimization: one backward per step."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.automatic_optimization = False
+
+    def training_step(self, batch, batch_idx):
+        optimizer = self.optimizers()
+        optimizer.zero_grad()
+        x, y = batch
+        self.manual_backward(F.cross_entropy(self(x), y))
+        optimizer.step()
+        self.lr_schedulers().step()
+
+
+def global_batches(train_set, accumulate):
     """The examples of each step over all ranks: Lightning deals the training set out with a
     DistributedSampler seeded by seed_everything (num_replicas=size, rank=rank, shuffled), and
-    each rank's step s takes ACCUMULATE micro-batches of BATCH from its share."""
+    each rank's step s takes `accumulate` micro-batches of BATCH from its share."""
     shares = [list(DistributedSampler(train_set, num_replicas=hvd.size(), rank=r, seed=SEED))
               for r in range(hvd.size())]
-    width = ACCUMULATE * BATCH
+    width = accumulate * BATCH
     return [sum((share[s * width:(s + 1) * width] for share in shares), [])
             for s in range(STEPS)]
 
 
-def single_process_replica(init_seed):
+def single_process_replica(init_seed, accumulate):
     """STEPS steps of plain PyTorch in one process on the global batches: Lightning divides
-    each micro-batch's loss by ACCUMULATE and the DistributedOptimizer averages over ranks, so
+    each micro-batch's loss by `accumulate` and the DistributedOptimizer averages over ranks, so
     a step follows the mean loss over that step's examples of every rank."""
     torch.manual_seed(init_seed)
     model = pytorch_digits.build_model().double()
@@ -71,7 +89,7 @@ def single_process_replica(init_seed):
     scheduler = step_lr(optimizer)
     train_set = pytorch_digits.load_data()[0]
     x, y = train_set.tensors
-    for rows in global_batches(train_set):
+    for rows in global_batches(train_set, accumulate):
         optimizer.zero_grad()
         F.cross_entropy(model(x[rows].double()), y[rows]).backward()
         optimizer.step()
@@ -79,24 +97,31 @@ def single_process_replica(init_seed):
     return model.state_dict()
 
 
-def check_fit_matches_single_process(rank):
+def fit_exactly(module_class, rank, accumulate, **trainer_args):
+    """STEPS steps of `module_class` in float64, started from different weights on each rank
+    (the strategy gives every rank rank 0's), against the single-process run."""
     pl.seed_everything(SEED, verbose=False)
-    torch.manual_seed(100 + rank)  # rank 1 starts elsewhere: the strategy gives it rank 0's
-    module = ExactModule(batch_size=BATCH)
-    trainer = pl.Trainer(strategy="horovod", precision="64-true", max_steps=STEPS,
-                         accumulate_grad_batches=ACCUMULATE, limit_val_batches=0,
-                         enable_checkpointing=False, **QUIET)
-    check(type(trainer.strategy) is HorovodStrategy, f"strategy: {trainer.strategy}")
+    torch.manual_seed(100 + rank)
+    module = module_class(batch_size=BATCH)
+    trainer = pl.Trainer(precision="64-true", max_steps=STEPS, accumulate_grad_batches=accumulate,
+                         limit_val_batches=0, enable_checkpointing=False, **trainer_args, **QUIET)
     check(trainer.world_size == hvd.size() and trainer.global_rank == rank, "ranks")
     trainer.fit(module)
     check(trainer.global_step == STEPS, f"{trainer.global_step} steps")
-    expected = single_process_replica(init_seed=100)
+    expected = single_process_replica(init_seed=100, accumulate=accumulate)
     for name, value in module.model.state_dict().items():
         check(np.allclose(value.numpy(), expected[name].numpy(), rtol=1e-5, atol=0),
-              f"{name} differs from the single-process run: "
+              f"{module_class.__name__}: {name} differs from the single-process run: "
               f"{np.abs(value.numpy() - expected[name].numpy()).max()}")
+    return trainer, module
+
+
+def check_fit_matches_single_process(rank):
+    trainer, module = fit_exactly(ExactModule, rank, ACCUMULATE, strategy="horovod")
+    check(type(trainer.strategy) is HorovodStrategy, f"strategy: {trainer.strategy}")
     check_predict(trainer, module, rank)
-    # horovodlike is still up after the run, for the script's own collectives.
+    fit_exactly(ManualModule, rank, 1, strategy=HorovodStrategy())
+    # horovodlike is still up after the runs, for the script's own collectives.
     total = hvd.allreduce(torch.tensor([float(rank)]), op=hvd.Sum, name="after_fit")
     check(total.item() == sum(range(hvd.size())), f"allreduce after fit: {total}")
     print(f"rank {rank}: fit matches the single-process run OK", flush=True)
@@ -219,6 +244,20 @@ def check_reload(rank, out):
     print(f"rank {rank}: reload on {hvd.size()} ranks OK", flush=True)
 
 
+class FailingModule(DigitsModule):
+    def training_step(self, batch, batch_idx):
+        if self.global_rank == 1 and batch_idx == 1:
+            raise RuntimeError("rank 1 fails on purpose")
+        return super().training_step(batch, batch_idx)
+
+
+def check_failure_ends_the_job(rank):
+    """Rank 0 waits in the step's allreduce for a rank that is gone: the launcher stops it."""
+    trainer = pl.Trainer(strategy="horovod", max_epochs=1, enable_checkpointing=False, **QUIET)
+    trainer.fit(FailingModule(batch_size=16))
+    print(f"rank {rank}: fit returned", flush=True)
+
+
 def main():
     mode, out = sys.argv[1], Path(sys.argv[2])
     torch.set_num_threads(1)
@@ -228,6 +267,8 @@ def main():
         check_fit_matches_single_process(rank)
         check_logging_and_checkpoints(rank, out)
         check_collectives(rank, HorovodStrategy())
+    elif mode == "fail":
+        check_failure_ends_the_job(rank)
     else:
         check_reload(rank, out)
 

@@ -25,9 +25,11 @@ def reduction(reduce_op):
 
 
 def process_set(group):
-    """The process set a Lightning `group` names: None (Lightning's default) is every rank; a
-    horovodlike ProcessSet is itself. torch.distributed groups mean nothing to horovodlike."""
-    if group is None:
+    """The process set a Lightning `group` names: None (Lightning's default) or
+    torch.distributed's WORLD (LightningModule.all_gather's) is every rank; a horovodlike
+    ProcessSet is itself. Other torch.distributed groups mean nothing to horovodlike."""
+    world = torch.distributed.group.WORLD if torch.distributed.is_available() else None
+    if group is None or group is world:
         return hvd.global_process_set
     if isinstance(group, hvd.ProcessSet):
         return group

@@ -15,21 +15,23 @@ from horovodlike.lightning.environment import HorovodlikeEnvironmentMixin
 
 class HorovodStrategyMixin:
     """The strategy's behaviour, mixed into each Lightning package's ParallelStrategy by
-    strategy_class() below; `_flavor` (flavors.Flavor) holds that package's pieces."""
+    strategy_class() below; `_flavor` (flavors.Flavor) holds that package's pieces and
+    `_environment` is its ClusterEnvironment class."""
 
     strategy_name = "horovod"
     _flavor = None
+    _environment = None
 
     def __init__(self, accelerator=None, checkpoint_io=None, precision_plugin=None,
                  compression=hvd.Compression.none, gradient_predivide_factor=1.0):
         """`compression` and `gradient_predivide_factor` go to each DistributedOptimizer."""
-        environment = type("HorovodlikeEnvironment", (HorovodlikeEnvironmentMixin,
-                                                      self._flavor.base_environment), {})()
         super().__init__(accelerator=accelerator, parallel_devices=None,
-                         cluster_environment=environment, checkpoint_io=checkpoint_io,
+                         cluster_environment=self._environment(), checkpoint_io=checkpoint_io,
                          precision_plugin=precision_plugin)
         self._compression = compression
         self._gradient_predivide_factor = gradient_predivide_factor
+        self._accumulate_grad_batches = 1  # what the DistributedOptimizers were made for
+        self._failed = False  # whether the current run raised (on_exception)
 
     # ------------------------------------------------------------------ ranks and devices
 
@@ -95,9 +97,9 @@ class HorovodStrategyMixin:
     def _distribute(self, optimizer, accumulate_grad_batches):
         """`optimizer` as a DistributedOptimizer whose gradients are reduced once per
         accumulate_grad_batches backward passes (Lightning steps once per that many batches)."""
+        hvd.broadcast_optimizer_state(optimizer, root_rank=0)
         if hasattr(optimizer, "synchronize"):
             return optimizer  # configure_optimizers returned a DistributedOptimizer already
-        hvd.broadcast_optimizer_state(optimizer, root_rank=0)
         own = {id(p) for group in optimizer.param_groups for p in group["params"]}
         named = [(name, p) for name, p in self.lightning_module.named_parameters() if id(p) in own]
         return hvd.DistributedOptimizer(optimizer, named_parameters=named,
@@ -156,7 +158,7 @@ class HorovodStrategyMixin:
         for optimizer in self.optimizers:
             _remove_gradient_hooks(optimizer)
         super().teardown()
-        if not getattr(self, "_failed", False):
+        if not self._failed:
             self.barrier()
         self._failed = False
 
@@ -192,9 +194,12 @@ DistributedOptimizer."""
 
 def strategy_class(flavor):
     """HorovodStrategy for one Lightning package (flavors.Flavor)."""
+    environment = type("HorovodlikeEnvironment",
+                       (HorovodlikeEnvironmentMixin, flavor.base_environment),
+                       {"__module__": "horovodlike.lightning"})
     return type("HorovodStrategy", (HorovodStrategyMixin, flavor.parallel_strategy),
-                {"_flavor": flavor, "__module__": "horovodlike.lightning",
-                 "__doc__": _STRATEGY_DOC})
+                {"_flavor": flavor, "_environment": environment,
+                 "__module__": "horovodlike.lightning", "__doc__": _STRATEGY_DOC})
 
 
 def register(strategy):
