@@ -10,7 +10,6 @@ what the test compares across ranks with NumPy.
 """
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -28,7 +27,7 @@ import pytorch_digits  # noqa: E402
 from lightning_digits import DigitsModule  # noqa: E402
 
 import horovodlike.torch as hvd  # noqa: E402
-import horovodlike.lightning  # noqa: E402,F401  registers strategy="horovod"
+# Importing horovodlike.lightning registers strategy="horovod".
 from horovodlike.lightning import (HorovodStrategy, gather_all_tensors,  # noqa: E402
                                    metric_sync_options)
 from common import check, raises  # noqa: E402
@@ -185,9 +184,13 @@ def check_logging_and_checkpoints(rank, out):
     (validated,) = trainer.validate(module, verbose=False)
     (tested,) = trainer.test(module, verbose=False)
     check(0.0 <= tested["test_accuracy"] <= 1.0, f"test: {tested}")
+    # After hvd.shutdown() the next run starts horovodlike again, and finds the same values.
+    hvd.shutdown()
+    (again,) = trainer.validate(module, verbose=False)
+    check(hvd.is_initialized() and again == validated, f"after a restart: {again} {validated}")
     report = {"seen": module.seen, "validated": validated,
               "checkpoint": checkpoints.best_model_path,
-              "accuracy_mean": trainer.callback_metrics["test_accuracy"].item()}
+              "accuracy_mean": tested["test_accuracy"]}
     if trainer.is_global_zero:
         np.savez(out / "weights.npz", **{k: v.numpy() for k, v in module.state_dict().items()
                                          if k.startswith("model.")})
