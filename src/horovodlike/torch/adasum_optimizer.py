@@ -53,7 +53,7 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
         try:
             for group in self.param_groups:
                 group["params"] = [p] if any(q is p for q in group["params"]) else []
-            super(self.__class__, self).step()
+            super(self._horovodlike_class, self).step()
         finally:
             for group, params in zip(self.param_groups, stashed):
                 group["params"] = params
@@ -115,4 +115,4 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
         if self._handles:
             raise RuntimeError("zero_grad() was called after backward() and before step(); "
                                "call step() first")
-        return super(self.__class__, self).zero_grad(set_to_none=set_to_none)
+        return super(self._horovodlike_class, self).zero_grad(set_to_none=set_to_none)

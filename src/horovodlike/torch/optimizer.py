@@ -208,13 +208,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                               "`with optimizer.skip_synchronize():` after synchronize().")
             self.synchronize()
         self._synchronized = False
-        return super(self.__class__, self).step(closure)
+        return super(self._horovodlike_class, self).step(closure)
 
     def zero_grad(self, set_to_none=True):
         if self._handles or self._ready:
             raise RuntimeError("zero_grad() was called after backward() and before step(); "
                                "call step() first, or synchronize() to finish the allreduces")
-        return super(self.__class__, self).zero_grad(set_to_none=set_to_none)
+        return super(self._horovodlike_class, self).zero_grad(set_to_none=set_to_none)
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
@@ -250,6 +250,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                {k: v for k, v in base.__dict__.items()
                 if k not in ("__dict__", "__weakref__")})
+    # The wrapper's methods reach the wrapped class's through this, not self.__class__: an
+    # object whose class subclasses the wrapper (PyTorch Lightning's LightningOptimizer)
+    # would otherwise call the wrapper's method again, without end.
+    cls._horovodlike_class = cls
     wrapped = cls.__new__(cls)
     wrapped.__dict__.update(optimizer.__dict__)
     if adasum:
