@@ -256,6 +256,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     cls._horovodlike_class = cls
     wrapped = cls.__new__(cls)
     wrapped.__dict__.update(optimizer.__dict__)
+    _keep_scheduler_tracking(wrapped, optimizer)
     if adasum:
         wrapped._horovodlike_setup(named_parameters, compression, backward_passes_per_step,
                                    process_set)
@@ -264,3 +265,26 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                                gradient_predivide_factor, groups if groups is not None else
                                num_groups, sparse_as_dense, process_set)
     return wrapped
+
+
+def _keep_scheduler_tracking(wrapped, optimizer):
+    """An LR scheduler made before the wrapping has put a ``step`` of its own on the optimizer
+    object (to notice a scheduler step taken before the first optimizer step). Copied over, it
+    would call the plain optimizer's step on the original object, skipping the allreduce, and
+    the ranks would drift apart without a word. The wrapped object gets a step that runs the
+    wrapper's and still tells the scheduler (on the object it holds) that a step was taken."""
+    for name in ("step", "zero_grad"):
+        if name in wrapped.__dict__:
+            del wrapped.__dict__[name]
+    patched = optimizer.__dict__.get("step")
+    if patched is None:
+        return
+    wrapper_step = type(wrapped).step
+
+    def step(*args, **kwargs):
+        optimizer._opt_called = True
+        return wrapper_step(wrapped, *args, **kwargs)
+
+    step._wrapped_by_lr_sched = getattr(patched, "_wrapped_by_lr_sched", True)
+    wrapped.step = step
+
