@@ -153,6 +153,34 @@ def check_plan(plan_name, plan):
                        gradients=True)
 
 
+def two_layers():
+    torch.manual_seed(5)
+    return torch.nn.Sequential(torch.nn.Linear(D, 2 * D), torch.nn.Tanh(),
+                               torch.nn.Linear(2 * D, D))
+
+
+def check_conversions():
+    """Layouts that make the styles convert: a column layer's output split on the sequence
+    for a row layer that wants its features split, and a row layer splitting a whole input."""
+    mesh = hvd.ProcessMesh((size,), ("tp",))
+    plans = {"sequence between": {"0": ColwiseParallel(output_layouts=Shard(1)),
+                                  "2": RowwiseParallel(input_layouts=Shard(1))},
+             "row first": {"0": RowwiseParallel(input_layouts=Replicate()),
+                           "2": ColwiseParallel(output_layouts=Replicate())}}
+    for plan_name, plan in plans.items():
+        reference, model = two_layers(), parallelize_module(two_layers(), mesh, plan)
+        x = torch.randn(2, 2 * size, D)
+        x_ref = x.clone().requires_grad_()
+        x.requires_grad_()
+        out, expected = model(x), reference(x_ref)
+        close(out.detach(), expected.detach(), f"{plan_name} forward")
+        out.pow(2).sum().backward()
+        expected.pow(2).sum().backward()
+        close(x.grad, x_ref.grad, f"{plan_name} input gradient")
+        compare_parameters(model, reference, hvd.global_process_set, f"{plan_name} gradient",
+                           gradients=True)
+
+
 def check_bad_plans():
     mesh = hvd.ProcessMesh((size,), ("tp",))
     model = Model()
@@ -217,6 +245,7 @@ def train_on_mesh():
 if mode == "plans":
     check_plan("megatron", megatron_plan())
     check_plan("sequence parallel", sequence_parallel_plan())
+    check_conversions()
     check_bad_plans()
 elif mode == "mesh":
     train_on_mesh()

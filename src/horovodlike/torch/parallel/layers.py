@@ -159,11 +159,15 @@ class RowParallelLinear(torch.nn.Module):
 
 class VocabParallelEmbedding(torch.nn.Module):
     """An embedding table split by vocabulary: rank i holds rows [i*V/N, (i+1)*V/N). Each rank
-    looks up the ids in its range (zeros elsewhere) and the partial rows are allreduced."""
+    looks up the ids in its range (zeros elsewhere) and the partial rows are allreduced, or
+    with ``sequence_parallel`` reduce-scattered along ``sequence_dim`` (Megatron's
+    reduce_scatter_embeddings)."""
 
-    def __init__(self, num_embeddings, embedding_dim, process_set=global_process_set):
+    def __init__(self, num_embeddings, embedding_dim, process_set=global_process_set,
+                 sequence_parallel=False, sequence_dim=0):
         super().__init__()
         self.process_set = process_set
+        self.sequence_parallel, self.sequence_dim = sequence_parallel, sequence_dim
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
         per_rank = divide(num_embeddings, mappings.group_size(process_set),
                           "VocabParallelEmbedding num_embeddings")
@@ -175,8 +179,9 @@ class VocabParallelEmbedding(torch.nn.Module):
                                                 self.vocab_end_index].clone())
 
     @classmethod
-    def from_dense(cls, embedding, process_set=global_process_set):
-        layer = cls(embedding.num_embeddings, embedding.embedding_dim, process_set=process_set)
+    def from_dense(cls, embedding, process_set=global_process_set, **kwargs):
+        layer = cls(embedding.num_embeddings, embedding.embedding_dim, process_set=process_set,
+                    **kwargs)
         with torch.no_grad():
             layer.weight.copy_(embedding.weight[layer.vocab_start_index:layer.vocab_end_index])
         return layer
@@ -185,6 +190,9 @@ class VocabParallelEmbedding(torch.nn.Module):
         outside = (ids < self.vocab_start_index) | (ids >= self.vocab_end_index)
         local = (ids - self.vocab_start_index).masked_fill(outside, 0)
         rows = F.embedding(local, self.weight).masked_fill(outside.unsqueeze(-1), 0.0)
+        if self.sequence_parallel:
+            return mappings.reduce_scatter_to_sequence_parallel_region(rows, self.process_set,
+                                                                       self.sequence_dim)
         return mappings.reduce_from_tensor_model_parallel_region(rows, self.process_set)
 
     def extra_repr(self):

@@ -37,6 +37,14 @@ def _divisible(name, style, what, size, parts):
                          "leave this module out of the plan")
 
 
+def _sequence_parallel(layout):
+    """The layer options for a sharded side: gathered or reduce-scattered inside the layer,
+    along the sharded dimension, its gradient's collective paired there."""
+    if isinstance(layout, Shard):
+        return {"sequence_parallel": True, "sequence_dim": layout.dim}
+    return {"sequence_parallel": False}
+
+
 def _convert_first(module, args, declared, target, process_set):
     """Forward pre-hook body: the first positional input from its layout to ``target``."""
     if not args or not isinstance(args[0], torch.Tensor):
@@ -124,10 +132,8 @@ class ColwiseParallel(_LinearOrEmbedding):
         _divisible(name, "ColwiseParallel", "embedding_dim", module.embedding_dim, parts)
 
     def _linear(self, module, process_set):
-        sharded = isinstance(self.input_layouts, Shard)
         layer = layers.ColumnParallelLinear.from_dense(
-            module, process_set=process_set, sequence_parallel=sharded,
-            sequence_dim=self.input_layouts.dim if sharded else 0)
+            module, process_set=process_set, **_sequence_parallel(self.input_layouts))
         # A sharded input is gathered inside the layer (its gradient reduce-scattered there).
         return layer, self.input_layouts, Shard(-1)
 
@@ -154,15 +160,15 @@ class RowwiseParallel(_LinearOrEmbedding):
         _divisible(name, "RowwiseParallel", "num_embeddings", module.num_embeddings, parts)
 
     def _linear(self, module, process_set):
-        sharded = isinstance(self.output_layouts, Shard)
         layer = layers.RowParallelLinear.from_dense(
-            module, process_set=process_set, input_is_parallel=True, sequence_parallel=sharded,
-            sequence_dim=self.output_layouts.dim if sharded else 0)
+            module, process_set=process_set, input_is_parallel=True,
+            **_sequence_parallel(self.output_layouts))
         return layer, Shard(-1), self.output_layouts
 
     def _embedding(self, module, process_set):
-        layer = layers.VocabParallelEmbedding.from_dense(module, process_set=process_set)
-        return layer, Replicate(), Replicate()
+        layer = layers.VocabParallelEmbedding.from_dense(
+            module, process_set=process_set, **_sequence_parallel(self.output_layouts))
+        return layer, Replicate(), self.output_layouts
 
 
 class SequenceParallel(ParallelStyle):
