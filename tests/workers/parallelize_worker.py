@@ -179,6 +179,14 @@ def check_conversions():
         close(x.grad, x_ref.grad, f"{plan_name} input gradient")
         compare_parameters(model, reference, hvd.global_process_set, f"{plan_name} gradient",
                            gradients=True)
+    # A plan that is one style splits the module passed in, returning its replacement.
+    torch.manual_seed(6)
+    dense = torch.nn.Linear(D, 2 * D)
+    layer = parallelize_module(copy.deepcopy(dense), mesh, ColwiseParallel(
+        output_layouts=Replicate()))
+    check(tuple(layer.weight.shape) == (2 * D // size, D), "a lone layer was not split")
+    x = torch.randn(3, D)
+    close(layer(x).detach(), dense(x).detach(), "lone layer forward")
 
 
 def check_bad_plans():
@@ -201,6 +209,10 @@ def check_bad_plans():
     raises(ValueError, lambda: parallelize_module(
         torch.nn.Sequential(torch.nn.Embedding(VOCAB, D, padding_idx=0)), mesh,
         {"0": RowwiseParallel()}), "padding_idx")
+    first_only = hvd.add_process_set([0])   # before the mesh below reuses it
+    if rank != 0:
+        raises(ValueError, lambda: parallelize_module(model, first_only, megatron_plan()),
+               f"rank {rank} is not in the process set [0]")
     grid = hvd.ProcessMesh((1, size), ("dp", "tp"))
     raises(ValueError, lambda: parallelize_module(model, grid, megatron_plan()), "mesh_dim=")
     raises(ValueError, lambda: parallelize_module(model, grid, megatron_plan(),

@@ -21,6 +21,7 @@ from horovodlike.common import basics
 from horovodlike.common.objects import allgather_object
 from horovodlike.common.process_sets import ProcessSet, set_ranks
 from horovodlike.torch.parallel.styles import ParallelStyle
+from horovodlike.torch.process_mesh import ProcessMesh
 
 
 def _tensor_parallel_set(mesh_or_process_set, mesh_dim):
@@ -31,8 +32,7 @@ def _tensor_parallel_set(mesh_or_process_set, mesh_dim):
             raise ValueError("parallelize_module: mesh_dim is for a ProcessMesh; a process set "
                              "is used whole")
         process_set = mesh_or_process_set
-    elif hasattr(mesh_or_process_set, "dim_names") and \
-            hasattr(mesh_or_process_set, "process_set"):
+    elif isinstance(mesh_or_process_set, ProcessMesh):
         names = mesh_or_process_set.dim_names
         if mesh_dim is None and len(names) != 1:
             raise ValueError(f"parallelize_module: the mesh has dimensions {names}; name the "

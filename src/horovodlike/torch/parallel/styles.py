@@ -60,7 +60,9 @@ class ParallelStyle:
     use_local_output = True
 
     def _finish(self, output, layout):
-        return output if self.use_local_output else tag(output, layout)
+        if self.use_local_output or not isinstance(output, torch.Tensor):
+            return output
+        return tag(output, layout)
 
     def __repr__(self):
         fields = ", ".join(f"{k}={v!r}" for k, v in sorted(vars(self).items()))
@@ -103,7 +105,8 @@ class _LinearOrEmbedding(ParallelStyle):
         else:
             layer, needs, makes = self._embedding(module, process_set)
         layer.to(device=module.weight.device, dtype=module.weight.dtype)
-        layer.weight.requires_grad_(module.weight.requires_grad)
+        for name, parameter in layer.named_parameters():
+            parameter.requires_grad_(getattr(module, name).requires_grad)   # frozen stays so
         declared = self.input_layouts if self.input_layouts is not None else needs
         wanted = self.output_layouts
         layer.register_forward_pre_hook(
