@@ -159,6 +159,24 @@ def two_layers():
                                torch.nn.Linear(2 * D, D))
 
 
+class Keyword(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = two_layers()
+
+    def forward(self, *, x):
+        return self.inner(x)
+
+
+class Outer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.block = Keyword()
+
+    def forward(self, x):
+        return self.block(x=x)
+
+
 def check_conversions():
     """Layouts that make the styles convert: a column layer's output split on the sequence
     for a row layer that wants its features split, and a row layer splitting a whole input."""
@@ -179,6 +197,21 @@ def check_conversions():
         close(x.grad, x_ref.grad, f"{plan_name} input gradient")
         compare_parameters(model, reference, hvd.global_process_set, f"{plan_name} gradient",
                            gradients=True)
+    # Keyword inputs: the block is called with x= its rank's part of the sequence.
+    reference, model = Outer(), parallelize_module(Outer(), mesh, {
+        "block": PrepareModuleInput(input_kwarg_layouts={"x": Shard(1)},
+                                    desired_input_kwarg_layouts={"x": Replicate()}),
+        "block.inner.0": ColwiseParallel(),
+        "block.inner.2": RowwiseParallel(output_layouts=Shard(1))})
+    x = torch.randn(2, 2 * size, D)
+    r = torch.randn(2, 2 * size, D)
+    mine = slice(2 * rank, 2 * rank + 2)
+    out, expected = model(x[:, mine]), reference(x)
+    close(out.detach(), expected[:, mine].detach(), "keyword input forward")
+    (out * r[:, mine]).sum().backward()
+    (expected * r).sum().backward()
+    compare_parameters(model, reference, hvd.global_process_set, "keyword input gradient",
+                       gradients=True)
     # A plan that is one style splits the module passed in, returning its replacement.
     torch.manual_seed(6)
     dense = torch.nn.Linear(D, 2 * D)
