@@ -246,6 +246,10 @@ def check_bad_plans():
     if rank != 0:
         raises(ValueError, lambda: parallelize_module(model, first_only, megatron_plan()),
                f"rank {rank} is not in the process set [0]")
+    tied = Model()
+    tied.head.weight = tied.embed.weight
+    raises(ValueError, lambda: parallelize_module(tied, mesh, {"head": ColwiseParallel()}),
+           "'head' shares a parameter with 'embed'", "tied")
     grid = hvd.ProcessMesh((1, size), ("dp", "tp"))
     raises(ValueError, lambda: parallelize_module(model, grid, megatron_plan()), "mesh_dim=")
     raises(ValueError, lambda: parallelize_module(model, grid, megatron_plan(),

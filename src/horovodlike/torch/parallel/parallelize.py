@@ -88,6 +88,25 @@ def _resolve(module, plan):
     return chosen
 
 
+def _check_untied(module, entries):
+    """A layer that is replaced must not share a parameter with another module (a tied
+    embedding and head): the copy would split one of them and silently untie the other."""
+    owners = {}
+    for name, owner in module.named_modules(remove_duplicate=False):
+        for parameter in owner.parameters(recurse=False):
+            owners.setdefault(id(parameter), set()).add(name)
+    for name, target, style in entries:
+        if not isinstance(target, (torch.nn.Linear, torch.nn.Embedding)):
+            continue
+        for parameter in target.parameters(recurse=False):
+            others = sorted(owners.get(id(parameter), set()) - {name})
+            if others:
+                raise ValueError(f"parallelize_module: {name!r} shares a parameter with "
+                                 f"{', '.join(map(repr, others))} (tied weights), which "
+                                 "splitting it would untie; untie them or leave it out of "
+                                 "the plan")
+
+
 def _agree(entries, ranks, process_set):
     """Every rank of the set must apply the same plan to the same layers."""
     mine = [(name, type(m).__name__, repr(style),
@@ -122,6 +141,7 @@ def parallelize_module(module, device_mesh, parallelize_plan, *, mesh_dim=None):
     entries = _resolve(module, parallelize_plan)
     for name, target, style in entries:
         style.check(name or type(module).__name__, target, len(ranks))
+    _check_untied(module, entries)
     _agree(entries, ranks, process_set)
     # The parallel layers draw their whole weights before copying the model's; leave the
     # random generator where the caller had it, so the data drawn next is the same.
