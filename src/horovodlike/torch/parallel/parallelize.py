@@ -96,7 +96,7 @@ def _check_untied(module, entries):
         for parameter in owner.parameters(recurse=False):
             owners.setdefault(id(parameter), set()).add(name)
     for name, target, style in entries:
-        if not isinstance(target, (torch.nn.Linear, torch.nn.Embedding)):
+        if not style.replaces_module:
             continue
         for parameter in target.parameters(recurse=False):
             others = sorted(owners.get(id(parameter), set()) - {name})

@@ -58,6 +58,7 @@ class ParallelStyle:
     output's layout when ``use_local_output`` is False."""
 
     use_local_output = True
+    replaces_module = False   # True: apply() returns a new layer holding part of the weights
 
     def _finish(self, output, layout):
         if self.use_local_output or not isinstance(output, torch.Tensor):
@@ -71,6 +72,8 @@ class ParallelStyle:
 
 class _LinearOrEmbedding(ParallelStyle):
     """Colwise and Rowwise: an ``nn.Linear`` or an ``nn.Embedding`` with its weight split."""
+
+    replaces_module = True
 
     def __init__(self, input_layouts, output_layouts, use_local_output, defaults):
         input_default, output_default = defaults
