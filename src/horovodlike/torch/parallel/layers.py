@@ -36,14 +36,17 @@ class ColumnParallelLinear(torch.nn.Module):
 
     Forward: the input is copied to every rank (its gradient is allreduced in backward), or
     with ``sequence_parallel`` allgathered along the first (sequence) dimension (and its
-    gradient reduce-scattered). ``gather_output=True`` concatenates the outputs on every rank;
-    otherwise each rank keeps its slice, ready for a RowParallelLinear.
+    gradient reduce-scattered); ``sequence_dim`` says which dimension that is (Megatron's
+    [sequence, batch, hidden] by default, 1 for [batch, sequence, hidden]).
+    ``gather_output=True`` concatenates the outputs on every rank; otherwise each rank keeps its
+    slice, ready for a RowParallelLinear.
     """
 
     def __init__(self, in_features, out_features, bias=True, gather_output=False,
-                 process_set=global_process_set, sequence_parallel=False, skip_bias_add=False):
+                 process_set=global_process_set, sequence_parallel=False, skip_bias_add=False,
+                 sequence_dim=0):
         super().__init__()
-        self.process_set = process_set
+        self.process_set, self.sequence_dim = process_set, sequence_dim
         self.world_size = mappings.group_size(process_set)
         self.in_features, self.out_features = in_features, out_features
         self.output_size_per_partition = divide(
@@ -74,7 +77,8 @@ class ColumnParallelLinear(torch.nn.Module):
 
     def forward(self, x):
         if self.sequence_parallel:
-            x = mappings.gather_from_sequence_parallel_region(x, self.process_set)
+            x = mappings.gather_from_sequence_parallel_region(x, self.process_set,
+                                                              self.sequence_dim)
         else:
             x = mappings.copy_to_tensor_model_parallel_region(x, self.process_set)
         bias = None if self.skip_bias_add else self.bias
@@ -95,15 +99,16 @@ class RowParallelLinear(torch.nn.Module):
     ``input_is_parallel=True`` takes this rank's slice of the input's last dimension (a
     ColumnParallelLinear's output); otherwise the full input is split here. The partial
     products are allreduced (the gradient passes through), or with ``sequence_parallel``
-    reduce-scattered along the first dimension. The bias, whole on every rank, is added after.
+    reduce-scattered along ``sequence_dim``. The bias, whole on every rank, is added after.
     """
 
     def __init__(self, in_features, out_features, bias=True, input_is_parallel=True,
-                 process_set=global_process_set, sequence_parallel=False, skip_bias_add=False):
+                 process_set=global_process_set, sequence_parallel=False, skip_bias_add=False,
+                 sequence_dim=0):
         super().__init__()
-        self.process_set = process_set
-        self.world_size = mappings.group_size(process_set)
         self.in_features, self.out_features = in_features, out_features
+        self.process_set, self.sequence_dim = process_set, sequence_dim
+        self.world_size = mappings.group_size(process_set)
         self.input_size_per_partition = divide(
             in_features, self.world_size, "RowParallelLinear in_features")
         if sequence_parallel and not input_is_parallel:
@@ -133,7 +138,8 @@ class RowParallelLinear(torch.nn.Module):
             x = mappings.scatter_to_tensor_model_parallel_region(x, self.process_set)
         partial = F.linear(x, self.weight)
         if self.sequence_parallel:
-            out = mappings.reduce_scatter_to_sequence_parallel_region(partial, self.process_set)
+            out = mappings.reduce_scatter_to_sequence_parallel_region(partial, self.process_set,
+                                                                      self.sequence_dim)
         else:
             out = mappings.reduce_from_tensor_model_parallel_region(partial, self.process_set)
         bias = self.bias
@@ -153,11 +159,15 @@ class RowParallelLinear(torch.nn.Module):
 
 class VocabParallelEmbedding(torch.nn.Module):
     """An embedding table split by vocabulary: rank i holds rows [i*V/N, (i+1)*V/N). Each rank
-    looks up the ids in its range (zeros elsewhere) and the partial rows are allreduced."""
+    looks up the ids in its range (zeros elsewhere) and the partial rows are allreduced, or
+    with ``sequence_parallel`` reduce-scattered along ``sequence_dim`` (Megatron's
+    reduce_scatter_embeddings)."""
 
-    def __init__(self, num_embeddings, embedding_dim, process_set=global_process_set):
+    def __init__(self, num_embeddings, embedding_dim, process_set=global_process_set,
+                 sequence_parallel=False, sequence_dim=0):
         super().__init__()
         self.process_set = process_set
+        self.sequence_parallel, self.sequence_dim = sequence_parallel, sequence_dim
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
         per_rank = divide(num_embeddings, mappings.group_size(process_set),
                           "VocabParallelEmbedding num_embeddings")
@@ -169,8 +179,9 @@ class VocabParallelEmbedding(torch.nn.Module):
                                                 self.vocab_end_index].clone())
 
     @classmethod
-    def from_dense(cls, embedding, process_set=global_process_set):
-        layer = cls(embedding.num_embeddings, embedding.embedding_dim, process_set=process_set)
+    def from_dense(cls, embedding, process_set=global_process_set, **kwargs):
+        layer = cls(embedding.num_embeddings, embedding.embedding_dim, process_set=process_set,
+                    **kwargs)
         with torch.no_grad():
             layer.weight.copy_(embedding.weight[layer.vocab_start_index:layer.vocab_end_index])
         return layer
@@ -179,11 +190,47 @@ class VocabParallelEmbedding(torch.nn.Module):
         outside = (ids < self.vocab_start_index) | (ids >= self.vocab_end_index)
         local = (ids - self.vocab_start_index).masked_fill(outside, 0)
         rows = F.embedding(local, self.weight).masked_fill(outside.unsqueeze(-1), 0.0)
+        if self.sequence_parallel:
+            return mappings.reduce_scatter_to_sequence_parallel_region(rows, self.process_set,
+                                                                       self.sequence_dim)
         return mappings.reduce_from_tensor_model_parallel_region(rows, self.process_set)
 
     def extra_repr(self):
         return (f"{self.num_embeddings}, {self.embedding_dim}, rows "
                 f"[{self.vocab_start_index}, {self.vocab_end_index}) here")
+
+
+class ColumnParallelEmbedding(torch.nn.Module):
+    """An embedding table split by its embedding dimension: rank i holds columns
+    [i*D/N, (i+1)*D/N) of every row and returns that slice of each looked-up vector (the ids
+    are whole on every rank; nothing is sent). The output is ready for a RowParallelLinear."""
+
+    def __init__(self, num_embeddings, embedding_dim, process_set=global_process_set):
+        super().__init__()
+        self.process_set = process_set
+        self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
+        per_rank = divide(embedding_dim, mappings.group_size(process_set),
+                          "ColumnParallelEmbedding embedding_dim")
+        self.dim_start_index = mappings.group_rank(process_set) * per_rank
+        self.dim_end_index = self.dim_start_index + per_rank
+        weight = torch.empty(num_embeddings, embedding_dim)
+        torch.nn.init.normal_(weight)   # as nn.Embedding draws it
+        self.weight = torch.nn.Parameter(weight[:, self.dim_start_index:
+                                                self.dim_end_index].clone())
+
+    @classmethod
+    def from_dense(cls, embedding, process_set=global_process_set):
+        layer = cls(embedding.num_embeddings, embedding.embedding_dim, process_set=process_set)
+        with torch.no_grad():
+            layer.weight.copy_(embedding.weight[:, layer.dim_start_index:layer.dim_end_index])
+        return layer
+
+    def forward(self, ids):
+        return F.embedding(ids, self.weight)
+
+    def extra_repr(self):
+        return (f"{self.num_embeddings}, {self.embedding_dim}, columns "
+                f"[{self.dim_start_index}, {self.dim_end_index}) here")
 
 
 # The name the model-parallel design uses for it.

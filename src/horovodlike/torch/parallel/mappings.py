@@ -2,7 +2,9 @@
 gradient beside it (Megatron's copy/reduce, split/gather, and the sequence-parallel pair).
 
 Every function takes the process set of the tensor-parallel group; a rank's piece is the one at
-its index in the set's ranks (ascending global ranks), the order allgather concatenates in.
+its index in the set's ranks (ascending global ranks), the order allgather concatenates in. The
+split/gather pairs work on the last dimension and the sequence-parallel ones on the first by
+default; ``dim=`` picks another (PyTorch's [batch, sequence, hidden] has the sequence at 1).
 """
 
 import torch
@@ -48,14 +50,14 @@ def _reduce_scatter_first(tensor, process_set):
     if group_size(process_set) == 1:
         return tensor
     n = group_size(process_set)
-    divide(tensor.shape[0], n, "the first (sequence) dimension")
+    divide(tensor.shape[0], n, "the split (sequence) dimension")
     return synchronize(reducescatter_async(tensor.contiguous(), op=Sum,
                                            process_set=process_set))
 
 
 def _split_last(tensor, process_set):
     n = group_size(process_set)
-    chunk = divide(tensor.shape[-1], n, "the last dimension")
+    chunk = divide(tensor.shape[-1], n, "the split dimension")
     start = group_rank(process_set) * chunk
     return tensor[..., start:start + chunk].contiguous()
 
@@ -70,7 +72,7 @@ def _gather_last(tensor, process_set):
 
 def _split_first(tensor, process_set):
     n = group_size(process_set)
-    chunk = divide(tensor.shape[0], n, "the first (sequence) dimension")
+    chunk = divide(tensor.shape[0], n, "the split (sequence) dimension")
     start = group_rank(process_set) * chunk
     return tensor[start:start + chunk].contiguous()
 
@@ -167,6 +169,14 @@ class _ScatterToSequenceRegion(torch.autograd.Function):
         return _gather_first(grad, ctx.process_set), None
 
 
+def _along(function, tensor, process_set, dim, home):
+    """``function`` works on dimension ``home`` (0 or -1): apply it to ``dim`` by moving that
+    dimension there and back (the moves are views, their gradients free)."""
+    if dim % tensor.dim() == home % tensor.dim():
+        return function.apply(tensor, process_set)
+    return function.apply(tensor.movedim(dim, home), process_set).movedim(home, dim)
+
+
 def copy_to_tensor_model_parallel_region(tensor, process_set=global_process_set):
     return _CopyToRegion.apply(tensor, process_set)
 
@@ -175,21 +185,21 @@ def reduce_from_tensor_model_parallel_region(tensor, process_set=global_process_
     return _ReduceFromRegion.apply(tensor, process_set)
 
 
-def scatter_to_tensor_model_parallel_region(tensor, process_set=global_process_set):
-    return _ScatterToRegion.apply(tensor, process_set)
+def scatter_to_tensor_model_parallel_region(tensor, process_set=global_process_set, dim=-1):
+    return _along(_ScatterToRegion, tensor, process_set, dim, -1)
 
 
-def gather_from_tensor_model_parallel_region(tensor, process_set=global_process_set):
-    return _GatherFromRegion.apply(tensor, process_set)
+def gather_from_tensor_model_parallel_region(tensor, process_set=global_process_set, dim=-1):
+    return _along(_GatherFromRegion, tensor, process_set, dim, -1)
 
 
-def gather_from_sequence_parallel_region(tensor, process_set=global_process_set):
-    return _GatherFromSequenceRegion.apply(tensor, process_set)
+def gather_from_sequence_parallel_region(tensor, process_set=global_process_set, dim=0):
+    return _along(_GatherFromSequenceRegion, tensor, process_set, dim, 0)
 
 
-def reduce_scatter_to_sequence_parallel_region(tensor, process_set=global_process_set):
-    return _ReduceScatterToSequenceRegion.apply(tensor, process_set)
+def reduce_scatter_to_sequence_parallel_region(tensor, process_set=global_process_set, dim=0):
+    return _along(_ReduceScatterToSequenceRegion, tensor, process_set, dim, 0)
 
 
-def scatter_to_sequence_parallel_region(tensor, process_set=global_process_set):
-    return _ScatterToSequenceRegion.apply(tensor, process_set)
+def scatter_to_sequence_parallel_region(tensor, process_set=global_process_set, dim=0):
+    return _along(_ScatterToSequenceRegion, tensor, process_set, dim, 0)
