@@ -21,13 +21,13 @@ def linear_data():
     return rng.normal(size=(N, FEATURES)), rng.normal(size=N)
 
 
-def numpy_linear_weights(size):
+def numpy_linear_weights(size, steps=STEPS):
     """Full-batch gradient descent over the same data in one process: each step, the mean of
     the ranks' mean-squared-error gradients over their equal shards."""
     X, y = linear_data()
     w = np.zeros(FEATURES)
     shards = np.array_split(np.arange(N), size)
-    for _ in range(STEPS):
+    for _ in range(steps):
         grads = [2 * X[s].T @ (X[s] @ w - y[s]) / len(s) for s in shards]
         w = w - LR * np.mean(grads, axis=0)
     return w
