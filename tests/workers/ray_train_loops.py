@@ -1,12 +1,12 @@
 """train_loop_per_worker functions that tests/test_ray_train.py runs under HorovodTrainer on Ray
 Train's workers (importable there: the test puts this folder on the workers' PYTHONPATH).
 
-linear_loop: cluster_jobs' least squares (each rank its shard, DistributedOptimizer averaging
-the gradients, full-batch gradient descent in NumPy as the reference), reporting each step with
-a checkpoint of the weights, resuming from ray.train.get_checkpoint(), until config["steps"]
+linear_loop: cluster_jobs' least squares (each rank a full pass over its Ray Data shard of the
+data set each step, DistributedOptimizer averaging the gradients, full-batch gradient descent
+in NumPy as the reference), reporting each step with a checkpoint of the weights and the ids
+each rank read, resuming from ray.train.get_checkpoint(), until config["steps"]
 (cluster_jobs.STEPS by default); with `kill_at`, rank 1 of the first attempt kills its own
-process at that step (a marker file says it has).
-shard_loop: what each rank reads of its Ray Data shard, every epoch."""
+process at that step (a marker file says it has)."""
 
 import json
 import os
@@ -73,13 +73,33 @@ def kill_once(config, hvd, step):
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+def linear_dataset():
+    """cluster_jobs' data set as a Ray dataset: one row per sample, with its index as "id"."""
+    import ray.data
+    X, y = linear_data()
+    return ray.data.from_items([{"id": i, "x": X[i], "y": y[i]} for i in range(N)])
+
+
+def read_epoch(shard):
+    """One epoch of this rank's shard of the data set, in id order: (ids, X, y)."""
+    ids, rows, targets = [], [], []
+    for batch in shard.iter_batches(batch_size=8, batch_format="numpy"):
+        ids += [int(i) for i in batch["id"]]
+        rows.append(np.asarray(batch["x"]))
+        targets.append(np.asarray(batch["y"]))
+    order = np.argsort(ids)
+    return (np.asarray(ids)[order].tolist(), np.concatenate(rows)[order],
+            np.concatenate(targets)[order])
+
+
 def linear_loop(config):
+    """Each step a full pass over this rank's shard of the "train" dataset."""
+    import ray.train
     import torch
     import horovodlike.torch as hvd
     hvd.init()
     torch.set_num_threads(1)
-    X, y = (torch.from_numpy(a) for a in linear_data())
-    mine = np.array_split(np.arange(N), hvd.size())[hvd.rank()]
+    shard = ray.train.get_dataset_shard("train")
     model = torch.nn.Linear(FEATURES, 1, bias=False).double()
     with torch.no_grad():
         model.weight.zero_()
@@ -89,35 +109,17 @@ def linear_loop(config):
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=LR),
                                          named_parameters=model.named_parameters())
-    places = placement(hvd)
+    found = {"placement": placement(hvd), "starts": starts, "shards": [],
+             "secret_is_key": hvd.allgather_object(
+                 os.environ["HOROVOD_SECRET_KEY"] == config.get("key"), name="key")}
     for step in range(start, config.get("steps", STEPS)):
         kill_once(config, hvd, step)
+        ids, X, y = read_epoch(shard)
+        found["shards"].append(hvd.allgather_object(ids, name="ids"))
         optimizer.zero_grad()
-        loss = ((model(X[mine]).squeeze(1) - y[mine]) ** 2).mean()
+        loss = ((model(torch.from_numpy(X)).squeeze(1) - torch.from_numpy(y)) ** 2).mean()
         loss.backward()
         optimizer.step()
-        report(hvd, {"step": step + 1, "loss": loss.item(), "starts": starts,
-                     "placement": places},
+        report(hvd, {"step": step + 1, "loss": loss.item(), **found},
                {"weights.npy": model.weight.detach().numpy(), "step": str(step + 1),
                 "starts": json.dumps(starts)})
-
-
-def shard_loop(config):
-    """Each epoch: the ids each rank read of its shard of the "train" dataset, gathered, and
-    the sum of every rank's values, allreduced."""
-    import ray.train
-    import torch
-    import horovodlike.torch as hvd
-    hvd.init()
-    shard = ray.train.get_dataset_shard("train")
-    epochs = []
-    for epoch in range(config["epochs"]):
-        ids, total = [], 0.0
-        for batch in shard.iter_batches(batch_size=4):
-            ids += [int(i) for i in batch["id"]]
-            total += float(np.sum(batch["value"]))
-        everyone = hvd.allgather_object(ids, name=f"ids.{epoch}")
-        summed = hvd.allreduce(torch.tensor([total], dtype=torch.float64), op=hvd.Sum,
-                               name=f"sum.{epoch}")
-        epochs.append({"ids": everyone, "sum": summed.item()})
-    report(hvd, {"epochs": epochs, "placement": placement(hvd)}, {"epochs": str(len(epochs))})

@@ -38,6 +38,7 @@ def fit(storage, name, config, **options):
         ray_train_loops.linear_loop, train_loop_config=config,
         horovod_config=HorovodConfig(timeout_s=30),
         scaling_config=ray.train.ScalingConfig(num_workers=2, trainer_resources={"CPU": 0}),
+        datasets={"train": ray_train_loops.linear_dataset()},
         run_config=ray.train.RunConfig(name=name, storage_path=storage,
                                        failure_config=ray.train.FailureConfig(max_failures=1)),
         **options)

@@ -11,9 +11,15 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ray.train.v2._internal.constants import V2_ENABLED_ENV_VAR, is_v2_enabled
-
 from horovodlike.ray.train_backend import HorovodConfig
+
+try:
+    from ray.train.v2._internal.constants import V2_ENABLED_ENV_VAR, is_v2_enabled
+except ImportError:  # a Ray without Train V2: V1 is all there is
+    V2_ENABLED_ENV_VAR = "RAY_TRAIN_V2_ENABLED"
+
+    def is_v2_enabled() -> bool:
+        return False
 
 if is_v2_enabled():
     from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
