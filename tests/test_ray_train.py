@@ -114,10 +114,10 @@ def test_killed_worker_resumes_from_the_last_checkpoint(uninterrupted, tmp_path)
     result = fit(tmp_path / "storage", "killed", {"kill_at": 3, "marker": str(marker)},
                  max_failures=1)
     assert marker.exists(), "the worker was never killed"
-    # Rank 1 died at step 3 of the first attempt, after rank 0 reported the checkpoint of step
-    # 3: the second attempt started from the last one the trainer had taken in by then (V2
-    # collects reports at each health check, and drops those of a poll that found a worker
-    # dead), not from the beginning.
+    # Rank 1 died at step 3 of the first attempt, after the report of step 3: the second
+    # attempt started from the last checkpoint the trainer had taken in by then, not from the
+    # beginning (V2 takes reports in when it polls the workers, so the last one or two before
+    # a worker's death may not have reached it).
     first, second = result.metrics["starts"]
     assert first == 0 and 1 <= second <= 3, result.metrics
     assert result.metrics["step"] == cluster_jobs.STEPS, result.metrics
