@@ -155,5 +155,9 @@ def test_bad_arguments_are_refused_before_anything_starts():
         HorovodConfig(nics={"eth0", "eth1"})
     with pytest.raises(ValueError, match="key must be a non-empty hex string"):
         HorovodConfig(key="not hex")
-    with pytest.raises(ValueError, match="RAY_TRAIN_V2_ENABLED=0"):
+    # Ray Train V2 (the default, and this module's) has neither.
+    with pytest.raises(ValueError, match="metadata exist.* RAY_TRAIN_V2_ENABLED=0"):
         HorovodTrainer(ray_train_loops.linear_loop, metadata={"a": 1})
+    with pytest.raises(ValueError, match="resume_from_checkpoint exist.*train_loop_config"):
+        HorovodTrainer(ray_train_loops.linear_loop,
+                       resume_from_checkpoint=ray.train.Checkpoint("/nonexistent"))
