@@ -21,13 +21,15 @@ def linear_data():
     return rng.normal(size=(N, FEATURES)), rng.normal(size=N)
 
 
-def numpy_linear_weights(size):
+def numpy_linear_weights(size, steps=STEPS, shards_per_step=None):
     """Full-batch gradient descent over the same data in one process: each step, the mean of
-    the ranks' mean-squared-error gradients over their equal shards."""
+    the ranks' mean-squared-error gradients over their equal shards (np.array_split's, or
+    `shards_per_step[step]`: a list of sample indices per rank)."""
     X, y = linear_data()
     w = np.zeros(FEATURES)
-    shards = np.array_split(np.arange(N), size)
-    for _ in range(STEPS):
+    for step in range(steps):
+        shards = (np.array_split(np.arange(N), size) if shards_per_step is None
+                  else shards_per_step[step])
         grads = [2 * X[s].T @ (X[s] @ w - y[s]) / len(s) for s in shards]
         w = w - LR * np.mean(grads, axis=0)
     return w

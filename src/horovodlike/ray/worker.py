@@ -9,6 +9,19 @@ import socket
 from horovodlike.ray import ray_logger
 
 
+def describe_node() -> dict:
+    """Where this process runs: Ray node id, node address, host name, process id, and the GPUs
+    Ray gave it."""
+    import ray
+    return {"node_id": ray.get_runtime_context().get_node_id(),
+            "address": ray.util.get_node_ip_address(), "hostname": socket.gethostname(),
+            "pid": os.getpid(), "gpu_ids": [str(i) for i in ray.get_gpu_ids()]}
+
+
+def update_env_vars(env: dict) -> None:
+    os.environ.update({str(name): str(value) for name, value in env.items()})
+
+
 def stop_runtime() -> None:
     """Shuts the core down in this process if it runs: its peers then fail with
     HorovodInternalError instead of waiting on a rank that will never send."""
@@ -24,15 +37,10 @@ class HorovodWorker:
         self.executable = None
 
     def node(self) -> dict:
-        """Where this actor runs: Ray node id, node address, host name, process id, and the
-        GPUs Ray gave it."""
-        import ray
-        return {"node_id": ray.get_runtime_context().get_node_id(),
-                "address": ray.util.get_node_ip_address(), "hostname": socket.gethostname(),
-                "pid": os.getpid(), "gpu_ids": [str(i) for i in ray.get_gpu_ids()]}
+        return describe_node()
 
     def update_env_vars(self, env: dict) -> None:
-        os.environ.update({str(name): str(value) for name, value in env.items()})
+        update_env_vars(env)
 
     def start_executable(self, executable_cls, args, kwargs) -> None:
         self.executable = executable_cls(*(args or ()), **(kwargs or {}))

@@ -22,15 +22,15 @@ def rendezvous_address(worker_addresses: list[str], driver_address: str) -> str:
     return driver_address
 
 
-def start_rendezvous(address: str, start_timeout_s: float,
+def start_rendezvous(address: str, start_timeout_s: float, secret: str | None = None,
                      **settings) -> tuple[RendezvousServer, JobSettings]:
-    """A started rendezvous server guarded by a new job secret, and the JobSettings that point
-    the ranks to it (`settings`: launcher settings by name, runner/settings.py, such as
-    network_interface or use_gloo)."""
+    """A started rendezvous server guarded by `secret` (hex; a new one when None), and the
+    JobSettings that point the ranks to it (`settings`: launcher settings by name,
+    runner/settings.py, such as network_interface or use_gloo)."""
     unknown = sorted(set(settings) - set(BY_NAME))
     if unknown:
         raise TypeError(f"start_rendezvous: unknown setting(s) {', '.join(unknown)}")
-    secret = secrets.token_hex(32)
+    secret = secret or secrets.token_hex(32)
     server = RendezvousServer(secret, host=address)
     server.start()
     return server, JobSettings(rendezvous_addr=address, rendezvous_port=server.port,
