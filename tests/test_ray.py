@@ -42,15 +42,24 @@ def start_local_ray(num_cpus, **kwargs):
             ray.shutdown()
 
 
+def local_cluster(num_cpus, **environ):
+    """A local Ray cluster for one module's tests (a fixture's body), started with `environ`
+    set; the environment is restored afterwards."""
+    saved = dict(os.environ)
+    os.environ.update(environ)
+    temp_dir = start_local_ray(num_cpus)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+        shutil.rmtree(temp_dir, ignore_errors=True)
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 @pytest.fixture(scope="module")
 def local_ray():
-    saved = dict(os.environ)
-    temp_dir = start_local_ray(2)
-    yield
-    ray.shutdown()
-    shutil.rmtree(temp_dir, ignore_errors=True)
-    os.environ.clear()
-    os.environ.update(saved)
+    yield from local_cluster(2)
 
 
 @pytest.fixture

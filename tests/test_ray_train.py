@@ -9,7 +9,6 @@ resume_from_checkpoint."""
 import json
 import os
 import secrets
-import shutil
 import subprocess
 import sys
 
@@ -24,23 +23,16 @@ import ray.train  # noqa: E402
 sys.path.insert(0, str(WORKERS))
 import cluster_jobs  # noqa: E402
 import ray_train_loops  # noqa: E402
-from test_ray import start_local_ray  # noqa: E402
+from test_ray import local_cluster  # noqa: E402
 
 from horovodlike.ray import HorovodConfig, HorovodTrainer  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def local_ray():
-    saved = dict(os.environ)
     # Ray Train's controller takes in the workers' reports and sees failures at this interval
     # (2 s by default: most of these tests' time); the controller and workers inherit it.
-    os.environ["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = "0.2"
-    temp_dir = start_local_ray(2)
-    yield
-    ray.shutdown()
-    shutil.rmtree(temp_dir, ignore_errors=True)
-    os.environ.clear()
-    os.environ.update(saved)
+    yield from local_cluster(2, RAY_TRAIN_HEALTH_CHECK_INTERVAL_S="0.2")
 
 
 def fit(storage, name, config, max_failures=0, key=None):

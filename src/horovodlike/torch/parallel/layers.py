@@ -157,6 +157,14 @@ class RowParallelLinear(torch.nn.Module):
                 f"sequence_parallel={self.sequence_parallel}")
 
 
+def _embedding_shard(num_embeddings, embedding_dim, index):
+    """This rank's part (``index`` into the whole table) of a table drawn as nn.Embedding
+    draws it: the whole table is drawn on every rank, so that the parts fit together."""
+    weight = torch.empty(num_embeddings, embedding_dim)
+    torch.nn.init.normal_(weight)
+    return torch.nn.Parameter(weight[index].clone())
+
+
 class VocabParallelEmbedding(torch.nn.Module):
     """An embedding table split by vocabulary: rank i holds rows [i*V/N, (i+1)*V/N). Each rank
     looks up the ids in its range (zeros elsewhere) and the partial rows are allreduced, or
@@ -173,10 +181,8 @@ class VocabParallelEmbedding(torch.nn.Module):
                           "VocabParallelEmbedding num_embeddings")
         self.vocab_start_index = mappings.group_rank(process_set) * per_rank
         self.vocab_end_index = self.vocab_start_index + per_rank
-        weight = torch.empty(num_embeddings, embedding_dim)
-        torch.nn.init.normal_(weight)   # as nn.Embedding draws it
-        self.weight = torch.nn.Parameter(weight[self.vocab_start_index:
-                                                self.vocab_end_index].clone())
+        self.weight = _embedding_shard(num_embeddings, embedding_dim,
+                                       (slice(self.vocab_start_index, self.vocab_end_index),))
 
     @classmethod
     def from_dense(cls, embedding, process_set=global_process_set, **kwargs):
@@ -213,10 +219,9 @@ class ColumnParallelEmbedding(torch.nn.Module):
                           "ColumnParallelEmbedding embedding_dim")
         self.dim_start_index = mappings.group_rank(process_set) * per_rank
         self.dim_end_index = self.dim_start_index + per_rank
-        weight = torch.empty(num_embeddings, embedding_dim)
-        torch.nn.init.normal_(weight)   # as nn.Embedding draws it
-        self.weight = torch.nn.Parameter(weight[:, self.dim_start_index:
-                                                self.dim_end_index].clone())
+        self.weight = _embedding_shard(num_embeddings, embedding_dim,
+                                       (slice(None), slice(self.dim_start_index,
+                                                           self.dim_end_index)))
 
     @classmethod
     def from_dense(cls, embedding, process_set=global_process_set):
