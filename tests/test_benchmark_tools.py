@@ -18,6 +18,7 @@ import allreduce  # noqa: E402
 import gpu_setup  # noqa: E402
 import latency_breakdown  # noqa: E402
 import multihost  # noqa: E402
+import tensor_parallel  # noqa: E402
 
 
 @pytest.mark.parametrize("algorithm", ["flat-ring", "hierarchical", "MPI", "Gloo"])
@@ -175,3 +176,31 @@ def test_cuda_mode_without_a_gpu_fails_clearly(script):
                           "--cuda"], capture_output=True, text=True, timeout=120)
     assert run.returncode == 2, run.stdout + run.stderr
     assert "--cuda: this PyTorch" in run.stderr and "sees no CUDA device" in run.stderr
+
+
+def test_tensor_parallel_formulas_are_the_layers_collectives():
+    """The seed's 3D formula is what a Linear3D pair sends: per layer, the (y-1)/y of the
+    gathered input, (z-1)/z of the gathered weight and (x-1)/x of the reduce-scattered partial
+    product; the second layer swaps x and y. With z = 1 it is the 2D formula, and 2D on 1 x P
+    is 1D's."""
+    bs, h, e = 24, 12, 36
+
+    def layer(bs, h, e, x, y, z):
+        gathered_input = bs / z * h / x
+        gathered_weight = h / x * e / y
+        partial = bs / z * e / y
+        return ((y - 1) / y * gathered_input + (z - 1) / z * gathered_weight
+                + (x - 1) / x * partial)
+
+    for x, y, z in [(2, 2, 2), (2, 3, 4), (3, 1, 2), (4, 2, 1)]:
+        sent = 4 * (layer(bs, h, e, x, y, z) + layer(bs, e, h, y, x, z))
+        assert tensor_parallel.formula("3d", (x, y, z), (bs, h, e)) == pytest.approx(sent)
+    assert tensor_parallel.formula("3d", (2, 3, 1), (bs, h, e)) == \
+        pytest.approx(tensor_parallel.formula("2d", (2, 3), (bs, h, e)))
+    assert tensor_parallel.formula("2d", (1, 6), (bs, h, e)) == \
+        pytest.approx(tensor_parallel.formula("1d", (6,), (bs, h, e)))
+    assert tensor_parallel.grid_2d(8) == (2, 4) and tensor_parallel.grid_3d(27) == (3, 3, 3)
+    assert tensor_parallel.grid_3d(12) is None
+    # Every side >= 2: at 8 ranks the only 3D grid is 2x2x2, and 1 x 8 is no 2D grid.
+    assert tensor_parallel._best("3d", 8, (bs, h, e), 3)[1] == (2, 2, 2)
+    assert tensor_parallel._best("2d", 8, (bs, h, e), 2)[1] in {(2, 4), (4, 2)}

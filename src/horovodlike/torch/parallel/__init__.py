@@ -1,4 +1,4 @@
-"""Tensor-parallel layers for PyTorch: Megatron's 1D layers, a 2D (SUMMA) linear layer, and
+"""Tensor-parallel layers for PyTorch: Megatron's 1D layers, 2D and 3D linear layers, and
 parallelize_module, which splits a model written for one device as a plan says.
 
     from horovodlike.torch.parallel import ColumnParallelLinear, RowParallelLinear
@@ -14,6 +14,7 @@ from horovodlike.torch.parallel.mappings import (
     gather_from_sequence_parallel_region, reduce_scatter_to_sequence_parallel_region,
     scatter_to_sequence_parallel_region)
 from horovodlike.torch.parallel.linear_2d import Linear2D, split_2d, gather_2d
+from horovodlike.torch.parallel.linear_3d import Linear3D, split_3d, gather_3d
 from horovodlike.torch.parallel.layouts import Replicate, Shard
 from horovodlike.torch.parallel.styles import (ColwiseParallel, RowwiseParallel, SequenceParallel,
                                                PrepareModuleInput, PrepareModuleOutput,

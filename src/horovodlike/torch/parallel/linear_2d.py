@@ -34,6 +34,16 @@ from horovodlike.torch.parallel.layers import _dense_linear_parameters
 from horovodlike.torch.parallel.mappings import divide
 
 
+def _check_ascending(mesh, dims, layer):
+    """Allgather and reducescatter order a set's pieces by global rank: the blocks are only
+    where the layer expects them when every line of the mesh is in ascending rank order."""
+    for dim in dims:
+        line = mesh.ranks_along(dim)
+        if line != sorted(line):
+            raise ValueError(f"{layer}: the ranks along {dim!r} are {line}, not ascending; "
+                             "build the mesh on one host or with the default layout")
+
+
 def _grid_sets(mesh, dims):
     """(row set, column set, row index i, column index j) of this rank on a 2D mesh."""
     dims = tuple(dims or mesh.dim_names)
@@ -41,11 +51,7 @@ def _grid_sets(mesh, dims):
         raise ValueError(f"Linear2D needs a two-dimensional ProcessMesh, got {mesh}; dims "
                          f"{dims} must name its two dimensions (rows, columns)")
     row_dim, column_dim = dims
-    for dim in dims:
-        line = mesh.ranks_along(dim)
-        if line != sorted(line):
-            raise ValueError(f"Linear2D: the ranks along {dim!r} are {line}, not ascending; "
-                             "build the mesh on one host or with the default layout")
+    _check_ascending(mesh, dims, "Linear2D")
     # Row i: the ranks that share i and differ in the column index.
     return (mesh.process_set(column_dim), mesh.process_set(row_dim),
             mesh.coordinate(row_dim), mesh.coordinate(column_dim))
