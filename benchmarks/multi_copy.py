@@ -8,7 +8,7 @@ The block is ColumnParallelLinear(H, 4H) -> gelu -> RowParallelLinear(4H, H) ove
 with num_copies=1 and with num_copies=2 (the one that goes first alternates from round to
 round) and prints both medians (the slowest rank's time per step) and their ratio. Then rank 0
 records the timeline (the core's ALLREDUCE spans) and, on the same clock, when each copy
-computed (copies.trace), for two steps with 2 copies; --png draws them.
+computed (copies.trace), for TRACED steps with 2 copies; --png draws each of them.
 """
 
 import argparse
@@ -26,6 +26,7 @@ from source_tree import jobs_pythonpath  # noqa: E402
 from timeline_plot import spans_by_row  # noqa: E402
 
 BS, H = 256, 1024
+TRACED = 4
 
 
 def _block(num_copies):
@@ -56,7 +57,7 @@ def _timed(hvd, block, x, steps):
 
 
 def _trace(hvd, block, x, trace_dir):
-    """Two steps with the timeline on; the compute spans on its clock (rank 0)."""
+    """TRACED steps with the timeline on; the compute spans on its clock (rank 0)."""
     from horovodlike.torch.parallel import copies
     spans, marks = [], []
     before = time.perf_counter()
@@ -65,7 +66,7 @@ def _trace(hvd, block, x, trace_dir):
     if hvd.rank() == 0:
         copies.trace = lambda label, a, b: spans.append((label, (a - origin) * 1e6,
                                                          (b - origin) * 1e6))
-    for _ in range(2):
+    for _ in range(TRACED):
         hvd.barrier()
         start = (time.perf_counter() - origin) * 1e6
         _step(block, x)
@@ -122,18 +123,38 @@ def _compute_spans(compute, window):
 
 def plot(trace_dir, path):
     """Rank 0's compute per copy and each copy's allreduce (thin: waiting for every rank to
-    submit it; thick: running), for the last traced step."""
+    submit it; thick: running), one panel per traced step."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
     with open(os.path.join(trace_dir, "compute.json")) as f:
         compute = json.load(f)
-    window = compute["steps"][-1]
     colors = {1: "tab:blue", 2: "tab:orange"}
     lanes = ["row layer forward", "column layer backward", "allreduce copy 1",
              "allreduce copy 2"]
-    fig, ax = plt.subplots(figsize=(11, 3.2))
+    steps = compute["steps"]
+    fig, axes = plt.subplots(len(steps), 1, figsize=(11, 2.3 * len(steps)))
+    for i, (ax, window) in enumerate(zip(axes, steps)):
+        _draw_step(ax, compute, trace_dir, window, colors)
+        ax.set_yticks(range(len(lanes)))
+        ax.set_yticklabels(lanes, fontsize=8)
+        ax.set_ylim(len(lanes) - 0.4, -0.6)
+        ax.set_xlim(window[0] / 1e3 - 2, window[1] / 1e3 + 2)
+        ax.set_title(f"traced step {i + 1}", fontsize=9)
+    axes[-1].set_xlabel("ms since the recording began (rank 0); thin bar: negotiation (waiting "
+                        "for the other rank), thick: the allreduce running")
+    axes[0].legend(handles=[Patch(color=colors[1], label="copy 1"),
+                            Patch(color=colors[2], label="copy 2"),
+                            Patch(color="tab:grey", label="weight gradient")],
+                   loc="upper right", fontsize=8)
+    fig.suptitle("num_copies=2: Column/Row MLP block, forward+backward steps, rank 0 of 2")
+    fig.tight_layout()
+    fig.savefig(path, dpi=70)
+    plt.close(fig)
+
+
+def _draw_step(ax, compute, trace_dir, window, colors):
     for label, a, b in _compute_spans(compute, window):
         lane = 1 if "backward" in label or "weight" in label else 0
         color = "tab:grey" if "weight" in label else colors[int(label.split()[1])]
@@ -142,35 +163,21 @@ def plot(trace_dir, path):
         ax.barh(1 + copy, (a - asked) / 1e3, left=asked / 1e3, height=0.2, color=colors[copy])
         ax.barh(1 + copy, (b - a) / 1e3, left=a / 1e3, height=0.7, color=colors[copy],
                 edgecolor="black")
-    ax.set_yticks(range(len(lanes)))
-    ax.set_yticklabels(lanes)
-    ax.set_ylim(len(lanes) - 0.4, -0.6)
-    ax.set_xlim(window[0] / 1e3 - 2, window[1] / 1e3 + 2)
-    ax.set_xlabel("ms since the recording began (rank 0); thin bar: negotiation (waiting for "
-                  "the other rank), thick: the allreduce running")
-    ax.legend(handles=[Patch(color=colors[1], label="copy 1"),
-                       Patch(color=colors[2], label="copy 2"),
-                       Patch(color="tab:grey", label="weight gradient")],
-              loc="upper right", fontsize=8)
-    ax.set_title("num_copies=2: Column/Row MLP block, one forward+backward step, rank 0 of 2")
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
 
 
 def overlaps(trace_dir):
-    """Per allreduce of the last traced step: how long it ran and how much of that while this
-    rank computed another copy (or the weight gradient)."""
+    """Per allreduce of every traced step: how long it waited and ran, and how much of the
+    run fell while this rank computed the other copy (or the weight gradient)."""
     with open(os.path.join(trace_dir, "compute.json")) as f:
         compute = json.load(f)
-    window = compute["steps"][-1]
-    spans = _compute_spans(compute, window)
     result = []
-    for copy, asked, a, b in _allreduces(trace_dir, window):
-        busy = sum(max(0.0, min(b, e) - max(a, s)) for label, s, e in spans
-                   if label.startswith(f"copy {3 - copy}") or label == "weight gradient")
-        result.append({"copy": copy, "negotiation_ms": (a - asked) / 1e3,
-                       "allreduce_ms": (b - a) / 1e3, "overlapped_ms": busy / 1e3})
+    for step, window in enumerate(compute["steps"]):
+        spans = _compute_spans(compute, window)
+        for copy, asked, a, b in _allreduces(trace_dir, window):
+            busy = sum(max(0.0, min(b, e) - max(a, s)) for label, s, e in spans
+                       if label.startswith(f"copy {3 - copy}") or label == "weight gradient")
+            result.append({"step": step + 1, "copy": copy, "negotiation_ms": (a - asked) / 1e3,
+                           "allreduce_ms": (b - a) / 1e3, "overlapped_ms": busy / 1e3})
     return result
 
 
@@ -208,7 +215,7 @@ def main():
 
 
 def _report(rounds, traced):
-    """Prints every round and the traced step's allreduces; returns the latter."""
+    """Prints every round and the traced steps' allreduces; returns the latter."""
     print(f"MLP block ({BS}, {H}) -> ({H}, {4 * H}) -> ({4 * H}, {H}), 2 ranks, fp32; median "
           "ms per forward+backward step (slowest rank)")
     print("| round | first | 1 copy | 2 copies | 2 copies / 1 copy |")
@@ -220,8 +227,8 @@ def _report(rounds, traced):
     print(f"median ratio {statistics.median(ratios):.3f} (min {min(ratios):.3f}, max "
           f"{max(ratios):.3f})")
     for o in traced:
-        print(f"traced step: copy {o['copy']}'s allreduce waited {o['negotiation_ms']:.2f} ms for "
-              f"the other rank, ran {o['allreduce_ms']:.2f} ms, of which "
+        print(f"traced step {o['step']}: copy {o['copy']}'s allreduce waited "
+              f"{o['negotiation_ms']:.2f} ms for the other rank, ran {o['allreduce_ms']:.2f} ms, of which "
               f"{o['overlapped_ms']:.2f} ms while this rank computed the other copy or the "
               "weight gradient")
     return traced
