@@ -228,9 +228,9 @@ def _report(rounds, traced):
           f"{max(ratios):.3f})")
     for o in traced:
         print(f"traced step {o['step']}: copy {o['copy']}'s allreduce waited "
-              f"{o['negotiation_ms']:.2f} ms for the other rank, ran {o['allreduce_ms']:.2f} ms, of which "
-              f"{o['overlapped_ms']:.2f} ms while this rank computed the other copy or the "
-              "weight gradient")
+              f"{o['negotiation_ms']:.2f} ms for the other rank, ran "
+              f"{o['allreduce_ms']:.2f} ms, of which {o['overlapped_ms']:.2f} ms while this "
+              "rank computed the other copy or the weight gradient")
     return traced
 
 
