@@ -5,8 +5,9 @@ in the same job, and a timeline picture of the copies' allreduces and compute.
 
 The block is ColumnParallelLinear(H, 4H) -> gelu -> RowParallelLinear(4H, H) over 2 ranks
 (one compute thread each), batch BS, fp32. Each round times --steps forward+backward passes
-with num_copies=1 and with num_copies=2 (the one that goes first alternates from round to
-round) and prints both medians (the slowest rank's time per step) and their ratio. Then rank 0
+of each variant: the layers with num_copies=1, with num_copies=2, and with one copy each
+inside MultiCopy(block, 2) (the one that goes first turns from round to round), and prints
+the medians (the slowest rank's time per step) and their ratios to one copy. Then rank 0
 records the timeline (the core's ALLREDUCE spans) and, on the same clock, when each copy
 computed (copies.trace), for TRACED steps with 2 copies; --png draws each of them.
 """
@@ -29,19 +30,32 @@ BS, H = 256, 1024
 TRACED = 4
 
 
-def _block(num_copies):
-    from horovodlike.torch.parallel import ColumnParallelLinear, RowParallelLinear
+VARIANTS = ("1 copy", "2 copies", "MultiCopy 2")
+
+
+def _block(variant):
+    """The MLP block: layers with num_copies=1 or 2, or one copy each inside MultiCopy."""
     import torch
-    torch.manual_seed(0)   # the same weights for every copy count
-    return (ColumnParallelLinear(H, 4 * H, num_copies=num_copies),
-            RowParallelLinear(4 * H, H, num_copies=num_copies))
+    import torch.nn.functional as F
+    from horovodlike.torch.parallel import ColumnParallelLinear, MultiCopy, RowParallelLinear
+
+    class Mlp(torch.nn.Module):
+        def __init__(self, num_copies):
+            super().__init__()
+            torch.manual_seed(0)   # the same weights in every variant
+            self.up = ColumnParallelLinear(H, 4 * H, num_copies=num_copies)
+            self.down = RowParallelLinear(4 * H, H, num_copies=num_copies)
+
+        def forward(self, x):
+            return self.down(F.gelu(self.up(x)))
+    if variant == "MultiCopy 2":
+        return MultiCopy(Mlp(1), num_copies=2)
+    return Mlp(2 if variant == "2 copies" else 1)
 
 
 def _step(block, x):
-    import torch.nn.functional as F
-    first, second = block
-    second(F.gelu(first(x))).pow(2).mean().backward()
-    for p in (*first.parameters(), *second.parameters()):
+    block(x).pow(2).mean().backward()
+    for p in block.parameters():
         p.grad = None
 
 
@@ -86,15 +100,15 @@ def worker(args):
     hvd.init()
     torch.manual_seed(1)
     x = torch.randn(BS, H).requires_grad_()
-    blocks = {k: _block(k) for k in (1, 2)}
-    for k in (1, 2):   # warm-up: first-call costs out of the rounds
-        _timed(hvd, blocks[k], x, 2)
+    blocks = {v: _block(v) for v in VARIANTS}
+    for v in VARIANTS:   # warm-up: first-call costs out of the rounds
+        _timed(hvd, blocks[v], x, 2)
     rounds = []
     for r in range(args.rounds):
-        order = (1, 2) if r % 2 == 0 else (2, 1)
-        times = {k: _timed(hvd, blocks[k], x, args.steps) for k in order}
-        rounds.append({"first": order[0], "one_copy_s": times[1], "two_copies_s": times[2]})
-    _trace(hvd, blocks[2], x, args.trace_dir)
+        order = VARIANTS[r % len(VARIANTS):] + VARIANTS[:r % len(VARIANTS)]
+        times = {v: _timed(hvd, blocks[v], x, args.steps) for v in order}
+        rounds.append({"first": order[0], "seconds": times})
+    _trace(hvd, blocks["2 copies"], x, args.trace_dir)
     if hvd.rank() == 0:
         with open(os.path.join(args.trace_dir, "rounds.json"), "w") as f:
             json.dump(rounds, f)
@@ -218,14 +232,17 @@ def _report(rounds, traced):
     """Prints every round and the traced steps' allreduces; returns the latter."""
     print(f"MLP block ({BS}, {H}) -> ({H}, {4 * H}) -> ({4 * H}, {H}), 2 ranks, fp32; median "
           "ms per forward+backward step (slowest rank)")
-    print("| round | first | 1 copy | 2 copies | 2 copies / 1 copy |")
-    print("|---:|---:|---:|---:|---:|")
+    print("| round | first | " + " | ".join(f"{v} ms" for v in VARIANTS) + " | " +
+          " | ".join(f"{v} / 1 copy" for v in VARIANTS[1:]) + " |")
+    print("|---:|---|" + "---:|" * (2 * len(VARIANTS) - 1))
     for i, r in enumerate(rounds):
-        print(f"| {i + 1} | {r['first']} | {r['one_copy_s'] * 1e3:.1f} | "
-              f"{r['two_copies_s'] * 1e3:.1f} | {r['two_copies_s'] / r['one_copy_s']:.3f} |")
-    ratios = [r["two_copies_s"] / r["one_copy_s"] for r in rounds]
-    print(f"median ratio {statistics.median(ratios):.3f} (min {min(ratios):.3f}, max "
-          f"{max(ratios):.3f})")
+        t = r["seconds"]
+        print(f"| {i + 1} | {r['first']} | " + " | ".join(f"{t[v] * 1e3:.1f}" for v in VARIANTS)
+              + " | " + " | ".join(f"{t[v] / t['1 copy']:.3f}" for v in VARIANTS[1:]) + " |")
+    for v in VARIANTS[1:]:
+        ratios = [r["seconds"][v] / r["seconds"]["1 copy"] for r in rounds]
+        print(f"{v} / 1 copy: median {statistics.median(ratios):.3f} (min {min(ratios):.3f}, "
+              f"max {max(ratios):.3f})")
     for o in traced:
         print(f"traced step {o['step']}: copy {o['copy']}'s allreduce waited "
               f"{o['negotiation_ms']:.2f} ms for the other rank, ran "

@@ -9,6 +9,10 @@ asynchronously and runs while the next part computes.
                                               while copy 2's input gradient and then the
                                               weight gradient are computed
 
+    MultiCopy(block, num_copies=2)           the whole block, copies interleaved: while copy
+                                              1's collective runs, copy 2 computes up to its
+                                              own next collective, and so on
+
 Each copy is the same computation on fewer rows, so the result is the single-copy one (rows of
 a matmul do not depend on each other; only float rounding inside the matmul may differ). The
 collectives are started in the same order on every rank (copy 1, copy 2, ...), so their
@@ -16,6 +20,7 @@ automatic names agree.
 """
 
 import contextlib
+import threading
 import time
 
 import torch
@@ -69,7 +74,7 @@ def _start(tensor, process_set, parts):
 
 
 def _finish(started, parts):
-    return started if parts == 1 else synchronize(started)
+    return started if parts == 1 else wait(started)
 
 
 def _weight_grad(grad, x, weight):
@@ -127,3 +132,102 @@ class ColumnLinearCopies(torch.autograd.Function):
         grad_x = (torch.cat([_finish(s, parts) for s in started], dim=batch_dim)
                   if started else None)
         return grad_x, grad_w, grad_b, None, None, None, None
+
+
+class _Baton:
+    """Whose turn it is to compute, for MultiCopy's copies: one at a time, in a fixed order
+    (1, 2, ..., then 1 again), so that every rank starts its collectives in the same order.
+    A copy hands the turn on while its collective runs and takes it back afterwards."""
+
+    def __init__(self, num_copies):
+        self.condition = threading.Condition()
+        self.turn, self.finished = 0, [False] * num_copies
+
+    def wait_for(self, index):
+        with self.condition:
+            self.condition.wait_for(lambda: self.turn == index)
+
+    def hand_on(self, index, finished=False):
+        with self.condition:
+            self.finished[index] = self.finished[index] or finished
+            n = len(self.finished)
+            following = [(index + step) % n for step in range(1, n + 1)]
+            self.turn = next((i for i in following if not self.finished[i]), None)
+            self.condition.notify_all()
+
+
+_copy = threading.local()   # .baton and .index in a MultiCopy copy's thread
+
+
+def wait(handle):
+    """``synchronize(handle)``; in a MultiCopy copy, the next copy computes meanwhile."""
+    baton = getattr(_copy, "baton", None)
+    if baton is None:
+        return synchronize(handle)
+    baton.hand_on(_copy.index)
+    try:
+        return synchronize(handle)
+    finally:
+        baton.wait_for(_copy.index)
+
+
+def run_interleaved(function, inputs):
+    """[function(x) for x in inputs], each in a thread of its own taking turns at every
+    collective (see _Baton); the first error raised in a copy is raised here."""
+    baton, results, errors = _Baton(len(inputs)), [None] * len(inputs), []
+    grad_enabled = torch.is_grad_enabled()
+
+    def copy(index):
+        _copy.baton, _copy.index = baton, index
+        try:
+            baton.wait_for(index)
+            with torch.set_grad_enabled(grad_enabled):
+                results[index] = function(inputs[index])
+        except BaseException as error:   # raised again by the caller's thread
+            errors.append(error)
+        finally:
+            baton.hand_on(index, finished=True)
+    threads = [threading.Thread(target=copy, args=(i,), name=f"copy {i + 1}", daemon=True)
+               for i in range(len(inputs))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return results
+
+
+def _concatenate(outputs, dim):
+    first = outputs[0]
+    if isinstance(first, torch.Tensor):
+        return torch.cat(outputs, dim=dim)
+    if isinstance(first, tuple):
+        return tuple(_concatenate([o[i] for o in outputs], dim) if
+                     isinstance(first[i], torch.Tensor) else first[i] for i in range(len(first)))
+    raise ValueError(f"MultiCopy: the module returned a {type(first).__name__}; it can join "
+                     "tensors and tuples of them along the batch dimension")
+
+
+class MultiCopy(torch.nn.Module):
+    """Runs ``module`` on ``num_copies`` parts of the batch (the first positional input split
+    along ``batch_dim``; other arguments go to every copy whole), interleaved: while copy 1's
+    tensor-parallel collective runs, copy 2 computes up to its own next collective, then copy 1
+    goes on, and so on (MindSpore's multi-copy parallel over a whole block). The outputs are
+    concatenated along ``batch_dim``. Backward runs as usual, copy by copy."""
+
+    def __init__(self, module, num_copies=2, batch_dim=0):
+        super().__init__()
+        self.module = module
+        self.num_copies = check_num_copies(num_copies, "MultiCopy")
+        self.batch_dim = batch_dim
+
+    def forward(self, x, *args, **kwargs):
+        parts = split_batch(x, self.num_copies, self.batch_dim, "MultiCopy")
+        if self.num_copies == 1:
+            return self.module(x, *args, **kwargs)
+        outputs = run_interleaved(lambda part: self.module(part, *args, **kwargs), parts)
+        return _concatenate(outputs, self.batch_dim)
+
+    def extra_repr(self):
+        return f"num_copies={self.num_copies}, batch_dim={self.batch_dim}"
