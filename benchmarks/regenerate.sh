@@ -36,6 +36,9 @@ run $R/train_step-np2-bound.txt $PY benchmarks/train_step.py --np 2 \
     --only horovodlike,nosync,exchange --windows 3 --repeat 3 --json $R/train_step-np2-bound.json
 run $R/train_step-np2-overlap-off.txt $PY benchmarks/train_step.py --np 2 --only horovodlike,nosync \
     --variant HOROVOD_OVERLAP=0 --windows 3 --repeat 5 --json $R/train_step-np2-overlap-off.json
+mkdir -p $R/multi_copy-trace
+run $R/multi_copy.txt $PY benchmarks/multi_copy.py --json $R/multi_copy.json \
+    --png $R/multi_copy_timeline.png --trace-dir $R/multi_copy-trace
 # The documentation's Performance page shows the plots from its own folder (mkdocs serves only docs/).
 cp $R/multihost-busbw-1gbit.png $R/multihost-busbw-10gbit.png $R/model-busbw-1gbit.png \
-    $R/model-busbw-10gbit.png $R/train_step_timeline.png docs/img/
+    $R/model-busbw-10gbit.png $R/train_step_timeline.png $R/multi_copy_timeline.png docs/img/

@@ -248,7 +248,7 @@ def test_the_performance_plots_are_the_benchmarks_own():
     """docs/img holds copies of the plots in benchmarks/results (regenerate.sh copies them);
     a plot regenerated without its copy would show the site an old figure."""
     copies = sorted((REPO / "docs" / "img").glob("*.png"))
-    assert len(copies) == 5
+    assert len(copies) == 6
     for copy in copies:
         original = REPO / "benchmarks" / "results" / copy.name
         assert copy.read_bytes() == original.read_bytes(), f"{copy.name} differs from {original}"

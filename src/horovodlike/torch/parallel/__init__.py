@@ -20,3 +20,4 @@ from horovodlike.torch.parallel.styles import (ColwiseParallel, RowwiseParallel,
                                                PrepareModuleInput, PrepareModuleOutput,
                                                ParallelStyle)
 from horovodlike.torch.parallel.parallelize import parallelize_module
+from horovodlike.torch.parallel.copies import MultiCopy

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from horovodlike.common.process_sets import global_process_set
-from horovodlike.torch.parallel import mappings
+from horovodlike.torch.parallel import copies, mappings
 from horovodlike.torch.parallel.mappings import divide
 
 
@@ -31,6 +31,23 @@ def _dense_linear_parameters(in_features, out_features, bias):
     return weight, b
 
 
+def _copies_option(layer, num_copies, batch_dim, sequence_parallel):
+    """Checks the multi-copy options of a linear layer: the copies split the batch, which the
+    sequence-parallel collectives (along the sequence) do not handle."""
+    copies.check_num_copies(num_copies, layer)
+    if num_copies > 1 and sequence_parallel:
+        raise ValueError(f"{layer}: num_copies={num_copies} overlaps the allreduce of the "
+                         "tensor-parallel layout; it cannot be combined with "
+                         "sequence_parallel=True (use num_copies=1 there)")
+    if not isinstance(batch_dim, int) or isinstance(batch_dim, bool):
+        raise ValueError(f"{layer}: batch_dim must be an int, got {batch_dim!r}")
+    return num_copies, batch_dim
+
+
+def _copies_repr(layer):
+    return f", num_copies={layer.num_copies}" if layer.num_copies > 1 else ""
+
+
 class ColumnParallelLinear(torch.nn.Module):
     """Y = XA + b with A split by columns (outputs): rank i holds out_features/N outputs.
 
@@ -39,14 +56,18 @@ class ColumnParallelLinear(torch.nn.Module):
     gradient reduce-scattered); ``sequence_dim`` says which dimension that is (Megatron's
     [sequence, batch, hidden] by default, 1 for [batch, sequence, hidden]).
     ``gather_output=True`` concatenates the outputs on every rank; otherwise each rank keeps its
-    slice, ready for a RowParallelLinear.
+    slice, ready for a RowParallelLinear. ``num_copies=k`` splits the batch (dimension
+    ``batch_dim``) into k copies in backward: each copy's input-gradient allreduce runs while
+    the next copy's input gradient, then the weight gradient, is computed (see copies.py).
     """
 
     def __init__(self, in_features, out_features, bias=True, gather_output=False,
                  process_set=global_process_set, sequence_parallel=False, skip_bias_add=False,
-                 sequence_dim=0):
+                 sequence_dim=0, num_copies=1, batch_dim=0):
         super().__init__()
         self.process_set, self.sequence_dim = process_set, sequence_dim
+        self.num_copies, self.batch_dim = _copies_option(
+            "ColumnParallelLinear", num_copies, batch_dim, sequence_parallel)
         self.world_size = mappings.group_size(process_set)
         self.in_features, self.out_features = in_features, out_features
         self.output_size_per_partition = divide(
@@ -76,13 +97,19 @@ class ColumnParallelLinear(torch.nn.Module):
         return layer
 
     def forward(self, x):
-        if self.sequence_parallel:
+        bias = None if self.skip_bias_add else self.bias
+        if self.num_copies > 1:
+            copies.split_batch(x, self.num_copies, self.batch_dim, "ColumnParallelLinear")
+            out = copies.ColumnLinearCopies.apply(x, self.weight, bias, self.process_set,
+                                                  self.world_size, self.num_copies,
+                                                  self.batch_dim)
+        elif self.sequence_parallel:
             x = mappings.gather_from_sequence_parallel_region(x, self.process_set,
                                                               self.sequence_dim)
+            out = F.linear(x, self.weight, bias)
         else:
             x = mappings.copy_to_tensor_model_parallel_region(x, self.process_set)
-        bias = None if self.skip_bias_add else self.bias
-        out = F.linear(x, self.weight, bias)
+            out = F.linear(x, self.weight, bias)
         if self.gather_output:
             out = mappings.gather_from_tensor_model_parallel_region(out, self.process_set)
         return (out, self.bias) if self.skip_bias_add else out
@@ -90,7 +117,7 @@ class ColumnParallelLinear(torch.nn.Module):
     def extra_repr(self):
         return (f"in_features={self.in_features}, out_features={self.out_features} "
                 f"({self.output_size_per_partition} here), gather_output={self.gather_output}, "
-                f"sequence_parallel={self.sequence_parallel}")
+                f"sequence_parallel={self.sequence_parallel}" + _copies_repr(self))
 
 
 class RowParallelLinear(torch.nn.Module):
@@ -100,12 +127,16 @@ class RowParallelLinear(torch.nn.Module):
     ColumnParallelLinear's output); otherwise the full input is split here. The partial
     products are allreduced (the gradient passes through), or with ``sequence_parallel``
     reduce-scattered along ``sequence_dim``. The bias, whole on every rank, is added after.
+    ``num_copies=k`` splits the batch (dimension ``batch_dim``) into k copies: each copy's
+    allreduce runs while the next copy's matmul computes (see copies.py).
     """
 
     def __init__(self, in_features, out_features, bias=True, input_is_parallel=True,
                  process_set=global_process_set, sequence_parallel=False, skip_bias_add=False,
-                 sequence_dim=0):
+                 sequence_dim=0, num_copies=1, batch_dim=0):
         super().__init__()
+        self.num_copies, self.batch_dim = _copies_option(
+            "RowParallelLinear", num_copies, batch_dim, sequence_parallel)
         self.in_features, self.out_features = in_features, out_features
         self.process_set, self.sequence_dim = process_set, sequence_dim
         self.world_size = mappings.group_size(process_set)
@@ -136,12 +167,16 @@ class RowParallelLinear(torch.nn.Module):
     def forward(self, x):
         if not self.input_is_parallel:
             x = mappings.scatter_to_tensor_model_parallel_region(x, self.process_set)
-        partial = F.linear(x, self.weight)
-        if self.sequence_parallel:
-            out = mappings.reduce_scatter_to_sequence_parallel_region(partial, self.process_set,
-                                                                      self.sequence_dim)
+        if self.num_copies > 1:
+            copies.split_batch(x, self.num_copies, self.batch_dim, "RowParallelLinear")
+            out = copies.RowLinearCopies.apply(x, self.weight, self.process_set, self.world_size,
+                                               self.num_copies, self.batch_dim)
+        elif self.sequence_parallel:
+            out = mappings.reduce_scatter_to_sequence_parallel_region(
+                F.linear(x, self.weight), self.process_set, self.sequence_dim)
         else:
-            out = mappings.reduce_from_tensor_model_parallel_region(partial, self.process_set)
+            out = mappings.reduce_from_tensor_model_parallel_region(F.linear(x, self.weight),
+                                                                    self.process_set)
         bias = self.bias
         if bias is not None and self.sequence_parallel:
             # Each rank adds the bias to its own rows only: its gradient there is partial and
@@ -154,7 +189,7 @@ class RowParallelLinear(torch.nn.Module):
     def extra_repr(self):
         return (f"in_features={self.in_features} ({self.input_size_per_partition} here), "
                 f"out_features={self.out_features}, input_is_parallel={self.input_is_parallel}, "
-                f"sequence_parallel={self.sequence_parallel}")
+                f"sequence_parallel={self.sequence_parallel}" + _copies_repr(self))
 
 
 def _embedding_shard(num_embeddings, embedding_dim, index):

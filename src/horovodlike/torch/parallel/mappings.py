@@ -11,8 +11,8 @@ import torch
 
 from horovodlike.common import basics
 from horovodlike.common.process_sets import global_process_set, set_ranks
-from horovodlike.torch.mpi_ops import (Sum, allgather_async, allreduce_async,
-                                       reducescatter_async, synchronize)
+from horovodlike.torch.mpi_ops import Sum, allgather_async, allreduce_async, reducescatter_async
+from horovodlike.torch.parallel.copies import wait
 
 
 def group_size(process_set):
@@ -37,13 +37,13 @@ def divide(numerator, denominator, what):
 def _allreduce_sum(tensor, process_set):
     if group_size(process_set) == 1:
         return tensor
-    return synchronize(allreduce_async(tensor.contiguous(), op=Sum, process_set=process_set))
+    return wait(allreduce_async(tensor.contiguous(), op=Sum, process_set=process_set))
 
 
 def _gather_first(tensor, process_set):
     if group_size(process_set) == 1:
         return tensor
-    return synchronize(allgather_async(tensor.contiguous(), process_set=process_set))
+    return wait(allgather_async(tensor.contiguous(), process_set=process_set))
 
 
 def _reduce_scatter_first(tensor, process_set):
@@ -51,8 +51,7 @@ def _reduce_scatter_first(tensor, process_set):
         return tensor
     n = group_size(process_set)
     divide(tensor.shape[0], n, "the split (sequence) dimension")
-    return synchronize(reducescatter_async(tensor.contiguous(), op=Sum,
-                                           process_set=process_set))
+    return wait(reducescatter_async(tensor.contiguous(), op=Sum, process_set=process_set))
 
 
 def _split_last(tensor, process_set):

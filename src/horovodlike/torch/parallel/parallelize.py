@@ -20,7 +20,9 @@ import torch
 from horovodlike.common import basics
 from horovodlike.common.objects import allgather_object
 from horovodlike.common.process_sets import ProcessSet, set_ranks
-from horovodlike.torch.parallel.styles import ParallelStyle
+from horovodlike.torch.parallel import copies, layers
+from horovodlike.torch.parallel.layouts import Shard
+from horovodlike.torch.parallel.styles import ColwiseParallel, ParallelStyle, RowwiseParallel
 from horovodlike.torch.process_mesh import ProcessMesh
 
 
@@ -107,18 +109,20 @@ def _check_untied(module, entries):
                                  "the plan")
 
 
-def _agree(entries, ranks, process_set):
-    """Every rank of the set must apply the same plan to the same layers."""
+def _agree(entries, ranks, process_set, num_copies):
+    """Every rank of the set must apply the same plan to the same layers, with the same
+    number of copies (each copy is a collective of its own)."""
     mine = [(name, type(m).__name__, repr(style),
              [tuple(p.shape) for p in m.parameters(recurse=False)]) for name, m, style in entries]
-    everyone = allgather_object((ranks, mine), name="parallelize_module.plan",
+    everyone = allgather_object((ranks, mine, num_copies), name="parallelize_module.plan",
                                 process_set=process_set)
-    differing = [ranks[i] for i, other in enumerate(everyone) if other != (ranks, mine)]
+    differing = [ranks[i] for i, other in enumerate(everyone)
+                 if other != (ranks, mine, num_copies)]
     if differing:
         raise ValueError(f"parallelize_module: ranks {differing} of the tensor-parallel set "
                          f"{ranks} have another plan or model than rank {basics.rank()}; "
                          "every rank of the set must build the same model and pass the same "
-                         "plan")
+                         "plan and num_copies")
 
 
 def _replace(root, name, new):
@@ -126,7 +130,26 @@ def _replace(root, name, new):
     setattr(root.get_submodule(parent_name), child, new)
 
 
-def parallelize_module(module, device_mesh, parallelize_plan, *, mesh_dim=None):
+def _check_copies(name, target, style, num_copies):
+    """num_copies > 1 overlaps the allreduces of Colwise/Rowwise linear layers; their
+    sequence-parallel form (a sharded input or output) has none to overlap."""
+    if num_copies == 1 or not isinstance(target, torch.nn.Linear):
+        return
+    if isinstance(style, ColwiseParallel) and isinstance(style.input_layouts, Shard) or \
+            isinstance(style, RowwiseParallel) and isinstance(style.output_layouts, Shard):
+        raise ValueError(f"parallelize_module: {name!r}: num_copies={num_copies} splits the "
+                         "batch to overlap a linear layer's allreduce, but its style shards "
+                         f"the sequence ({style!r}); use num_copies=1 with sequence "
+                         "parallelism")
+
+
+def _set_copies(layer, num_copies):
+    if isinstance(layer, (layers.ColumnParallelLinear, layers.RowParallelLinear)) and \
+            not layer.sequence_parallel:
+        layer.num_copies = num_copies
+
+
+def parallelize_module(module, device_mesh, parallelize_plan, *, mesh_dim=None, num_copies=1):
     """Splits ``module`` over a tensor-parallel set as ``parallelize_plan`` says and returns
     it (the returned module replaces ``module`` itself only when the plan is one style for a
     layer: a module cannot replace itself in place).
@@ -136,18 +159,24 @@ def parallelize_module(module, device_mesh, parallelize_plan, *, mesh_dim=None):
     dict from module names relative to ``module`` (``*`` matching within one level, as in
     ``"layers.*.attn.q_proj"``) to styles. Every rank of the set calls it with the same model
     and plan; the weights each rank keeps are its part of the ones the model holds.
+    ``num_copies=k`` (multi-copy parallel, see copies.py) splits the batch (the first dimension
+    of the inputs) of every ColwiseParallel/RowwiseParallel linear layer into k copies whose
+    allreduces overlap the next copy's compute; the batch must then be a multiple of k.
     """
+    copies.check_num_copies(num_copies, "parallelize_module")
     process_set, ranks = _tensor_parallel_set(device_mesh, mesh_dim)
     entries = _resolve(module, parallelize_plan)
     for name, target, style in entries:
         style.check(name or type(module).__name__, target, len(ranks))
+        _check_copies(name or type(module).__name__, target, style, num_copies)
     _check_untied(module, entries)
-    _agree(entries, ranks, process_set)
+    _agree(entries, ranks, process_set, num_copies)
     # The parallel layers draw their whole weights before copying the model's; leave the
     # random generator where the caller had it, so the data drawn next is the same.
     with torch.random.fork_rng(devices=[]):
         for name, target, style in entries:
             new = style.apply(target, process_set)
+            _set_copies(new, num_copies)
             if new is not target and name:
                 _replace(module, name, new)
             elif new is not target:
