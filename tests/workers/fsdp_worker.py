@@ -4,8 +4,9 @@ Every rank replays, on its own, training of the unwrapped model on the whole glo
 reference); the sharded model (fully_shard on each block, then the root) trains on this rank's
 rows. Compared: the gathered state dict after each step, the elements each rank holds, the
 freeing of the gathered parameters after the forward, gradient accumulation without sync,
-loading a full and a sharded state dict, and the errors. Modes: "train" (2 ranks, everything)
-and "four" (4 ranks, one training run and the shard sizes).
+loading a full and a sharded state dict, the switches, tied and ignored parameters, and the
+errors. Modes: "train" (2 ranks, everything)
+and "four" (4 ranks, one training run over a 1-D ProcessMesh, and the shard sizes).
 """
 
 import io
@@ -51,11 +52,11 @@ class Net(torch.nn.Module):
         return self.head(x)
 
 
-def sharded(seed, reshard=True):
+def sharded(seed, reshard=True, mesh=None):
     net = Net(seed)
     for block in net.blocks:
-        fully_shard(block, reshard_after_forward=reshard)
-    return fully_shard(net, reshard_after_forward=reshard)
+        fully_shard(block, reshard_after_forward=reshard, mesh=mesh)
+    return fully_shard(net, reshard_after_forward=reshard, mesh=mesh)
 
 
 def loss_of(net, tokens, targets):
@@ -90,8 +91,8 @@ def check_shard_sizes(net, reference):
           f"shard sizes {held} for module sizes {own} over {size} ranks")
 
 
-def train_and_compare(optimizer_class, kwargs, reshard, steps=3):
-    reference, net = Net(1), sharded(1, reshard)
+def train_and_compare(optimizer_class, kwargs, reshard, steps=3, mesh=None):
+    reference, net = Net(1), sharded(1, reshard, mesh)
     check_shard_sizes(net, reference)
     ref_opt = optimizer_class(reference.parameters(), **kwargs)
     opt = optimizer_class(net.parameters(), **kwargs)
@@ -174,6 +175,38 @@ def state_dicts(reference, net):
            "missing keys", "head.weight")
 
 
+def switches_and_ties():
+    """unshard/reshard by hand, set_reshard_after_forward, ignored_params, and a parameter tied
+    inside one wrapped module (the embedding and the head of the root)."""
+    reference, net = Net(1), sharded(1)
+    net.blocks[0].unshard()
+    check(torch.equal(net.blocks[0].lin.weight, reference.blocks[0].lin.weight), "unshard()")
+    net.blocks[0].reshard()
+    check(not hasattr(net.blocks[0].lin, "weight"), "reshard() left the weight")
+    net.set_reshard_after_forward(False)
+    tokens, targets = batches(4, 1)[0]
+    check_freed_after_forward(net, tokens, targets, False)
+    kept = Net(1)
+    fully_shard(kept, ignored_params=[kept.head.bias])
+    check(dict(kept.named_parameters())["head.bias"].shape == (VOCAB,), "ignored_params sharded")
+    same_state(full_state_dict(kept), reference.state_dict(), "ignored_params")
+    tied_reference, tied = Net(3), Net(3)
+    for model in (tied_reference, tied):
+        model.head.weight = model.emb.weight
+    for block in tied.blocks:
+        fully_shard(block)
+    fully_shard(tied)
+    ref_opt = torch.optim.SGD(tied_reference.parameters(), lr=0.2, momentum=0.9)
+    opt = torch.optim.SGD(tied.parameters(), lr=0.2, momentum=0.9)
+    for tokens, targets in batches(8, 2):
+        for model, optimizer, rows in ((tied_reference, ref_opt, slice(None)),
+                                       (tied, opt, slice(rank * ROWS, (rank + 1) * ROWS))):
+            optimizer.zero_grad()
+            loss_of(model, tokens[rows], targets[rows]).backward()
+            optimizer.step()
+    same_state(full_state_dict(tied), tied_reference.state_dict(), "tied embedding and head")
+
+
 def errors():
     net = sharded(1)
     raises(ValueError, lambda: fully_shard(net), "already wrapped")
@@ -204,8 +237,10 @@ if mode == "train":
     train_and_compare(torch.optim.Adam, {"lr": 0.01}, False)
     gradient_accumulation()
     state_dicts(reference, net)
+    switches_and_ties()
     errors()
     print(f"rank {rank}: fsdp train OK", flush=True)
 elif mode == "four":
-    train_and_compare(torch.optim.Adam, {"lr": 0.01}, True)
+    # Over a 1-D mesh of the whole job (ProcessMesh): the same as over the global set.
+    train_and_compare(torch.optim.Adam, {"lr": 0.01}, True, mesh=hvd.ProcessMesh((4,), ("dp",)))
     print(f"rank {rank}: fsdp four OK", flush=True)

@@ -12,13 +12,15 @@ module's class to a subclass of FSDPModule and of its class, which adds unshard/
 switches. Hooks: before the forward, gather and set the parameters as views of the gathered
 buffer; after it, free the buffer (reshard_after_forward) and register, on the outputs, a hook
 that gathers again when the backward reaches the module; when the backward has accumulated the
-module's gradient, reduce-scatter it into ``_flat_shard.grad`` and free the buffer.
+module's gradient, start its reduce-scatter, free the buffer, and add the result to
+``_flat_shard.grad`` when the whole backward is done (the rest of the backward runs meanwhile).
 """
 
 import itertools
 import weakref
 
 import torch
+from torch.autograd import Variable
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils._pytree import tree_flatten
 
@@ -116,7 +118,9 @@ class FSDPModule:
 
     def _fsdp_on_grad_ready(self, leaf):
         grad, leaf.grad = leaf.grad, None
-        self._fsdp_group.reduce_gradient(grad)
+        if self._fsdp_group.reduce_gradient(grad):
+            # The shard's gradient is complete when the whole backward is: wait there.
+            Variable._execution_engine.queue_callback(self._fsdp_group.finish_gradient)
         self.reshard()
 
 

@@ -41,6 +41,7 @@ class ShardedParamGroup:
         self.gathered = False           # ``full`` holds the gathered values
         self.requires_gradient_sync = True
         self.unsynced_grad = None       # gradients summed while sync was off (full size)
+        self.pending = []               # reduce-scatters started, not yet added to the grad
         self._gathers = self._scatters = self._exports = 0
 
     def pad(self, flat):
@@ -113,19 +114,25 @@ class ShardedParamGroup:
 
     def reduce_gradient(self, full_grad):
         """Sums ``full_grad`` (the padded gradient of every parameter) into the unsynced
-        gradient, or, when sync is on, reduce-scatters it (averaged over the set) into
-        ``flat_shard.grad``."""
+        gradient, or, when sync is on, starts its reduce-scatter (averaged over the set); the
+        rest of the backward runs while it is sent, and ``finish_gradient`` waits for it."""
         if self.unsynced_grad is not None:
             full_grad = full_grad + self.unsynced_grad
         if not self.requires_gradient_sync:
             self.unsynced_grad = full_grad
-            return
+            return False
         self.unsynced_grad = None
         self._scatters += 1
-        shard = synchronize(reducescatter_async(full_grad.contiguous(),
+        self.pending.append(reducescatter_async(full_grad.contiguous(),
                                                 name=f"{self.name}.grad.{self._scatters}",
                                                 op=Average, process_set=self.process_set))
-        if self.flat_shard.grad is None:
-            self.flat_shard.grad = shard
-        else:
-            self.flat_shard.grad += shard
+        return True
+
+    def finish_gradient(self):
+        """Adds the reduce-scattered gradients started so far to ``flat_shard.grad``."""
+        while self.pending:
+            shard = synchronize(self.pending.pop(0))
+            if self.flat_shard.grad is None:
+                self.flat_shard.grad = shard
+            else:
+                self.flat_shard.grad += shard
