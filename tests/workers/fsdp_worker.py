@@ -167,8 +167,10 @@ def state_dicts(reference, net):
     buffer = io.BytesIO()
     torch.save(net.state_dict(), buffer)
     buffer.seek(0)
-    again = sharded(6)
-    again.load_state_dict(torch.load(buffer))
+    again = sharded(6, reshard=False)
+    with torch.no_grad():
+        again(tokens)               # keeps the gathered parameters of seed 6: loading must
+    again.load_state_dict(torch.load(buffer))   # make the next forward gather again
     with torch.no_grad():
         check(torch.equal(again(tokens), net(tokens)), "sharded state dict round trip differs")
     raises(ValueError, lambda: load_full_state_dict(sharded(5), {"emb.weight": None}),
@@ -212,6 +214,7 @@ def errors():
     raises(ValueError, lambda: fully_shard(net), "already wrapped")
     raises(ValueError, lambda: fully_shard(net.blocks[0]), "already wrapped")
     raises(NotImplementedError, lambda: fully_shard(Net(1), reshard_after_forward=2), "=2")
+    raises(NotImplementedError, lambda: fully_shard(Net(1), mp_policy=object()), "mp_policy")
     top_down = fully_shard(Net(1))
     raises(ValueError, lambda: fully_shard(top_down.blocks[0]), "bottom-up")
     tied = Net(1)

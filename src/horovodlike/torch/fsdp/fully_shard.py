@@ -227,13 +227,23 @@ def _subclass(cls):
     return _subclasses[cls]
 
 
-def fully_shard(module, *, mesh=None, reshard_after_forward=True, ignored_params=None):
+def _check_unsupported(options):
+    given = [name for name, value in options.items() if value is not None]
+    if given:
+        raise NotImplementedError(
+            f"fully_shard: {', '.join(given)} not supported yet (parameters stay in their dtype "
+            "and on their device, sharded evenly on the flat vector); leave it out")
+
+
+def fully_shard(module, *, mesh=None, reshard_after_forward=True, ignored_params=None,
+                shard_placement_fn=None, mp_policy=None, offload_policy=None):
     """Shards ``module``'s own parameters over ``mesh`` (a ProcessSet or a 1-D ProcessMesh; the
     whole job by default) and returns the module, now also an FSDPModule.
 
     Apply it to the blocks first, then the root. Every rank of the mesh calls it with the same
     module (same parameter values: build it from one seed or broadcast it first). Parameters in
-    ``ignored_params`` stay as they are, neither sharded nor averaged."""
+    ``ignored_params`` stay as they are, neither sharded nor averaged. FSDP2's
+    ``shard_placement_fn``, ``mp_policy`` and ``offload_policy`` are refused for now."""
     if not basics.is_initialized():
         raise ValueError("fully_shard needs horovodlike.init() first")
     if not isinstance(module, torch.nn.Module):
@@ -241,6 +251,8 @@ def fully_shard(module, *, mesh=None, reshard_after_forward=True, ignored_params
     if isinstance(module, FSDPModule):
         raise ValueError(f"fully_shard: {type(module).__name__} is already wrapped by "
                          "fully_shard; wrap each module once")
+    _check_unsupported({"shard_placement_fn": shard_placement_fn, "mp_policy": mp_policy,
+                        "offload_policy": offload_policy})
     reshard = _check_reshard(reshard_after_forward)
     process_set, set_rank, set_size = _resolve_mesh(mesh)
     params, locations = _own_parameters(module, {id(p) for p in ignored_params or ()})

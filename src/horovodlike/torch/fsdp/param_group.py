@@ -39,6 +39,7 @@ class ShardedParamGroup:
         self.full.untyped_storage().resize_(0)
         self.leaf = None                # what autograd sees: ``full`` as a leaf needing grad
         self.gathered = False           # ``full`` holds the gathered values
+        self._gathered_version = None   # of flat_shard when they were gathered
         self.requires_gradient_sync = True
         self.unsynced_grad = None       # gradients summed while sync was off (full size)
         self.pending = []               # reduce-scatters started, not yet added to the grad
@@ -55,8 +56,9 @@ class ShardedParamGroup:
     # -------------------------------------------------------------------- unshard / reshard
 
     def gather(self):
-        """Allgathers the shards into ``full``'s storage (allocating it again if freed)."""
-        if self.gathered:
+        """Allgathers the shards into ``full``'s storage (allocating it again if freed); again
+        too when the shard changed since (an optimizer step, a loaded state dict)."""
+        if self.gathered and self.flat_shard._version == self._gathered_version:
             return
         self._gathers += 1
         gathered = synchronize(allgather_async(self.flat_shard.detach(),
@@ -66,7 +68,7 @@ class ShardedParamGroup:
         storage.resize_(gathered.numel() * gathered.element_size())
         # A storage copy leaves the version counters alone: the views autograd saved stay valid.
         storage.copy_(gathered.untyped_storage())
-        self.gathered = True
+        self.gathered, self._gathered_version = True, self.flat_shard._version
 
     def expose(self, on_grad_ready):
         """Sets views of the gathered parameters on the submodules (a new autograd leaf when
