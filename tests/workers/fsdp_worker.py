@@ -192,6 +192,16 @@ def switches_and_ties():
     fully_shard(kept, ignored_params=[kept.head.bias])
     check(dict(kept.named_parameters())["head.bias"].shape == (VOCAB,), "ignored_params sharded")
     same_state(full_state_dict(kept), reference.state_dict(), "ignored_params")
+    torch.manual_seed(4)
+    stack = torch.nn.Sequential(Block(), Block())       # a root with no parameters of its own
+    stack_reference = torch.nn.Sequential(Block(), Block())
+    stack_reference.load_state_dict(stack.state_dict())
+    for block in stack:
+        fully_shard(block)
+    fully_shard(stack)
+    x = torch.randn(2, WIDTH)
+    check(torch.allclose(stack(x), stack_reference(x), rtol=1e-6, atol=1e-6), "stack forward")
+    same_state(full_state_dict(stack), stack_reference.state_dict(), "a root without parameters")
     tied_reference, tied = Net(3), Net(3)
     for model in (tied_reference, tied):
         model.head.weight = model.emb.weight
