@@ -91,8 +91,17 @@ def check_shard_sizes(net, reference):
           f"shard sizes {held} for module sizes {own} over {size} ranks")
 
 
-def train_and_compare(optimizer_class, kwargs, reshard, steps=3, mesh=None):
+def train_and_compare(optimizer_class, kwargs, reshard, steps=3, mesh=None, prefetch=False):
     reference, net = Net(1), sharded(1, reshard, mesh)
+    started = []            # inside block 0's computation: is block 1's gather under way?
+    if prefetch:        # each block starts the next one's gather (the previous one's backward)
+        blocks = list(net.blocks)
+        for before, after in zip(blocks, blocks[1:]):
+            before.set_modules_to_forward_prefetch([after])
+            after.set_modules_to_backward_prefetch([before])
+        net.set_modules_to_forward_prefetch(blocks[:1])
+        blocks[0].lin.register_forward_hook(
+            lambda *_: started.append(blocks[1]._fsdp_group._prefetched is not None))
     check_shard_sizes(net, reference)
     ref_opt = optimizer_class(reference.parameters(), **kwargs)
     opt = optimizer_class(net.parameters(), **kwargs)
@@ -108,6 +117,7 @@ def train_and_compare(optimizer_class, kwargs, reshard, steps=3, mesh=None):
         opt.step()
         same_state(full_state_dict(net), reference.state_dict(),
                    f"{optimizer_class.__name__} reshard={reshard} step {step}")
+    check(not prefetch or started == [True] * steps, f"forward prefetch started: {started}")
     return reference, net
 
 
@@ -222,6 +232,7 @@ def switches_and_ties():
 def errors():
     net = sharded(1)
     raises(ValueError, lambda: fully_shard(net), "already wrapped")
+    raises(ValueError, lambda: net.set_modules_to_forward_prefetch([Net(1)]), "not wrapped")
     raises(ValueError, lambda: fully_shard(net.blocks[0]), "already wrapped")
     raises(NotImplementedError, lambda: fully_shard(Net(1), reshard_after_forward=2), "=2")
     raises(NotImplementedError, lambda: fully_shard(Net(1), mp_policy=object()), "mp_policy")
@@ -248,6 +259,7 @@ if mode == "train":
         train_and_compare(torch.optim.SGD, {"lr": 0.2, "momentum": 0.9}, reshard)
     reference, net = train_and_compare(torch.optim.Adam, {"lr": 0.01}, True)
     train_and_compare(torch.optim.Adam, {"lr": 0.01}, False)
+    train_and_compare(torch.optim.Adam, {"lr": 0.01}, True, prefetch=True)
     gradient_accumulation()
     state_dicts(reference, net)
     switches_and_ties()

@@ -95,10 +95,21 @@ class FSDPModule:
         for module in _wrapped(self, recurse):
             module._fsdp_reshard_after_forward = value
 
+    def set_modules_to_forward_prefetch(self, modules):
+        """Wrapped modules whose gather starts right after this module's, before its forward
+        (typically the next block): their gather overlaps this module's computation."""
+        self._fsdp_forward_prefetch = _check_prefetch(modules, "forward")
+
+    def set_modules_to_backward_prefetch(self, modules):
+        """Wrapped modules whose gather starts when the backward reaches this module (typically
+        the block before it)."""
+        self._fsdp_backward_prefetch = _check_prefetch(modules, "backward")
+
     # ------------------------------------------------------------------------------ hooks
 
     def _fsdp_pre_forward(self, module, args):
         self.unshard()
+        _prefetch(self._fsdp_forward_prefetch)
 
     def _fsdp_post_forward(self, module, args, output):
         group = self._fsdp_group
@@ -115,6 +126,7 @@ class FSDPModule:
 
     def _fsdp_pre_backward(self, grad):
         self._fsdp_group.gather()
+        _prefetch(self._fsdp_backward_prefetch)
 
     def _fsdp_on_grad_ready(self, leaf):
         grad, leaf.grad = leaf.grad, None
@@ -122,6 +134,21 @@ class FSDPModule:
             # The shard's gradient is complete when the whole backward is: wait there.
             Variable._execution_engine.queue_callback(self._fsdp_group.finish_gradient)
         self.reshard()
+
+
+def _check_prefetch(modules, which):
+    modules = list(modules)
+    for m in modules:
+        if not isinstance(m, FSDPModule):
+            raise ValueError(f"set_modules_to_{which}_prefetch: {type(m).__name__} is not "
+                             "wrapped by fully_shard; give wrapped modules")
+    return modules
+
+
+def _prefetch(modules):
+    for m in modules:
+        if m._fsdp_group is not None:
+            m._fsdp_group.prefetch()
 
 
 class _DoneHandle:
@@ -271,6 +298,7 @@ def fully_shard(module, *, mesh=None, reshard_after_forward=True, ignored_params
     module._fsdp_group = group
     module._fsdp_reshard_after_forward = reshard
     module._fsdp_process_set = process_set
+    module._fsdp_forward_prefetch, module._fsdp_backward_prefetch = [], []
     if group is not None:
         module.register_forward_pre_hook(module._fsdp_pre_forward)
         module.register_forward_hook(module._fsdp_post_forward)

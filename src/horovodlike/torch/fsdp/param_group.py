@@ -40,6 +40,7 @@ class ShardedParamGroup:
         self.leaf = None                # what autograd sees: ``full`` as a leaf needing grad
         self.gathered = False           # ``full`` holds the gathered values
         self._gathered_version = None   # of flat_shard when they were gathered
+        self._prefetched = None         # (allgather handle, flat_shard version) started early
         self.requires_gradient_sync = True
         self.unsynced_grad = None       # gradients summed while sync was off (full size)
         self.pending = []               # reduce-scatters started, not yet added to the grad
@@ -55,20 +56,38 @@ class ShardedParamGroup:
 
     # -------------------------------------------------------------------- unshard / reshard
 
+    def _current(self):
+        return self.gathered and self.flat_shard._version == self._gathered_version
+
+    def prefetch(self):
+        """Starts the allgather that ``gather`` will wait for (a no-op when gathered or
+        started): the gather runs while the module before it computes."""
+        if self._current() or self._prefetched is not None:
+            return
+        self._gathers += 1
+        handle = allgather_async(self.flat_shard.detach(),
+                                 name=f"{self.name}.gather.{self._gathers}",
+                                 process_set=self.process_set)
+        self._prefetched = (handle, self.flat_shard._version)
+
     def gather(self):
         """Allgathers the shards into ``full``'s storage (allocating it again if freed); again
         too when the shard changed since (an optimizer step, a loaded state dict)."""
-        if self.gathered and self.flat_shard._version == self._gathered_version:
+        if self._current():
             return
-        self._gathers += 1
-        gathered = synchronize(allgather_async(self.flat_shard.detach(),
-                                               name=f"{self.name}.gather.{self._gathers}",
-                                               process_set=self.process_set))
+        if self._prefetched is None or self._prefetched[1] != self.flat_shard._version:
+            if self._prefetched is not None:    # started before the shard changed: stale
+                synchronize(self._prefetched[0])
+            self._prefetched = None
+            self.prefetch()
+        handle, version = self._prefetched
+        self._prefetched = None
+        gathered = synchronize(handle)
         storage = self.full.untyped_storage()
         storage.resize_(gathered.numel() * gathered.element_size())
         # A storage copy leaves the version counters alone: the views autograd saved stay valid.
         storage.copy_(gathered.untyped_storage())
-        self.gathered, self._gathered_version = True, self.flat_shard._version
+        self.gathered, self._gathered_version = True, version
 
     def expose(self, on_grad_ready):
         """Sets views of the gathered parameters on the submodules (a new autograd leaf when
