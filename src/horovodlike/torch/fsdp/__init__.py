@@ -1,0 +1,7 @@
+"""Parameter sharding under the names of PyTorch's FSDP2 (``torch.distributed.fsdp``):
+``fully_shard`` each block and then the root; see docs/model-parallel.md."""
+
+from horovodlike.torch.fsdp.fully_shard import FSDPModule, fully_shard
+from horovodlike.torch.fsdp.state_dict import full_state_dict, load_full_state_dict
+
+__all__ = ["FSDPModule", "fully_shard", "full_state_dict", "load_full_state_dict"]

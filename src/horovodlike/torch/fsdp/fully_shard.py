@@ -1,0 +1,308 @@
+"""fully_shard: a module's parameters sharded over a process set, gathered for its forward and
+backward, their gradients reduce-scattered (ZeRO-3), under the names of PyTorch's FSDP2.
+
+    for block in model.blocks:
+        fully_shard(block)
+    fully_shard(model)                   # the root last: bottom-up, as FSDP2
+    optimizer = torch.optim.Adam(model.parameters())    # after fully_shard: it steps on shards
+
+Each call makes the module's own parameters (those not under an already wrapped submodule) one
+ShardedParamGroup, registered on the module as the parameter ``_flat_shard``, and changes the
+module's class to a subclass of FSDPModule and of its class, which adds unshard/reshard and the
+switches. Hooks: before the forward, gather and set the parameters as views of the gathered
+buffer; after it, free the buffer (reshard_after_forward) and register, on the outputs, a hook
+that gathers again when the backward reaches the module; when the backward has accumulated the
+module's gradient, start its reduce-scatter, free the buffer, and add the result to
+``_flat_shard.grad`` when the whole backward is done (the rest of the backward runs meanwhile).
+"""
+
+import itertools
+import weakref
+
+import torch
+from torch.autograd import Variable
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+from torch.utils._pytree import tree_flatten
+
+from horovodlike.common import basics
+from horovodlike.common.process_sets import ProcessSet, global_process_set, set_ranks
+from horovodlike.torch.fsdp.param_group import ShardedParamGroup
+from horovodlike.torch.process_mesh import ProcessMesh
+
+FLAT_SHARD = "_flat_shard"
+
+# The parameters fully_shard took (to find an optimizer built on them, or a second owner) and
+# the submodules whose parameters it took, each with the wrapped module that owns them.
+_taken_modules = weakref.WeakKeyDictionary()
+
+
+class _TakenParams:
+    """Parameter -> owner, by identity (a tensor's == compares values), forgetting a
+    parameter once it is collected."""
+
+    def __init__(self):
+        self._owners = {}
+
+    def add(self, param, owner):
+        key = id(param)
+        self._owners[key] = (weakref.ref(param, lambda _: self._owners.pop(key, None)), owner)
+
+    def get(self, param):
+        entry = self._owners.get(id(param))
+        return entry[1] if entry is not None and entry[0]() is param else None
+
+
+_taken_params = _TakenParams()
+# Collective names must agree across ranks: groups are numbered in creation order, the same on
+# every rank of a set because wrapping is part of the same program.
+_instances = itertools.count()
+_subclasses = {}
+
+
+class FSDPModule:
+    """What fully_shard adds to a module (``isinstance(module, FSDPModule)`` tells a wrapped
+    one). The methods act on this module's group; the setters also on wrapped submodules
+    unless ``recurse=False``."""
+
+    def unshard(self, async_op=False):
+        """Gathers this module's parameters and sets them on its submodules until reshard().
+        The gather is done when this returns; with ``async_op=True`` a handle whose ``wait()``
+        returns at once is given, as code written for FSDP2 expects one."""
+        group = self._fsdp_group
+        if group is not None:
+            group.gather()
+            group.expose(self._fsdp_on_grad_ready)
+        return _DoneHandle() if async_op else None
+
+    def reshard(self):
+        """Frees the gathered parameters; the module keeps only its shard."""
+        group = self._fsdp_group
+        if group is not None:
+            group.hide()
+            group.free()
+
+    def set_requires_gradient_sync(self, requires_gradient_sync, *, recurse=True):
+        """Off: backward sums the full gradients locally (gradient accumulation without
+        communication); the first backward with it on again reduce-scatters the sum."""
+        for module in _wrapped(self, recurse):
+            if module._fsdp_group is not None:
+                module._fsdp_group.requires_gradient_sync = bool(requires_gradient_sync)
+
+    def set_reshard_after_forward(self, reshard_after_forward, *, recurse=True):
+        """True frees the gathered parameters after the forward and gathers them again in the
+        backward (least memory); False keeps them until the backward (one gather less)."""
+        value = _check_reshard(reshard_after_forward)
+        for module in _wrapped(self, recurse):
+            module._fsdp_reshard_after_forward = value
+
+    def set_modules_to_forward_prefetch(self, modules):
+        """Wrapped modules whose gather starts right after this module's, before its forward
+        (typically the next block): their gather overlaps this module's computation."""
+        self._fsdp_forward_prefetch = _check_prefetch(modules, "forward")
+
+    def set_modules_to_backward_prefetch(self, modules):
+        """Wrapped modules whose gather starts when the backward reaches this module (typically
+        the block before it)."""
+        self._fsdp_backward_prefetch = _check_prefetch(modules, "backward")
+
+    # ------------------------------------------------------------------------------ hooks
+
+    def _fsdp_pre_forward(self, module, args):
+        self.unshard()
+        _prefetch(self._fsdp_forward_prefetch)
+
+    def _fsdp_post_forward(self, module, args, output):
+        group = self._fsdp_group
+        if self._fsdp_reshard_after_forward:
+            self.reshard()
+        tensors = [t for t in tree_flatten(output)[0]
+                   if torch.is_tensor(t) and t.requires_grad]
+        if tensors and group.leaf is not None and group.leaf.requires_grad:
+            # The first output gradient the backward computes gathers again (once: gather()
+            # does nothing while gathered).
+            for t in tensors:
+                t.register_hook(self._fsdp_pre_backward)
+        return output
+
+    def _fsdp_pre_backward(self, grad):
+        self._fsdp_group.gather()
+        _prefetch(self._fsdp_backward_prefetch)
+
+    def _fsdp_on_grad_ready(self, leaf):
+        grad, leaf.grad = leaf.grad, None
+        if self._fsdp_group.reduce_gradient(grad):
+            # The shard's gradient is complete when the whole backward is: wait there.
+            Variable._execution_engine.queue_callback(self._fsdp_group.finish_gradient)
+        self.reshard()
+
+
+def _check_prefetch(modules, which):
+    modules = list(modules)
+    for m in modules:
+        if not isinstance(m, FSDPModule):
+            raise ValueError(f"set_modules_to_{which}_prefetch: {type(m).__name__} is not "
+                             "wrapped by fully_shard; give wrapped modules")
+    return modules
+
+
+def _prefetch(modules):
+    for m in modules:
+        if m._fsdp_group is not None:
+            m._fsdp_group.prefetch()
+
+
+class _DoneHandle:
+    def wait(self):
+        return None
+
+
+def _wrapped(module, recurse):
+    return [m for m in module.modules() if isinstance(m, FSDPModule)] if recurse else [module]
+
+
+def _check_reshard(value):
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        raise NotImplementedError(
+            f"fully_shard: reshard_after_forward={value} (resharding to a smaller group after "
+            "the forward) is not supported; use True (free after the forward) or False (keep)")
+    raise TypeError(f"fully_shard: reshard_after_forward must be True or False, got {value!r}")
+
+
+def _resolve_mesh(mesh):
+    """The process set to shard over, checked to hold this rank."""
+    if mesh is None:
+        process_set = global_process_set
+    elif isinstance(mesh, ProcessMesh):
+        if len(mesh.shape) != 1:
+            raise NotImplementedError(
+                f"fully_shard: mesh {mesh} has {len(mesh.shape)} dimensions; sharding over one "
+                "dimension and replicating over another (HSDP) is not supported: pass "
+                "mesh.process_set(name) of the dimension to shard over")
+        process_set = mesh.process_set(mesh.dim_names[0])
+    elif isinstance(mesh, ProcessSet):
+        process_set = mesh
+    else:
+        raise TypeError(f"fully_shard: mesh must be a ProcessSet or a 1-D ProcessMesh, "
+                        f"got {type(mesh).__name__}")
+    ranks = set_ranks(process_set)
+    if basics.rank() not in ranks:
+        raise ValueError(f"fully_shard: rank {basics.rank()} is not in {process_set} (ranks "
+                         f"{ranks}); call fully_shard only on the ranks of the mesh")
+    return process_set, ranks.index(basics.rank()), len(ranks)
+
+
+def _own_submodules(module, prefix=""):
+    """(path, submodule) of ``module`` and its submodules, not entering wrapped ones."""
+    yield prefix, module
+    for name, child in module.named_children():
+        if not isinstance(child, FSDPModule):
+            yield from _own_submodules(child, f"{prefix}{name}.")
+
+
+def _own_parameters(module, ignored):
+    """The module's own parameters (each once, in module order) and where each one is set."""
+    params, places = {}, {}
+    for path, submodule in _own_submodules(module):
+        if submodule in _taken_modules:
+            raise ValueError(
+                f"fully_shard: submodule '{path.rstrip('.') or type(module).__name__}' already "
+                f"had its parameters sharded with {_taken_modules[submodule]}; apply fully_shard "
+                "bottom-up: each block first, then the modules that hold them, the root last")
+        for name, param in submodule._parameters.items():
+            if param is None or id(param) in ignored:
+                continue
+            if _taken_params.get(param) is not None:
+                raise ValueError(
+                    f"fully_shard: parameter '{path}{name}' is shared with "
+                    f"{_taken_params.get(param)}, "
+                    "which fully_shard already wrapped; a parameter can belong to one wrapped "
+                    "module only: wrap a module that holds every use of it (do not wrap the "
+                    "submodules that share it separately), pass it in ignored_params, or untie it")
+            params.setdefault(id(param), param)
+            places.setdefault(id(param), []).append((submodule, name))
+    params = list(params.values())
+    kinds = {(p.dtype, p.device, p.requires_grad) for p in params}
+    if len(kinds) > 1:
+        raise ValueError(
+            f"fully_shard: the parameters of {type(module).__name__} mix dtype/device/"
+            f"requires_grad {sorted(map(str, kinds))}; one wrapped module shards parameters of "
+            "one kind: wrap the differing submodules separately or pass them in ignored_params")
+    return params, [places[id(p)] for p in params]
+
+
+def _check_optimizer(optimizer, args, kwargs):
+    """Before any optimizer step: an optimizer built before fully_shard holds the parameters it
+    replaced, which no longer get gradients; say so instead of silently not training."""
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            owner = _taken_params.get(param)
+            if owner is not None:
+                raise RuntimeError(
+                    f"{type(optimizer).__name__} holds a parameter that fully_shard replaced by "
+                    f"the shards of {owner}; build the optimizer after "
+                    "fully_shard(model), from model.parameters()")
+
+
+_optimizer_check = []
+
+
+def _subclass(cls):
+    if cls not in _subclasses:
+        _subclasses[cls] = type(f"FSDP{cls.__name__}", (FSDPModule, cls), {})
+    return _subclasses[cls]
+
+
+def _check_unsupported(options):
+    given = [name for name, value in options.items() if value is not None]
+    if given:
+        raise NotImplementedError(
+            f"fully_shard: {', '.join(given)} not supported yet (parameters stay in their dtype "
+            "and on their device, sharded evenly on the flat vector); leave it out")
+
+
+def fully_shard(module, *, mesh=None, reshard_after_forward=True, ignored_params=None,
+                shard_placement_fn=None, mp_policy=None, offload_policy=None):
+    """Shards ``module``'s own parameters over ``mesh`` (a ProcessSet or a 1-D ProcessMesh; the
+    whole job by default) and returns the module, now also an FSDPModule.
+
+    Apply it to the blocks first, then the root. Every rank of the mesh calls it with the same
+    module (same parameter values: build it from one seed or broadcast it first). Parameters in
+    ``ignored_params`` stay as they are, neither sharded nor averaged. FSDP2's
+    ``shard_placement_fn``, ``mp_policy`` and ``offload_policy`` are refused for now."""
+    if not basics.is_initialized():
+        raise ValueError("fully_shard needs horovodlike.init() first")
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(f"fully_shard takes one torch.nn.Module, got {type(module).__name__}")
+    if isinstance(module, FSDPModule):
+        raise ValueError(f"fully_shard: {type(module).__name__} is already wrapped by "
+                         "fully_shard; wrap each module once")
+    _check_unsupported({"shard_placement_fn": shard_placement_fn, "mp_policy": mp_policy,
+                        "offload_policy": offload_policy})
+    reshard = _check_reshard(reshard_after_forward)
+    process_set, set_rank, set_size = _resolve_mesh(mesh)
+    params, locations = _own_parameters(module, {id(p) for p in ignored_params or ()})
+    name = f"fsdp.{next(_instances)}"
+    owner = f"{type(module).__name__} ({name})"
+    group = (ShardedParamGroup(params, locations, process_set, set_rank, set_size, name)
+             if params else None)
+    for param, places in zip(params, locations):
+        _taken_params.add(param, owner)
+        for submodule, attribute in places:
+            del submodule._parameters[attribute]
+            _taken_modules[submodule] = owner
+    if group is not None:
+        module.register_parameter(FLAT_SHARD, group.flat_shard)
+    module.__class__ = _subclass(type(module))
+    module._fsdp_group = group
+    module._fsdp_reshard_after_forward = reshard
+    module._fsdp_process_set = process_set
+    module._fsdp_forward_prefetch, module._fsdp_backward_prefetch = [], []
+    if group is not None:
+        module.register_forward_pre_hook(module._fsdp_pre_forward)
+        module.register_forward_hook(module._fsdp_post_forward)
+    if not _optimizer_check:
+        _optimizer_check.append(
+            register_optimizer_step_pre_hook(_check_optimizer))
+    return module

@@ -1,0 +1,159 @@
+"""ShardedParamGroup: one wrapped module's own parameters as one flat, padded shard per rank.
+
+The parameters (in module order, a tied parameter once) are laid end to end in a flat vector of
+``size * shard_numel`` elements (zeros after the last one), and rank i of the set keeps elements
+``[i * shard_numel, (i + 1) * shard_numel)`` as ``flat_shard``, the parameter the optimizer sees.
+Every rank holds the same number of elements, so the gather and the reduce-scatter need no
+per-rank sizes. For the computation the shards are gathered into ``full``, whose storage is
+allocated while the module is unsharded and resized to nothing when it is resharded: tensors that
+autograd saved during the forward are views of that storage, and regathering into the same
+storage before the backward makes them valid again without keeping them alive in between.
+"""
+
+import math
+
+import torch
+
+from horovodlike.torch.mpi_ops import Average, allgather_async, reducescatter_async, synchronize
+
+
+class ShardedParamGroup:
+    """The flat shard of ``params`` (unique parameters, all of one dtype and device) on set rank
+    ``set_rank`` of ``set_size``; ``locations[i]`` lists (submodule, attribute name) of params[i]."""
+
+    def __init__(self, params, locations, process_set, set_rank, set_size, name):
+        self.locations = locations
+        self.shapes = [p.shape for p in params]
+        self.numels = [p.numel() for p in params]
+        self.numel = sum(self.numels)
+        self.set_rank, self.set_size = set_rank, set_size
+        self.process_set, self.name = process_set, name
+        self.shard_numel = math.ceil(self.numel / set_size)
+        self.padded_numel = self.shard_numel * set_size
+        start = set_rank * self.shard_numel
+        with torch.no_grad():
+            flat = self.pad(torch.cat([p.detach().reshape(-1) for p in params]))
+        self.flat_shard = torch.nn.Parameter(flat[start:start + self.shard_numel].clone(),
+                                             requires_grad=params[0].requires_grad)
+        self.full = torch.empty(self.padded_numel, dtype=flat.dtype, device=flat.device)
+        self.full.untyped_storage().resize_(0)
+        self.leaf = None                # what autograd sees: ``full`` as a leaf needing grad
+        self.gathered = False           # ``full`` holds the gathered values
+        self._gathered_version = None   # of flat_shard when they were gathered
+        self._prefetched = None         # (allgather handle, flat_shard version) started early
+        self.requires_gradient_sync = True
+        self.unsynced_grad = None       # gradients summed while sync was off (full size)
+        self.pending = []               # reduce-scatters started, not yet added to the grad
+        self._gathers = self._scatters = self._exports = 0
+
+    def pad(self, flat):
+        return torch.cat([flat, flat.new_zeros(self.padded_numel - flat.numel())])
+
+    def shard_of(self, flat, set_rank):
+        """This rank's part of a full (unpadded) flat vector."""
+        start = set_rank * self.shard_numel
+        return self.pad(flat)[start:start + self.shard_numel]
+
+    # -------------------------------------------------------------------- unshard / reshard
+
+    def _current(self):
+        return self.gathered and self.flat_shard._version == self._gathered_version
+
+    def prefetch(self):
+        """Starts the allgather that ``gather`` will wait for (a no-op when gathered or
+        started): the gather runs while the module before it computes."""
+        if self._current() or self._prefetched is not None:
+            return
+        self._gathers += 1
+        handle = allgather_async(self.flat_shard.detach(),
+                                 name=f"{self.name}.gather.{self._gathers}",
+                                 process_set=self.process_set)
+        self._prefetched = (handle, self.flat_shard._version)
+
+    def gather(self):
+        """Allgathers the shards into ``full``'s storage (allocating it again if freed); again
+        too when the shard changed since (an optimizer step, a loaded state dict)."""
+        if self._current():
+            return
+        if self._prefetched is None or self._prefetched[1] != self.flat_shard._version:
+            if self._prefetched is not None:    # started before the shard changed: stale
+                synchronize(self._prefetched[0])
+            self._prefetched = None
+            self.prefetch()
+        handle, version = self._prefetched
+        self._prefetched = None
+        gathered = synchronize(handle)
+        storage = self.full.untyped_storage()
+        storage.resize_(gathered.numel() * gathered.element_size())
+        # A storage copy leaves the version counters alone: the views autograd saved stay valid.
+        storage.copy_(gathered.untyped_storage())
+        self.gathered, self._gathered_version = True, version
+
+    def expose(self, on_grad_ready):
+        """Sets views of the gathered parameters on the submodules (a new autograd leaf when
+        none is alive, whose accumulated gradient goes to ``on_grad_ready``)."""
+        if self.leaf is None:
+            self.leaf = self.full.detach().requires_grad_(self.flat_shard.requires_grad)
+            if self.leaf.requires_grad:
+                self.leaf.register_post_accumulate_grad_hook(on_grad_ready)
+        offset = 0
+        for shape, numel, places in zip(self.shapes, self.numels, self.locations):
+            view = self.leaf[offset:offset + numel].view(shape)
+            for module, attribute in places:
+                setattr(module, attribute, view)
+            offset += numel
+
+    def hide(self):
+        """Removes the views from the submodules (module.weight is absent while resharded)."""
+        for places in self.locations:
+            for module, attribute in places:
+                module.__dict__.pop(attribute, None)
+
+    def free(self):
+        """Frees the gathered storage; saved views see an empty storage until ``gather``."""
+        self.full.untyped_storage().resize_(0)
+        self.gathered = False
+
+    # --------------------------------------------------------------------------- state dicts
+
+    def full_params(self):
+        """Every parameter at its full shape (copies), gathered from the shards."""
+        self._exports += 1
+        flat = synchronize(allgather_async(self.flat_shard.detach(),
+                                           name=f"{self.name}.export.{self._exports}",
+                                           process_set=self.process_set))
+        return [piece.view(shape).clone()
+                for piece, shape in zip(flat[:self.numel].split(self.numels), self.shapes)]
+
+    @torch.no_grad()
+    def load_full_params(self, tensors):
+        """Keeps this rank's shard of full parameters (no communication)."""
+        flat = torch.cat([t.detach().reshape(-1).to(self.flat_shard) for t in tensors])
+        self.flat_shard.copy_(self.shard_of(flat, self.set_rank))
+
+    # ---------------------------------------------------------------------------- gradients
+
+    def reduce_gradient(self, full_grad):
+        """Sums ``full_grad`` (the padded gradient of every parameter) into the unsynced
+        gradient, or, when sync is on, starts its reduce-scatter (averaged over the set); the
+        rest of the backward runs while it is sent, and ``finish_gradient`` waits for it."""
+        if self.unsynced_grad is not None:
+            full_grad = full_grad + self.unsynced_grad
+        if not self.requires_gradient_sync:
+            self.unsynced_grad = full_grad
+            return False
+        self.unsynced_grad = None
+        self._scatters += 1
+        self.pending.append(reducescatter_async(full_grad.contiguous(),
+                                                name=f"{self.name}.grad.{self._scatters}",
+                                                op=Average, process_set=self.process_set))
+        return True
+
+    def finish_gradient(self):
+        """Adds the reduce-scattered gradients started so far to ``flat_shard.grad``."""
+        while self.pending:
+            shard = synchronize(self.pending.pop(0))
+            if self.flat_shard.grad is None:
+                self.flat_shard.grad = shard
+            else:
+                self.flat_shard.grad += shard

@@ -1,0 +1,13 @@
+"""fully_shard (FSDP2's API): training with SGD-momentum and Adam equals single-process training
+on the global batch, with and without resharding after the forward; gradient accumulation
+without sync; shard sizes and freed buffers; full and sharded state dicts; the errors."""
+
+import pytest
+
+from conftest import assert_all_ranks, launch
+
+
+@pytest.mark.parametrize("mode,np", [("train", 2), ("four", 4)])
+def test_fully_shard(mode, np):
+    result = launch(np, "fsdp_worker.py", mode, env={"HOROVOD_DYNAMIC_PROCESS_SETS": "1"})
+    assert_all_ranks(result, np, f"fsdp {mode} OK")

@@ -1,0 +1,271 @@
+"""fully_shard against single-process training on the global batch.
+
+Every rank replays, on its own, training of the unwrapped model on the whole global batch (the
+reference); the sharded model (fully_shard on each block, then the root) trains on this rank's
+rows. Compared: the gathered state dict after each step, the elements each rank holds, the
+freeing of the gathered parameters after the forward, gradient accumulation without sync,
+loading a full and a sharded state dict, the switches, tied and ignored parameters, and the
+errors. Modes: "train" (2 ranks, everything)
+and "four" (4 ranks, one training run over a 1-D ProcessMesh, and the shard sizes).
+"""
+
+import io
+import math
+import sys
+
+import torch
+import torch.nn.functional as F
+
+import horovodlike.torch as hvd
+from horovodlike.torch.fsdp import (FSDPModule, full_state_dict, fully_shard,
+                                    load_full_state_dict)
+from common import check, raises
+
+hvd.init()
+rank, size = hvd.rank(), hvd.size()
+mode = sys.argv[1] if len(sys.argv) > 1 else "train"
+VOCAB, WIDTH, TOKENS, ROWS = 11, 7, 5, 4       # 7-wide blocks: 70 elements, uneven over 4
+
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(WIDTH, WIDTH)
+        self.norm = torch.nn.LayerNorm(WIDTH)
+
+    def forward(self, x):
+        return x + F.gelu(self.norm(self.lin(x)))
+
+
+class Net(torch.nn.Module):
+    def __init__(self, seed):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.emb = torch.nn.Embedding(VOCAB, WIDTH)
+        self.blocks = torch.nn.ModuleList([Block() for _ in range(3)])
+        self.head = torch.nn.Linear(WIDTH, VOCAB)
+
+    def forward(self, tokens):
+        x = self.emb(tokens)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def sharded(seed, reshard=True, mesh=None):
+    net = Net(seed)
+    for block in net.blocks:
+        fully_shard(block, reshard_after_forward=reshard, mesh=mesh)
+    return fully_shard(net, reshard_after_forward=reshard, mesh=mesh)
+
+
+def loss_of(net, tokens, targets):
+    return F.cross_entropy(net(tokens).reshape(-1, VOCAB), targets.reshape(-1))
+
+
+def batches(seed, steps):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randint(0, VOCAB, (ROWS * size, TOKENS), generator=g),
+             torch.randint(0, VOCAB, (ROWS * size, TOKENS), generator=g)) for _ in range(steps)]
+
+
+def mine(tensor):
+    return tensor[rank * ROWS:(rank + 1) * ROWS]
+
+
+def same_state(got, want, what):
+    check(sorted(got) == sorted(want), f"{what}: keys {sorted(got)} != {sorted(want)}")
+    for key in want:
+        check(torch.allclose(got[key], want[key], rtol=1e-5, atol=1e-6),
+              f"{what}: {key} differs by {(got[key] - want[key]).abs().max().item():.3g}")
+
+
+def check_shard_sizes(net, reference):
+    """Each wrapped module's parameters on this rank: one flat shard of ceil(numel / size)."""
+    own = {"": sum(p.numel() for n, p in reference.named_parameters()
+                   if not n.startswith("blocks."))}
+    for i, block in enumerate(reference.blocks):
+        own[f"blocks.{i}."] = sum(p.numel() for p in block.parameters())
+    held = {n[:-len("_flat_shard")]: p.numel() for n, p in net.named_parameters()}
+    check(held == {k: math.ceil(v / size) for k, v in own.items()},
+          f"shard sizes {held} for module sizes {own} over {size} ranks")
+
+
+def train_and_compare(optimizer_class, kwargs, reshard, steps=3, mesh=None, prefetch=False):
+    reference, net = Net(1), sharded(1, reshard, mesh)
+    started = []            # inside block 0's computation: is block 1's gather under way?
+    if prefetch:        # each block starts the next one's gather (the previous one's backward)
+        blocks = list(net.blocks)
+        for before, after in zip(blocks, blocks[1:]):
+            before.set_modules_to_forward_prefetch([after])
+            after.set_modules_to_backward_prefetch([before])
+        net.set_modules_to_forward_prefetch(blocks[:1])
+        blocks[0].lin.register_forward_hook(
+            lambda *_: started.append(blocks[1]._fsdp_group._prefetched is not None))
+    check_shard_sizes(net, reference)
+    ref_opt = optimizer_class(reference.parameters(), **kwargs)
+    opt = optimizer_class(net.parameters(), **kwargs)
+    for step, (tokens, targets) in enumerate(batches(7, steps)):
+        ref_opt.zero_grad()
+        loss_of(reference, tokens, targets).backward()
+        ref_opt.step()
+        opt.zero_grad()
+        if step == 0:
+            check_freed_after_forward(net, tokens, targets, reshard)
+        else:
+            loss_of(net, mine(tokens), mine(targets)).backward()
+        opt.step()
+        same_state(full_state_dict(net), reference.state_dict(),
+                   f"{optimizer_class.__name__} reshard={reshard} step {step}")
+    check(not prefetch or started == [True] * steps, f"forward prefetch started: {started}")
+    return reference, net
+
+
+def check_freed_after_forward(net, tokens, targets, reshard):
+    """The parameter views autograd saves live in the gathered buffers (one per wrapped module,
+    padded_numel * 4 bytes); with reshard_after_forward their storage is empty between the
+    forward and the backward, and after the backward in both modes."""
+    padded = {p.numel() * size * 4 for p in net.parameters()}
+    saved = []
+
+    def pack(t):
+        if t.untyped_storage().nbytes() in padded:
+            saved.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = loss_of(net, mine(tokens), mine(targets))
+    sizes = [t.untyped_storage().nbytes() for t in saved]
+    check(len(saved) >= 4, f"only {len(saved)} saved parameter views found")
+    check(all(s == 0 for s in sizes) if reshard else all(s > 0 for s in sizes),
+          f"reshard_after_forward={reshard}: saved parameter storages after forward {sizes}")
+    check(hasattr(net.blocks[0].lin, "weight") != reshard,
+          f"reshard_after_forward={reshard}: weight attribute present after forward")
+    loss.backward()
+    check(all(t.untyped_storage().nbytes() == 0 for t in saved), "not freed after backward")
+
+
+def gradient_accumulation():
+    reference, net = Net(2), sharded(2)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.2, momentum=0.9)
+    opt = torch.optim.SGD(net.parameters(), lr=0.2, momentum=0.9)
+    for tokens, targets in batches(9, 2):
+        ref_opt.zero_grad()
+        loss_of(reference, tokens, targets).backward()
+        ref_opt.step()
+        opt.zero_grad()
+        half = ROWS // 2
+        for micro, sync in ((slice(0, half), False), (slice(half, ROWS), True)):
+            net.set_requires_gradient_sync(sync)
+            (loss_of(net, mine(tokens)[micro], mine(targets)[micro]) / 2).backward()
+            if not sync:
+                check(all(p.grad is None for p in net.parameters()),
+                      "a shard got a gradient while gradient sync was off")
+        opt.step()
+    same_state(full_state_dict(net), reference.state_dict(), "gradient accumulation")
+
+
+def state_dicts(reference, net):
+    full = full_state_dict(net, rank0_only=True)
+    check((full == {}) == (rank != 0), f"rank0_only gave {len(full)} entries on rank {rank}")
+    tokens = batches(3, 1)[0][0]
+    fresh = sharded(5)
+    load_full_state_dict(fresh, reference.state_dict())
+    with torch.no_grad():
+        check(torch.allclose(fresh(tokens), reference(tokens), rtol=1e-6, atol=1e-6),
+              "a full state dict loaded into a sharded model gives other outputs")
+    buffer = io.BytesIO()
+    torch.save(net.state_dict(), buffer)
+    buffer.seek(0)
+    again = sharded(6, reshard=False)
+    with torch.no_grad():
+        again(tokens)               # keeps the gathered parameters of seed 6: loading must
+    again.load_state_dict(torch.load(buffer))   # make the next forward gather again
+    with torch.no_grad():
+        check(torch.equal(again(tokens), net(tokens)), "sharded state dict round trip differs")
+    raises(ValueError, lambda: load_full_state_dict(sharded(5), {"emb.weight": None}),
+           "missing keys", "head.weight")
+
+
+def switches_and_ties():
+    """unshard/reshard by hand, set_reshard_after_forward, ignored_params, and a parameter tied
+    inside one wrapped module (the embedding and the head of the root)."""
+    reference, net = Net(1), sharded(1)
+    net.blocks[0].unshard()
+    check(torch.equal(net.blocks[0].lin.weight, reference.blocks[0].lin.weight), "unshard()")
+    net.blocks[0].reshard()
+    check(not hasattr(net.blocks[0].lin, "weight"), "reshard() left the weight")
+    net.set_reshard_after_forward(False)
+    tokens, targets = batches(4, 1)[0]
+    check_freed_after_forward(net, tokens, targets, False)
+    kept = Net(1)
+    fully_shard(kept, ignored_params=[kept.head.bias])
+    check(dict(kept.named_parameters())["head.bias"].shape == (VOCAB,), "ignored_params sharded")
+    same_state(full_state_dict(kept), reference.state_dict(), "ignored_params")
+    torch.manual_seed(4)
+    stack = torch.nn.Sequential(Block(), Block())       # a root with no parameters of its own
+    stack_reference = torch.nn.Sequential(Block(), Block())
+    stack_reference.load_state_dict(stack.state_dict())
+    for block in stack:
+        fully_shard(block)
+    fully_shard(stack)
+    x = torch.randn(2, WIDTH)
+    check(torch.allclose(stack(x), stack_reference(x), rtol=1e-6, atol=1e-6), "stack forward")
+    same_state(full_state_dict(stack), stack_reference.state_dict(), "a root without parameters")
+    tied_reference, tied = Net(3), Net(3)
+    for model in (tied_reference, tied):
+        model.head.weight = model.emb.weight
+    for block in tied.blocks:
+        fully_shard(block)
+    fully_shard(tied)
+    ref_opt = torch.optim.SGD(tied_reference.parameters(), lr=0.2, momentum=0.9)
+    opt = torch.optim.SGD(tied.parameters(), lr=0.2, momentum=0.9)
+    for tokens, targets in batches(8, 2):
+        for model, optimizer, rows in ((tied_reference, ref_opt, slice(None)),
+                                       (tied, opt, slice(rank * ROWS, (rank + 1) * ROWS))):
+            optimizer.zero_grad()
+            loss_of(model, tokens[rows], targets[rows]).backward()
+            optimizer.step()
+    same_state(full_state_dict(tied), tied_reference.state_dict(), "tied embedding and head")
+
+
+def errors():
+    net = sharded(1)
+    raises(ValueError, lambda: fully_shard(net), "already wrapped")
+    raises(ValueError, lambda: net.set_modules_to_forward_prefetch([Net(1)]), "not wrapped")
+    raises(ValueError, lambda: fully_shard(net.blocks[0]), "already wrapped")
+    raises(NotImplementedError, lambda: fully_shard(Net(1), reshard_after_forward=2), "=2")
+    raises(NotImplementedError, lambda: fully_shard(Net(1), mp_policy=object()), "mp_policy")
+    top_down = fully_shard(Net(1))
+    raises(ValueError, lambda: fully_shard(top_down.blocks[0]), "bottom-up")
+    tied = Net(1)
+    tied.blocks[1].lin.weight = tied.blocks[0].lin.weight
+    fully_shard(tied.blocks[0])
+    raises(ValueError, lambda: fully_shard(tied.blocks[1]), "shared with", "ignored_params")
+    early = Net(1)
+    optimizer = torch.optim.SGD(early.parameters(), lr=0.1)
+    for block in early.blocks:
+        fully_shard(block)
+    raises(RuntimeError, optimizer.step, "build the optimizer after fully_shard")
+    others = [hvd.add_process_set([r]) for r in range(size)]
+    raises(ValueError, lambda: fully_shard(Net(1), mesh=others[1 - rank]), f"rank {rank} is not in")
+    mesh = hvd.ProcessMesh((1, size), ("a", "b"))
+    raises(NotImplementedError, lambda: fully_shard(Net(1), mesh=mesh), "HSDP")
+    check(isinstance(net, FSDPModule) and isinstance(net, Net), "class not extended")
+
+
+if mode == "train":
+    for reshard in (True, False):
+        train_and_compare(torch.optim.SGD, {"lr": 0.2, "momentum": 0.9}, reshard)
+    reference, net = train_and_compare(torch.optim.Adam, {"lr": 0.01}, True)
+    train_and_compare(torch.optim.Adam, {"lr": 0.01}, False)
+    train_and_compare(torch.optim.Adam, {"lr": 0.01}, True, prefetch=True)
+    gradient_accumulation()
+    state_dicts(reference, net)
+    switches_and_ties()
+    errors()
+    print(f"rank {rank}: fsdp train OK", flush=True)
+elif mode == "four":
+    # Over a 1-D mesh of the whole job (ProcessMesh): the same as over the global set.
+    train_and_compare(torch.optim.Adam, {"lr": 0.01}, True, mesh=hvd.ProcessMesh((4,), ("dp",)))
+    print(f"rank {rank}: fsdp four OK", flush=True)
