@@ -5,8 +5,9 @@ reference); the sharded model (fully_shard on each block, then the root) trains 
 rows. Compared: the gathered state dict after each step, the elements each rank holds, the
 freeing of the gathered parameters after the forward, gradient accumulation without sync,
 loading a full and a sharded state dict, the switches, tied and ignored parameters, and the
-errors. Modes: "train" (2 ranks, everything)
-and "four" (4 ranks, one training run over a 1-D ProcessMesh, and the shard sizes).
+errors; mixed precision against the float32 run, offloading against none. Modes: "train" (2
+ranks, everything) and "four" (4 ranks: a 1-D ProcessMesh, HSDP over a 2x2 ("replicate",
+"shard") mesh, reshard_after_forward=2, and the shard sizes).
 """
 
 import io
@@ -17,8 +18,8 @@ import torch
 import torch.nn.functional as F
 
 import horovodlike.torch as hvd
-from horovodlike.torch.fsdp import (FSDPModule, full_state_dict, fully_shard,
-                                    load_full_state_dict)
+from horovodlike.torch.fsdp import (CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy,
+                                    full_state_dict, fully_shard, load_full_state_dict)
 from common import check, raises
 
 hvd.init()
@@ -52,11 +53,16 @@ class Net(torch.nn.Module):
         return self.head(x)
 
 
-def sharded(seed, reshard=True, mesh=None):
+def sharded(seed, reshard=True, mesh=None, **policies):
     net = Net(seed)
     for block in net.blocks:
-        fully_shard(block, reshard_after_forward=reshard, mesh=mesh)
-    return fully_shard(net, reshard_after_forward=reshard, mesh=mesh)
+        fully_shard(block, reshard_after_forward=reshard, mesh=mesh, **policies)
+    return fully_shard(net, reshard_after_forward=reshard, mesh=mesh, **policies)
+
+
+def shard_count(mesh):
+    """The ranks one module is sharded over: the mesh's last dimension, or the whole job."""
+    return size if mesh is None else mesh.size(mesh.dim_names[-1])
 
 
 def loss_of(net, tokens, targets):
@@ -80,15 +86,15 @@ def same_state(got, want, what):
               f"{what}: {key} differs by {(got[key] - want[key]).abs().max().item():.3g}")
 
 
-def check_shard_sizes(net, reference):
-    """Each wrapped module's parameters on this rank: one flat shard of ceil(numel / size)."""
+def check_shard_sizes(net, reference, shards):
+    """Each wrapped module's parameters on this rank: one flat shard of ceil(numel / shards)."""
     own = {"": sum(p.numel() for n, p in reference.named_parameters()
                    if not n.startswith("blocks."))}
     for i, block in enumerate(reference.blocks):
         own[f"blocks.{i}."] = sum(p.numel() for p in block.parameters())
     held = {n[:-len("_flat_shard")]: p.numel() for n, p in net.named_parameters()}
-    check(held == {k: math.ceil(v / size) for k, v in own.items()},
-          f"shard sizes {held} for module sizes {own} over {size} ranks")
+    check(held == {k: math.ceil(v / shards) for k, v in own.items()},
+          f"shard sizes {held} for module sizes {own} over {shards} ranks")
 
 
 def train_and_compare(optimizer_class, kwargs, reshard, steps=3, mesh=None, prefetch=False):
@@ -102,7 +108,7 @@ def train_and_compare(optimizer_class, kwargs, reshard, steps=3, mesh=None, pref
         net.set_modules_to_forward_prefetch(blocks[:1])
         blocks[0].lin.register_forward_hook(
             lambda *_: started.append(blocks[1]._fsdp_group._prefetched is not None))
-    check_shard_sizes(net, reference)
+    check_shard_sizes(net, reference, shard_count(mesh))
     ref_opt = optimizer_class(reference.parameters(), **kwargs)
     opt = optimizer_class(net.parameters(), **kwargs)
     for step, (tokens, targets) in enumerate(batches(7, steps)):
@@ -111,7 +117,7 @@ def train_and_compare(optimizer_class, kwargs, reshard, steps=3, mesh=None, pref
         ref_opt.step()
         opt.zero_grad()
         if step == 0:
-            check_freed_after_forward(net, tokens, targets, reshard)
+            check_freed_after_forward(net, tokens, targets, reshard, shard_count(mesh))
         else:
             loss_of(net, mine(tokens), mine(targets)).backward()
         opt.step()
@@ -121,11 +127,12 @@ def train_and_compare(optimizer_class, kwargs, reshard, steps=3, mesh=None, pref
     return reference, net
 
 
-def check_freed_after_forward(net, tokens, targets, reshard):
+def check_freed_after_forward(net, tokens, targets, reshard, shards=None):
     """The parameter views autograd saves live in the gathered buffers (one per wrapped module,
     padded_numel * 4 bytes); with reshard_after_forward their storage is empty between the
-    forward and the backward, and after the backward in both modes."""
-    padded = {p.numel() * size * 4 for p in net.parameters()}
+    forward and the backward, and after the backward in both modes. With an int, each module
+    keeps 1/int of its gathered parameters until the backward gathers from them."""
+    padded = {p.numel() * (shards or size) * 4 for p in net.parameters()}
     saved = []
 
     def pack(t):
@@ -139,9 +146,14 @@ def check_freed_after_forward(net, tokens, targets, reshard):
     check(len(saved) >= 4, f"only {len(saved)} saved parameter views found")
     check(all(s == 0 for s in sizes) if reshard else all(s > 0 for s in sizes),
           f"reshard_after_forward={reshard}: saved parameter storages after forward {sizes}")
-    check(hasattr(net.blocks[0].lin, "weight") != reshard,
+    check(hasattr(net.blocks[0].lin, "weight") != bool(reshard),
           f"reshard_after_forward={reshard}: weight attribute present after forward")
+    groups = [m._fsdp_group for m in net.modules() if isinstance(m, FSDPModule)]
+    kept = [g.piece[0].numel() * reshard if g.piece else 0 for g in groups]
+    check(kept == ([g.padded_numel for g in groups] if reshard is not True and reshard
+                   else [0] * len(groups)), f"reshard_after_forward={reshard}: kept {kept}")
     loss.backward()
+    check(all(g.piece is None for g in groups), "the backward did not gather from the piece")
     check(all(t.untyped_storage().nbytes() == 0 for t in saved), "not freed after backward")
 
 
@@ -234,8 +246,14 @@ def errors():
     raises(ValueError, lambda: fully_shard(net), "already wrapped")
     raises(ValueError, lambda: net.set_modules_to_forward_prefetch([Net(1)]), "not wrapped")
     raises(ValueError, lambda: fully_shard(net.blocks[0]), "already wrapped")
-    raises(NotImplementedError, lambda: fully_shard(Net(1), reshard_after_forward=2), "=2")
-    raises(NotImplementedError, lambda: fully_shard(Net(1), mp_policy=object()), "mp_policy")
+    raises(ValueError, lambda: fully_shard(Net(1), reshard_after_forward=3), "=3", "divide")
+    raises(TypeError, lambda: fully_shard(Net(1), reshard_after_forward="2"), "True, False")
+    raises(TypeError, lambda: fully_shard(Net(1), mp_policy=object()), "MixedPrecisionPolicy")
+    raises(TypeError, lambda: fully_shard(Net(1), mp_policy=MixedPrecisionPolicy(torch.int8)),
+           "param_dtype")
+    raises(TypeError, lambda: fully_shard(Net(1), offload_policy=True), "CPUOffloadPolicy")
+    raises(NotImplementedError, lambda: fully_shard(Net(1), shard_placement_fn=len),
+           "shard_placement_fn")
     top_down = fully_shard(Net(1))
     raises(ValueError, lambda: fully_shard(top_down.blocks[0]), "bottom-up")
     tied = Net(1)
@@ -249,9 +267,65 @@ def errors():
     raises(RuntimeError, optimizer.step, "build the optimizer after fully_shard")
     others = [hvd.add_process_set([r]) for r in range(size)]
     raises(ValueError, lambda: fully_shard(Net(1), mesh=others[1 - rank]), f"rank {rank} is not in")
-    mesh = hvd.ProcessMesh((1, size), ("a", "b"))
-    raises(NotImplementedError, lambda: fully_shard(Net(1), mesh=mesh), "HSDP")
+    mesh = hvd.ProcessMesh((1, 1, size), ("a", "b", "c"))
+    raises(NotImplementedError, lambda: fully_shard(Net(1), mesh=mesh), "2-D")
     check(isinstance(net, FSDPModule) and isinstance(net, Net), "class not extended")
+
+
+def mixed_precision():
+    """bfloat16 compute with a float32 reduction, 3 SGD steps: within bfloat16's rounding of
+    the float32 run; the shards, their gradients and the outputs stay float32."""
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    reference, net = Net(1), Net(1)
+    for block in net.blocks:            # the blocks pass bfloat16 on; the root gives float32
+        fully_shard(block, mp_policy=policy)
+    fully_shard(net, mp_policy=MixedPrecisionPolicy(torch.bfloat16, torch.float32, torch.float32))
+    seen = []
+    net.blocks[0].lin.register_forward_hook(lambda m, i, o: seen.append((m.weight.dtype,
+                                                                         i[0].dtype)))
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.2, momentum=0.9)
+    opt = torch.optim.SGD(net.parameters(), lr=0.2, momentum=0.9)
+    for tokens, targets in batches(7, 3):
+        ref_opt.zero_grad()
+        loss_of(reference, tokens, targets).backward()
+        ref_opt.step()
+        opt.zero_grad()
+        out = net(mine(tokens))
+        check(out.dtype == torch.float32, f"output_dtype: {out.dtype}")
+        F.cross_entropy(out.reshape(-1, VOCAB), mine(targets).reshape(-1)).backward()
+        check(all(p.dtype == p.grad.dtype == torch.float32 for p in net.parameters()),
+              "shards or their gradients not float32")
+        opt.step()
+    check(seen == [(torch.bfloat16, torch.bfloat16)] * 3, f"computed in {seen}")
+    got, want = full_state_dict(net), reference.state_dict()
+    worst = max((got[k] - want[k]).abs().max().item() for k in want)
+    check(all(v.dtype == torch.float32 for v in got.values()), "master parameters not float32")
+    check(worst < MIXED_PRECISION_TOLERANCE, f"bfloat16 run off by {worst:.3g}")
+    check(worst > 0, "bfloat16 run equals the float32 one exactly: not computed in bfloat16")
+
+
+# bfloat16 keeps 8 bits of mantissa (relative error 2^-9 per rounding): after 3 steps of lr 0.2
+# the parameters (|values| < 1.5) are about 1e-3 from the float32 run; 5x that is allowed.
+MIXED_PRECISION_TOLERANCE = 5e-3
+
+
+def offloaded():
+    """CPUOffloadPolicy: the shards, gradients and Adam's state in host memory, the training
+    bit for bit the one without offloading (on a CPU-only machine the module's device is the
+    host too, so this checks the bookkeeping; the copies matter with GPUs)."""
+    runs = []
+    for policy in (CPUOffloadPolicy(), None):
+        net = sharded(1, offload_policy=policy)
+        opt = torch.optim.Adam(net.parameters(), lr=0.01)
+        for tokens, targets in batches(7, 2):
+            opt.zero_grad()
+            loss_of(net, mine(tokens), mine(targets)).backward()
+            opt.step()
+        states = [t for s in opt.state.values() for t in s.values() if t.dim() > 0]
+        check(all(t.device.type == "cpu" for t in list(net.parameters()) + states),
+              "offloaded shards or optimizer state not in host memory")
+        runs.append(full_state_dict(net))
+    check(all(torch.equal(runs[0][k], runs[1][k]) for k in runs[1]), "offloading changed results")
 
 
 if mode == "train":
@@ -264,8 +338,15 @@ if mode == "train":
     state_dicts(reference, net)
     switches_and_ties()
     errors()
+    mixed_precision()
+    offloaded()
     print(f"rank {rank}: fsdp train OK", flush=True)
 elif mode == "four":
     # Over a 1-D mesh of the whole job (ProcessMesh): the same as over the global set.
     train_and_compare(torch.optim.Adam, {"lr": 0.01}, True, mesh=hvd.ProcessMesh((4,), ("dp",)))
+    # HSDP: each module sharded over 2 ranks (1/2 of it each), replicated over the other 2.
+    hsdp = hvd.ProcessMesh((2, 2), ("replicate", "shard"))
+    train_and_compare(torch.optim.Adam, {"lr": 0.01}, True, mesh=hsdp)
+    # Resharded to pairs after the forward: the backward gathers inside each pair.
+    train_and_compare(torch.optim.SGD, {"lr": 0.2, "momentum": 0.9}, 2)
     print(f"rank {rank}: fsdp four OK", flush=True)

@@ -2,6 +2,8 @@
 ``fully_shard`` each block and then the root; see docs/model-parallel.md."""
 
 from horovodlike.torch.fsdp.fully_shard import FSDPModule, fully_shard
+from horovodlike.torch.fsdp.policy import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
 from horovodlike.torch.fsdp.state_dict import full_state_dict, load_full_state_dict
 
-__all__ = ["FSDPModule", "fully_shard", "full_state_dict", "load_full_state_dict"]
+__all__ = ["CPUOffloadPolicy", "FSDPModule", "MixedPrecisionPolicy", "OffloadPolicy",
+           "fully_shard", "full_state_dict", "load_full_state_dict"]

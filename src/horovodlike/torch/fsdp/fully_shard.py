@@ -25,9 +25,9 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils._pytree import tree_flatten
 
 from horovodlike.common import basics
-from horovodlike.common.process_sets import ProcessSet, global_process_set, set_ranks
+from horovodlike.torch.fsdp.mesh import check_reshard, reshard_set, resolve_mesh
 from horovodlike.torch.fsdp.param_group import ShardedParamGroup
-from horovodlike.torch.process_mesh import ProcessMesh
+from horovodlike.torch.fsdp.policy import cast_floats, check_policies
 
 FLAT_SHARD = "_flat_shard"
 
@@ -90,10 +90,11 @@ class FSDPModule:
 
     def set_reshard_after_forward(self, reshard_after_forward, *, recurse=True):
         """True frees the gathered parameters after the forward and gathers them again in the
-        backward (least memory); False keeps them until the backward (one gather less)."""
-        value = _check_reshard(reshard_after_forward)
+        backward (least memory); False keeps them until the backward (one gather less); an int
+        keeps 1/int of them, gathered again inside sets of that many consecutive ranks (a
+        host). Collective with an int (it registers those sets): every rank calls it."""
         for module in _wrapped(self, recurse):
-            module._fsdp_reshard_after_forward = value
+            _set_reshard(module, reshard_after_forward)
 
     def set_modules_to_forward_prefetch(self, modules):
         """Wrapped modules whose gather starts right after this module's, before its forward
@@ -107,13 +108,23 @@ class FSDPModule:
 
     # ------------------------------------------------------------------------------ hooks
 
-    def _fsdp_pre_forward(self, module, args):
+    def _fsdp_pre_forward(self, module, args, kwargs):
         self.unshard()
         _prefetch(self._fsdp_forward_prefetch)
+        policy = self._fsdp_mp_policy
+        if policy.cast_forward_inputs and policy.param_dtype is not None:
+            return cast_floats(policy.param_dtype, (args, kwargs))
+        return None
 
     def _fsdp_post_forward(self, module, args, output):
         group = self._fsdp_group
-        if self._fsdp_reshard_after_forward:
+        output = cast_floats(self._fsdp_mp_policy.output_dtype, output)
+        if group is None:               # a module without parameters of its own: casts only
+            return output
+        keep = self._fsdp_reshard_after_forward
+        if keep is not True and keep is not False:
+            group.keep_piece(self._fsdp_reshard_set, keep)
+        if keep is not False:
             self.reshard()
         tensors = [t for t in tree_flatten(output)[0]
                    if torch.is_tensor(t) and t.requires_grad]
@@ -160,37 +171,11 @@ def _wrapped(module, recurse):
     return [m for m in module.modules() if isinstance(m, FSDPModule)] if recurse else [module]
 
 
-def _check_reshard(value):
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int):
-        raise NotImplementedError(
-            f"fully_shard: reshard_after_forward={value} (resharding to a smaller group after "
-            "the forward) is not supported; use True (free after the forward) or False (keep)")
-    raise TypeError(f"fully_shard: reshard_after_forward must be True or False, got {value!r}")
-
-
-def _resolve_mesh(mesh):
-    """The process set to shard over, checked to hold this rank."""
-    if mesh is None:
-        process_set = global_process_set
-    elif isinstance(mesh, ProcessMesh):
-        if len(mesh.shape) != 1:
-            raise NotImplementedError(
-                f"fully_shard: mesh {mesh} has {len(mesh.shape)} dimensions; sharding over one "
-                "dimension and replicating over another (HSDP) is not supported: pass "
-                "mesh.process_set(name) of the dimension to shard over")
-        process_set = mesh.process_set(mesh.dim_names[0])
-    elif isinstance(mesh, ProcessSet):
-        process_set = mesh
-    else:
-        raise TypeError(f"fully_shard: mesh must be a ProcessSet or a 1-D ProcessMesh, "
-                        f"got {type(mesh).__name__}")
-    ranks = set_ranks(process_set)
-    if basics.rank() not in ranks:
-        raise ValueError(f"fully_shard: rank {basics.rank()} is not in {process_set} (ranks "
-                         f"{ranks}); call fully_shard only on the ranks of the mesh")
-    return process_set, ranks.index(basics.rank()), len(ranks)
+def _set_reshard(module, value):
+    value = check_reshard(value, module._fsdp_layout)
+    module._fsdp_reshard_set = (reshard_set(module._fsdp_layout, value)
+                                if value is not True and value is not False else None)
+    module._fsdp_reshard_after_forward = value
 
 
 def _own_submodules(module, prefix=""):
@@ -258,19 +243,21 @@ def _check_unsupported(options):
     given = [name for name, value in options.items() if value is not None]
     if given:
         raise NotImplementedError(
-            f"fully_shard: {', '.join(given)} not supported yet (parameters stay in their dtype "
-            "and on their device, sharded evenly on the flat vector); leave it out")
+            f"fully_shard: {', '.join(given)} not supported yet (each wrapped module's "
+            "parameters are sharded evenly on one flat vector); leave it out")
 
 
 def fully_shard(module, *, mesh=None, reshard_after_forward=True, ignored_params=None,
                 shard_placement_fn=None, mp_policy=None, offload_policy=None):
-    """Shards ``module``'s own parameters over ``mesh`` (a ProcessSet or a 1-D ProcessMesh; the
-    whole job by default) and returns the module, now also an FSDPModule.
+    """Shards ``module``'s own parameters over ``mesh`` (a ProcessSet, a 1-D ProcessMesh, or a
+    2-D one whose last dimension shards and first replicates (HSDP); the whole job by default)
+    and returns the module, now also an FSDPModule.
 
     Apply it to the blocks first, then the root. Every rank of the mesh calls it with the same
     module (same parameter values: build it from one seed or broadcast it first). Parameters in
     ``ignored_params`` stay as they are, neither sharded nor averaged. FSDP2's
-    ``shard_placement_fn``, ``mp_policy`` and ``offload_policy`` are refused for now."""
+    ``shard_placement_fn`` is refused for now. ``mp_policy`` (a MixedPrecisionPolicy) and
+    ``offload_policy`` (CPUOffloadPolicy) are FSDP2's (horovodlike.torch.fsdp.policy)."""
     if not basics.is_initialized():
         raise ValueError("fully_shard needs horovodlike.init() first")
     if not isinstance(module, torch.nn.Module):
@@ -278,14 +265,14 @@ def fully_shard(module, *, mesh=None, reshard_after_forward=True, ignored_params
     if isinstance(module, FSDPModule):
         raise ValueError(f"fully_shard: {type(module).__name__} is already wrapped by "
                          "fully_shard; wrap each module once")
-    _check_unsupported({"shard_placement_fn": shard_placement_fn, "mp_policy": mp_policy,
-                        "offload_policy": offload_policy})
-    reshard = _check_reshard(reshard_after_forward)
-    process_set, set_rank, set_size = _resolve_mesh(mesh)
+    _check_unsupported({"shard_placement_fn": shard_placement_fn})
+    mp_policy, offload_policy = check_policies(mp_policy, offload_policy)
+    layout = resolve_mesh(mesh)
+    check_reshard(reshard_after_forward, layout)
     params, locations = _own_parameters(module, {id(p) for p in ignored_params or ()})
     name = f"fsdp.{next(_instances)}"
     owner = f"{type(module).__name__} ({name})"
-    group = (ShardedParamGroup(params, locations, process_set, set_rank, set_size, name)
+    group = (ShardedParamGroup(params, locations, layout, name, mp_policy, offload_policy)
              if params else None)
     for param, places in zip(params, locations):
         _taken_params.add(param, owner)
@@ -296,12 +283,12 @@ def fully_shard(module, *, mesh=None, reshard_after_forward=True, ignored_params
         module.register_parameter(FLAT_SHARD, group.flat_shard)
     module.__class__ = _subclass(type(module))
     module._fsdp_group = group
-    module._fsdp_reshard_after_forward = reshard
-    module._fsdp_process_set = process_set
+    module._fsdp_layout, module._fsdp_mp_policy = layout, mp_policy
+    _set_reshard(module, reshard_after_forward)
+    module._fsdp_process_set = layout.process_set
     module._fsdp_forward_prefetch, module._fsdp_backward_prefetch = [], []
-    if group is not None:
-        module.register_forward_pre_hook(module._fsdp_pre_forward)
-        module.register_forward_hook(module._fsdp_post_forward)
+    module.register_forward_pre_hook(module._fsdp_pre_forward, with_kwargs=True)
+    module.register_forward_hook(module._fsdp_post_forward)
     if not _optimizer_check:
         _optimizer_check.append(
             register_optimizer_step_pre_hook(_check_optimizer))

@@ -14,33 +14,44 @@ import math
 
 import torch
 
-from horovodlike.torch.mpi_ops import Average, allgather_async, reducescatter_async, synchronize
+from horovodlike.torch.fsdp.policy import CPUOffloadPolicy
+from horovodlike.torch.mpi_ops import (Average, allgather_async, allreduce_async,
+                                       reducescatter_async, synchronize)
 
 
 class ShardedParamGroup:
     """The flat shard of ``params`` (unique parameters, all of one dtype and device) on set rank
     ``set_rank`` of ``set_size``; ``locations[i]`` lists (submodule, attribute name) of params[i]."""
 
-    def __init__(self, params, locations, process_set, set_rank, set_size, name):
+    def __init__(self, params, locations, layout, name, mp_policy, offload_policy):
         self.locations = locations
         self.shapes = [p.shape for p in params]
         self.numels = [p.numel() for p in params]
         self.numel = sum(self.numels)
-        self.set_rank, self.set_size = set_rank, set_size
-        self.process_set, self.name = process_set, name
-        self.shard_numel = math.ceil(self.numel / set_size)
-        self.padded_numel = self.shard_numel * set_size
-        start = set_rank * self.shard_numel
+        self.set_rank, self.set_size = layout.set_rank, layout.set_size
+        self.process_set, self.replicate_set = layout.process_set, layout.replicate_set
+        self.name = name
+        self.shard_numel = math.ceil(self.numel / self.set_size)
+        self.padded_numel = self.shard_numel * self.set_size
+        self.device = params[0].device              # where the computation runs
+        self.param_dtype = mp_policy.param_dtype or params[0].dtype
+        self.reduce_dtype = mp_policy.reduce_dtype or self.param_dtype
+        start = self.set_rank * self.shard_numel
         with torch.no_grad():
             flat = self.pad(torch.cat([p.detach().reshape(-1) for p in params]))
-        self.flat_shard = torch.nn.Parameter(flat[start:start + self.shard_numel].clone(),
-                                             requires_grad=params[0].requires_grad)
-        self.full = torch.empty(self.padded_numel, dtype=flat.dtype, device=flat.device)
+            shard = flat[start:start + self.shard_numel].clone()
+        if isinstance(offload_policy, CPUOffloadPolicy):
+            shard = shard.cpu()
+            if offload_policy.pin_memory and torch.cuda.is_available():
+                shard = shard.pin_memory()
+        self.flat_shard = torch.nn.Parameter(shard, requires_grad=params[0].requires_grad)
+        self.full = torch.empty(self.padded_numel, dtype=self.param_dtype, device=self.device)
         self.full.untyped_storage().resize_(0)
         self.leaf = None                # what autograd sees: ``full`` as a leaf needing grad
         self.gathered = False           # ``full`` holds the gathered values
         self._gathered_version = None   # of flat_shard when they were gathered
         self._prefetched = None         # (allgather handle, flat_shard version) started early
+        self.piece = None               # (piece of full, its set, flat_shard version)
         self.requires_gradient_sync = True
         self.unsynced_grad = None       # gradients summed while sync was off (full size)
         self.pending = []               # reduce-scatters started, not yet added to the grad
@@ -61,14 +72,31 @@ class ShardedParamGroup:
 
     def prefetch(self):
         """Starts the allgather that ``gather`` will wait for (a no-op when gathered or
-        started): the gather runs while the module before it computes."""
+        started): the gather runs while the module before it computes. From the piece kept
+        after the forward when it is still current: inside its smaller set."""
         if self._current() or self._prefetched is not None:
             return
         self._gathers += 1
-        handle = allgather_async(self.flat_shard.detach(),
-                                 name=f"{self.name}.gather.{self._gathers}",
-                                 process_set=self.process_set)
-        self._prefetched = (handle, self.flat_shard._version)
+        version = self.flat_shard._version
+        if self.piece is not None and self.piece[2] == version:
+            source, process_set = self.piece[0], self.piece[1]
+        else:
+            source, process_set = self.flat_shard.detach(), self.process_set
+            source = source.to(device=self.device, dtype=self.param_dtype)
+        self.piece = None
+        handle = allgather_async(source, name=f"{self.name}.gather.{self._gathers}",
+                                 process_set=process_set)
+        self._prefetched = (handle, version)
+
+    def keep_piece(self, process_set, size):
+        """Keeps this rank's 1/``size`` of the gathered parameters (its place in
+        ``process_set``, the ``size`` consecutive ranks around it) before they are freed."""
+        if not self.gathered:
+            return
+        length = self.padded_numel // size
+        start = (self.set_rank % size) * length
+        self.piece = (self.full[start:start + length].detach().clone(), process_set,
+                      self._gathered_version)
 
     def gather(self):
         """Allgathers the shards into ``full``'s storage (allocating it again if freed); again
@@ -134,9 +162,11 @@ class ShardedParamGroup:
     # ---------------------------------------------------------------------------- gradients
 
     def reduce_gradient(self, full_grad):
-        """Sums ``full_grad`` (the padded gradient of every parameter) into the unsynced
-        gradient, or, when sync is on, starts its reduce-scatter (averaged over the set); the
-        rest of the backward runs while it is sent, and ``finish_gradient`` waits for it."""
+        """Sums ``full_grad`` (the padded gradient of every parameter, cast to reduce_dtype)
+        into the unsynced gradient, or, when sync is on, starts its reduce-scatter (averaged
+        over the set); the rest of the backward runs while it is sent, and
+        ``finish_gradient`` waits for it."""
+        full_grad = full_grad.to(self.reduce_dtype)
         if self.unsynced_grad is not None:
             full_grad = full_grad + self.unsynced_grad
         if not self.requires_gradient_sync:
@@ -150,9 +180,15 @@ class ShardedParamGroup:
         return True
 
     def finish_gradient(self):
-        """Adds the reduce-scattered gradients started so far to ``flat_shard.grad``."""
+        """Adds the reduce-scattered gradients started so far to ``flat_shard.grad`` (averaged
+        over the replicate set first, with HSDP; in the shard's dtype and memory)."""
         while self.pending:
             shard = synchronize(self.pending.pop(0))
+            if self.replicate_set is not None:
+                shard = synchronize(allreduce_async(
+                    shard, name=f"{self.name}.replicate.{self._scatters}.{len(self.pending)}",
+                    op=Average, process_set=self.replicate_set))
+            shard = shard.to(device=self.flat_shard.device, dtype=self.flat_shard.dtype)
             if self.flat_shard.grad is None:
                 self.flat_shard.grad = shard
             else:
