@@ -1,6 +1,8 @@
 """fully_shard (FSDP2's API): training with SGD-momentum and Adam equals single-process training
 on the global batch, with and without resharding after the forward; gradient accumulation
-without sync; shard sizes and freed buffers; full and sharded state dicts; the errors."""
+without sync; shard sizes and freed buffers; full and sharded state dicts; the errors; HSDP over
+a 2x2 mesh and reshard_after_forward=2 on 4 ranks; bfloat16 mixed precision against float32;
+CPU offloading against none."""
 
 import pytest
 

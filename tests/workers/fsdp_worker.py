@@ -302,6 +302,26 @@ def mixed_precision():
     check(all(v.dtype == torch.float32 for v in got.values()), "master parameters not float32")
     check(worst < MIXED_PRECISION_TOLERANCE, f"bfloat16 run off by {worst:.3g}")
     check(worst > 0, "bfloat16 run equals the float32 one exactly: not computed in bfloat16")
+    cast_at_boundaries(policy)
+
+
+def cast_at_boundaries(policy):
+    """cast_forward_inputs casts a float32 input to bfloat16; a root without parameters of its
+    own still casts its output to output_dtype."""
+    torch.manual_seed(4)
+    stack, reference = torch.nn.Sequential(Block(), Block()), torch.nn.Sequential(Block(), Block())
+    reference.load_state_dict(stack.state_dict())
+    for block in stack:
+        fully_shard(block, mp_policy=policy)
+    fully_shard(stack, mp_policy=MixedPrecisionPolicy(output_dtype=torch.float32))
+    seen = []
+    stack[0].lin.register_forward_hook(lambda m, i, o: seen.append(i[0].dtype))
+    x = torch.randn(3, WIDTH)
+    out = stack(x)
+    check(seen == [torch.bfloat16] and out.dtype == torch.float32,
+          f"inputs computed in {seen}, output {out.dtype}")
+    worst = (out - reference(x)).abs().max().item()
+    check(worst < MIXED_PRECISION_TOLERANCE * 10, f"bfloat16 forward off by {worst:.3g}")
 
 
 # bfloat16 keeps 8 bits of mantissa (relative error 2^-9 per rounding): after 3 steps of lr 0.2
@@ -349,4 +369,7 @@ elif mode == "four":
     train_and_compare(torch.optim.Adam, {"lr": 0.01}, True, mesh=hsdp)
     # Resharded to pairs after the forward: the backward gathers inside each pair.
     train_and_compare(torch.optim.SGD, {"lr": 0.2, "momentum": 0.9}, 2)
+    switched = sharded(1)
+    switched.set_reshard_after_forward(2)
+    check_freed_after_forward(switched, *batches(4, 1)[0], 2)
     print(f"rank {rank}: fsdp four OK", flush=True)
