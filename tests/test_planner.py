@@ -145,3 +145,10 @@ def test_fully_shard_when_data_parallel_does_not_fit():
     assert replicated.gradient_bytes == pytest.approx(2 * params / 2)
     assert not replicated.fits and not by_layout["pp=2 dp=1 tp=1"].fits
     assert "fsdp=2" in limited.table()
+    # Pipelined (4 ranks: pp=2 x fsdp=2, stages of one layer, m=4 micro-batches of the 4 rows
+    # a replica has): each micro-batch gathers for its forward and its backward, 2m + 1 = 9
+    # collectives of the larger stage's parameters; half the activations kept (2 of 4 in flight).
+    piped = {c.layout: c for c in run(profile, 4, batch=batch).candidates}["pp=2 fsdp=2 tp=1"]
+    assert piped.micro_batches == 4 and piped.stages == [(0, 1), (1, 2)]
+    assert piped.gradient_bytes == pytest.approx(9 * big / 2)
+    assert piped.memory_bytes == int(4 * big / 2 + big + activations / 2 * 2 / 4)
