@@ -113,4 +113,42 @@ def test_launcher_plan_entry():
                             timeout=120, cwd=WORKERS)
     assert result.returncode == 0, result.stdout + result.stderr
     table = [line for line in result.stdout.splitlines() if "pp=" in line]
-    assert len(table) == 3 and "plan for 2 ranks, batch 8" in result.stdout, result.stdout
+    # (pp, dp, tp) = (1, 2, 1) twice (replicated and fsdp), (2, 1, 1), (1, 1, 2).
+    assert len(table) == 4 and "plan for 2 ranks, batch 8" in result.stdout, result.stdout
+
+
+def test_fully_shard_when_data_parallel_does_not_fit():
+    # Two layers of 100 MiB and 10 MiB of parameters on 2 ranks, Adam (state 2x): replicated
+    # they take 4 x 110 MiB per rank, one stage each 4 x 100 MiB; sharded over dp=2,
+    # 4 x 110 / 2 + 100 (the largest layer gathered whole) = 320 MiB. Under 350 MiB only
+    # fully_shard fits; without a limit it ranks after replicating (it sends 3x, not 2x).
+    big, small, activations, batch = 100 * MB, 10 * MB, 1024, 8
+    profile = [LayerProfile(name=str(i), forward_s=0.001, backward_s=0.002,
+                            activation_bytes=activations, parameter_bytes=p, splittable=False)
+               for i, p in enumerate([big, small])]
+    free = {c.layout: c for c in run(profile, 2, batch=batch).candidates}
+    assert free["pp=1 dp=2 tp=1"].step_s < free["pp=1 fsdp=2 tp=1"].step_s
+    assert all(c.fits for c in free.values())
+    limited = run(profile, 2, batch=batch, memory_limit=350 * MB)
+    assert (limited.shape, limited.fsdp) == ((1, 2, 1), True) and limited.best.fits
+    assert [c.layout for c in limited.candidates if c.fits] == ["pp=1 fsdp=2 tp=1"]
+    by_layout = {c.layout: c for c in limited.candidates}
+    # The formulas, computed here: memory (parameters + gradients + Adam's 2) / 2 + the
+    # largest layer + the activations of half the batch; bytes 3 x parameters x (2-1)/2.
+    params = big + small
+    sharded = by_layout["pp=1 fsdp=2 tp=1"]
+    assert sharded.memory_bytes == int(4 * params / 2 + big + 2 * activations / 2)
+    assert sharded.gradient_bytes == pytest.approx(3 * params * 1 / 2)
+    assert sharded.step_s == pytest.approx(0.006 / 2 + 3 * params / 2 / 1e9)
+    replicated = by_layout["pp=1 dp=2 tp=1"]
+    assert replicated.memory_bytes == int(4 * params + 2 * activations / 2)
+    assert replicated.gradient_bytes == pytest.approx(2 * params / 2)
+    assert not replicated.fits and not by_layout["pp=2 dp=1 tp=1"].fits
+    assert "fsdp=2" in limited.table()
+    # Pipelined (4 ranks: pp=2 x fsdp=2, stages of one layer, m=4 micro-batches of the 4 rows
+    # a replica has): each micro-batch gathers for its forward and its backward, 2m + 1 = 9
+    # collectives of the larger stage's parameters; half the activations kept (2 of 4 in flight).
+    piped = {c.layout: c for c in run(profile, 4, batch=batch).candidates}["pp=2 fsdp=2 tp=1"]
+    assert piped.micro_batches == 4 and piped.stages == [(0, 1), (1, 2)]
+    assert piped.gradient_bytes == pytest.approx(9 * big / 2)
+    assert piped.memory_bytes == int(4 * big / 2 + big + activations / 2 * 2 / 4)

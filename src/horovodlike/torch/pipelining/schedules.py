@@ -15,6 +15,10 @@ pipelined step equals the step one process takes on the whole batch (when it div
 As DistributedDataParallel's gradients are under torch.distributed.pipelining, a
 DistributedOptimizer's are exchanged once per step: every backward of a stage but its last runs
 inside no_sync (local_accumulation.py), so the optimizer needs no backward_passes_per_step.
+Likewise for a stage sharded with fully_shard: its wrapped modules' gradient sync is off for
+every backward but the last (FSDP2's set_requires_gradient_sync), so the full gradients add up
+locally and are reduce-scattered once per step, as the same micro-batches would be in one
+process.
 """
 
 import contextlib
@@ -24,6 +28,7 @@ import torch
 from horovodlike.common import basics
 from horovodlike.common import point_to_point as p2p
 from horovodlike.common.exceptions import HorovodInternalError
+from horovodlike.torch.fsdp import FSDPModule
 from horovodlike.torch.local_accumulation import no_sync
 from horovodlike.torch.p2p import irecv_any, isend
 from horovodlike.torch.pipelining.stage import PipelineStage
@@ -190,7 +195,7 @@ class _PipelineSchedule:
     def _backward(self, stage, microbatch, pending):
         # The stage's gradients are exchanged after its last backward of the step only.
         exchange = microbatch == self._last_backward[stage.stage_index]
-        with contextlib.nullcontext() if exchange else no_sync(stage.submodule.parameters()):
+        with contextlib.nullcontext() if exchange else _accumulating(stage.submodule):
             if stage.is_last:
                 grad_input = stage.backward_one(microbatch,
                                                 loss_scale=1.0 / self.n_microbatches)
@@ -199,6 +204,24 @@ class _PipelineSchedule:
                 grad_input = stage.backward_one(microbatch, grad_output=grad)
         if not stage.is_first:
             self._send(stage, grad_input, stage.stage_index - 1, True, microbatch, pending)
+
+
+@contextlib.contextmanager
+def _accumulating(module):
+    """A backward inside it adds the gradients of ``module`` up locally: a DistributedOptimizer
+    does not exchange them (no_sync) and fully_shard's modules do not reduce-scatter them
+    (their gradient sync is off, then back to what it was)."""
+    sharded = [m for m in module.modules()
+               if isinstance(m, FSDPModule) and m._fsdp_group is not None]
+    was = [m._fsdp_group.requires_gradient_sync for m in sharded]
+    for m in sharded:
+        m.set_requires_gradient_sync(False, recurse=False)
+    try:
+        with no_sync(module.parameters()):
+            yield
+    finally:
+        for m, value in zip(sharded, was):
+            m.set_requires_gradient_sync(value, recurse=False)
 
 
 def last_backwards(actions):

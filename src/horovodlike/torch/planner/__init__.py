@@ -1,4 +1,5 @@
-"""The strategy planner: which (pp, dp, tp) layout and stage split to train a model with.
+"""The strategy planner: which (pp, dp, tp) layout and stage split to train a model with, and
+whether dp replicates the parameters (DistributedOptimizer) or shards them (fully_shard).
 
     best = hvd.plan(model, sample_input, world_size=4)        # prints the ranked table
     mesh = best.mesh                  # a ProcessMesh((pp, dp, tp)) when run in a job of 4
@@ -43,6 +44,12 @@ class Plan:
     @property
     def stages(self):
         return self.best.stages
+
+    @property
+    def fsdp(self):
+        """True when the best layout shards the parameters over dp: fully_shard each layer
+        (then the stage) with mesh=mesh.process_set("dp")."""
+        return self.best.fsdp
 
     def process_mesh(self):
         """Builds the best layout's ProcessMesh (collective: every rank calls it)."""
@@ -91,7 +98,10 @@ def plan(model, sample_input, world_size, hosts=None, link=None, inter_host_link
     host use ``inter_host_link`` (the same link when not given). ``link``: a LinkProfile;
     measured when None (needs a job of two or more ranks). ``optimizer_state_factor``: state
     per parameter byte (2 for Adam, 1 for momentum). ``memory_limit``: bytes per rank; layouts
-    over it rank after those under it. ``layers``: LayerProfiles to use instead of profiling.
+    over it rank after those under it. Each layout with dp > 1 is considered twice: dp
+    replicating the parameters, and dp sharding them with fully_shard ("fsdp=" in the table),
+    which sends more per step but holds 1/dp of the parameters, gradients and optimizer
+    state. ``layers``: LayerProfiles to use instead of profiling.
     Inside a job of ``world_size`` ranks rank 0's measurements are used by every rank and the
     best layout's ProcessMesh is built (``Plan.mesh``). Prints the table when ``verbose``.
     """
@@ -120,8 +130,9 @@ def plan(model, sample_input, world_size, hosts=None, link=None, inter_host_link
             rejected.append((f"pp={pp} dp={dp} tp={tp}", reason))
             continue
         links = links_by_dimension(link, inter_host_link or link, slots, pp, dp, tp)
-        candidates.append(predict(layers, links, pp, dp, tp, batch, micro_batches,
-                                  optimizer_state_factor, memory_limit))
+        for fsdp in (False, True) if dp > 1 else (False,):
+            candidates.append(predict(layers, links, pp, dp, tp, batch, micro_batches,
+                                      optimizer_state_factor, memory_limit, fsdp=fsdp))
     if not candidates:
         raise ValueError(f"plan: no layout of {world_size} ranks fits this model: {rejected}")
     candidates.sort(key=lambda c: (not c.fits, c.step_s, c.memory_bytes))

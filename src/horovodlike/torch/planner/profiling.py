@@ -38,6 +38,14 @@ class LinkProfile:
         steps = (ranks - 1) / max(1, self.ranks - 1)
         return self.latency_s * steps + 2 * (ranks - 1) / ranks * nbytes / self.bus_bytes_per_s
 
+    def gather_s(self, nbytes, ranks):
+        """An allgather of a buffer of ``nbytes`` in all (or a reduce-scatter of one): half an
+        allreduce's steps and bytes, (ranks-1)/ranks of the buffer through each rank."""
+        if ranks <= 1 or nbytes == 0:
+            return 0.0
+        steps = (ranks - 1) / max(1, self.ranks - 1) / 2
+        return self.latency_s * steps + (ranks - 1) / ranks * nbytes / self.bus_bytes_per_s
+
     def send_s(self, nbytes):
         return self.latency_s / 2 + nbytes / self.bus_bytes_per_s if nbytes else 0.0
 
