@@ -14,6 +14,7 @@ from conftest import REPO
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 import alphabeta  # noqa: E402
+import fsdp  # noqa: E402
 import allreduce  # noqa: E402
 import gpu_setup  # noqa: E402
 import latency_breakdown  # noqa: E402
@@ -204,3 +205,27 @@ def test_tensor_parallel_formulas_are_the_layers_collectives():
     # Every side >= 2: at 8 ranks the only 3D grid is 2x2x2, and 1 x 8 is no 2D grid.
     assert tensor_parallel._best("3d", 8, (bs, h, e), 3)[1] == (2, 2, 2)
     assert tensor_parallel._best("2d", 8, (bs, h, e), 2)[1] in {(2, 4), (4, 2)}
+
+
+def test_fsdp_memory_counts_each_storage_once_and_rows_check_losses():
+    import torch
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2, bias=False))
+    model[1].view_of_weight = model[1].weight.detach()[:1]     # shares the weight's storage
+    model(torch.ones(1, 4)).sum().backward()
+    optimizer = torch.optim.Adam(model.parameters())
+    optimizer.step()
+    floats = 4 * 3 + 3 + 3 * 2                                   # parameters once each
+    steps = sum(v.numel() * v.element_size() for s in optimizer.state.values()
+                for k, v in s.items() if k == "step")
+    assert fsdp.held_bytes(model, lambda: optimizer.state) == 4 * 4 * floats + steps
+    assert fsdp.memory_bound(1000, 100, 4) == 16 * 1000 / 4 + 8 * 100
+
+    rank = {"step_s": 0.1, "sent_per_step": 10, "held_peak": 4800, "held_after_step": 4000,
+            "rss_peak": 1, "rss_growth": 1, "parameters": 400, "largest_module": 200}
+    # The bound on 2 ranks: 16 * 400 / 2 + 8 * 200 = 4800 bytes; the second rank holds one more.
+    figures = [dict(rank, losses=[1.0, 0.5]), dict(rank, losses=[3.0, 1.5], step_s=0.3,
+                                                   held_peak=4801)]
+    row = fsdp.summarize(figures, [2.0, 1.0], 2)
+    assert row["losses"] == [2.0, 1.0] and row["loss_rel_diff"] == 0.0
+    assert row["step_s"] == 0.3 and row["held_peak"] == 4801 and not row["within_bound"]
+    assert fsdp.summarize(figures, [2.0, 1.1], 2)["loss_rel_diff"] == pytest.approx(0.1 / 1.1)
