@@ -12,6 +12,9 @@ import numpy as np
 from conftest import REPO, assert_all_ranks, launch
 
 EXAMPLE = REPO / "examples" / "lightning_digits.py"
+# Importing Lightning takes its ranks a while before they join the job; on a loaded machine
+# over the launcher's default 30 s.
+SLOW_START = ("--start-timeout", "180")
 ACCURACY_LINE = re.compile(r"^\[0\]<stdout>:test accuracy ([0-9.]+)% on 2 ranks$", re.M)
 
 
@@ -19,7 +22,8 @@ def test_fit_logging_and_checkpoints_on_two_ranks_then_one(tmp_path):
     # tests/workers/lightning_worker.py: fit (accumulate_grad_batches=2, a per-step learning
     # rate, Trainer(strategy="horovod")) matches one process on the global batches to rtol
     # 1e-5; predict, validate, test run; the strategy's collectives match their definitions.
-    result = launch(2, "lightning_worker.py", "train", tmp_path)
+    result = launch(2, "lightning_worker.py", "train", tmp_path, timeout=400,
+                    launcher_args=SLOW_START)
     for marker in ("fit matches the single-process run OK", "logging and checkpoints OK",
                    "collectives OK"):
         assert_all_ranks(result, 2, marker)
@@ -47,7 +51,8 @@ def test_fit_logging_and_checkpoints_on_two_ranks_then_one(tmp_path):
     assert reports[0]["checkpoint"] == reports[1]["checkpoint"] == written[-1]
 
     # Loaded on one rank: the weights rank 0 had, its optimizer state, training goes on.
-    result = launch(1, "lightning_worker.py", "reload", tmp_path)
+    result = launch(1, "lightning_worker.py", "reload", tmp_path, timeout=400,
+                    launcher_args=SLOW_START)
     assert_all_ranks(result, 1, "reload on 1 ranks OK")
 
 
@@ -55,7 +60,8 @@ def test_a_rank_that_raises_ends_the_job(tmp_path):
     # Rank 1 raises inside fit; rank 0, waiting for its gradients, must not hang: the failing
     # rank skips the strategy's closing barrier and exits, and the launcher stops the job.
     started = time.monotonic()
-    result = launch(2, "lightning_worker.py", "fail", tmp_path, timeout=120)
+    result = launch(2, "lightning_worker.py", "fail", tmp_path, timeout=400,
+                    launcher_args=SLOW_START)
     output = result.stdout + result.stderr
     assert result.returncode == 1, output
     assert "RuntimeError: rank 1 fails on purpose" in output
@@ -65,7 +71,7 @@ def test_a_rank_that_raises_ends_the_job(tmp_path):
 
 
 def test_example_reaches_95_percent_test_accuracy():
-    result = launch(2, EXAMPLE, "--epochs", 5)
+    result = launch(2, EXAMPLE, "--epochs", 5, timeout=400, launcher_args=SLOW_START)
     assert result.returncode == 0, result.stdout + result.stderr
     found = ACCURACY_LINE.findall(result.stdout)
     assert len(found) == 1, result.stdout + result.stderr  # rank 0 alone reports it
