@@ -6,22 +6,12 @@ import numpy as np
 import torch
 
 import horovodlike.torch as hvd
-from common import check
+from common import check, expect_error
 from reference import expected_adasum
 
 hvd.init()
 rank, size = hvd.rank(), hvd.size()
 torch.set_num_threads(1)
-
-
-def expect_error(call, *fragments):
-    try:
-        call()
-    except ValueError as e:
-        for fragment in fragments:
-            check(fragment in str(e), f"error {str(e)!r} does not mention {fragment!r}")
-        return
-    raise AssertionError(f"no ValueError mentioning {fragments}")
 
 
 if size & (size - 1):

@@ -33,6 +33,11 @@ def raises(kind, fn, *words):
     raise AssertionError(f"{kind.__name__} not raised")
 
 
+def expect_error(call, *fragments):
+    """Calls `call`, which must raise a ValueError mentioning every one of `fragments`."""
+    raises(ValueError, call, *fragments)
+
+
 # A rank killed on purpose writes when (KILLED_AT in the report folder), so that the others can
 # say how long they took to notice from the kill itself: on a busy machine, what came before it
 # (start-up, the steps before) takes any time.

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 import horovodlike.torch as hvd
 from horovodlike.torch.parallel import Linear3D, gather_3d, split_3d
-from common import check
+from common import check, expect_error
 
 hvd.init()
 rank, size = hvd.rank(), hvd.size()
@@ -27,16 +27,6 @@ def close(got, expected, what):
 def part(t, index, parts, dim=0):
     n = t.shape[dim] // parts
     return t.narrow(dim, index * n, n)
-
-
-def expect_error(call, *fragments):
-    try:
-        call()
-    except ValueError as e:
-        for fragment in fragments:
-            check(fragment in str(e), f"error {str(e)!r} does not mention {fragment!r}")
-        return
-    raise AssertionError(f"no ValueError mentioning {fragments}")
 
 
 def weight_block(grad, mesh, dims):

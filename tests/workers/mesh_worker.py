@@ -7,21 +7,11 @@ import sys
 import torch
 
 import horovodlike.torch as hvd
-from common import check
+from common import check, expect_error
 
 hvd.init()  # no HOROVOD_DYNAMIC_PROCESS_SETS: the mesh registers its sets itself
 rank, size = hvd.rank(), hvd.size()
 mode = sys.argv[1] if len(sys.argv) > 1 else "layouts"
-
-
-def expect_error(call, *fragments):
-    try:
-        call()
-    except ValueError as e:
-        for fragment in fragments:
-            check(fragment in str(e), f"error {str(e)!r} does not mention {fragment!r}")
-        return
-    raise AssertionError(f"no ValueError mentioning {fragments}")
 
 
 def line_sum(mesh, dim):

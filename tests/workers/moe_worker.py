@@ -9,7 +9,7 @@ import torch
 
 import horovodlike.torch as hvd
 from horovodlike.torch.moe import MoE
-from common import check
+from common import check, expect_error
 
 hvd.init()
 rank, size = hvd.rank(), hvd.size()
@@ -99,16 +99,6 @@ run(top_k=1, capacity_factor=float(EXPERTS), expect_drops=False)
 run(top_k=1, capacity_factor=0.5, expect_drops=True)
 run(top_k=2, capacity_factor=float(EXPERTS), expect_drops=False)
 run(top_k=2, capacity_factor=0.5, expect_drops=True)
-
-
-def expect_error(call, *fragments):
-    try:
-        call()
-    except ValueError as e:
-        for fragment in fragments:
-            check(fragment in str(e), f"error {str(e)!r} does not mention {fragment!r}")
-        return
-    raise AssertionError(f"no ValueError mentioning {fragments}")
 
 
 expect_error(lambda: MoE(D, make_expert, EXPERTS, top_k=EXPERTS + 1),

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 import horovodlike.torch as hvd
 from horovodlike.torch.parallel import (ColumnParallelLinear, ParallelEmbedding,
                                         RowParallelLinear, VocabParallelEmbedding)
-from common import check
+from common import check, expect_error
 
 hvd.init()
 rank, size = hvd.rank(), hvd.size()
@@ -28,16 +28,6 @@ def close(got, expected, what):
 def columns(t, part, parts):
     n = t.shape[0] // parts
     return t[part * n:(part + 1) * n]
-
-
-def expect_error(call, *fragments):
-    try:
-        call()
-    except ValueError as e:
-        for fragment in fragments:
-            check(fragment in str(e), f"error {str(e)!r} does not mention {fragment!r}")
-        return
-    raise AssertionError(f"no ValueError mentioning {fragments}")
 
 
 def inputs(*shape):
