@@ -17,8 +17,9 @@ outcome to a file as soon as it is known. A test that fails in a batch, and the 
 in when it died or stopped making progress for --timeout seconds, are then run again each in a
 job of its own, and that run decides; the tests after a batch's end go on in a new batch. A
 failure may leave the ranks out of step, so a later test that fails in the same batch runs
-alone too; one that passes on every rank keeps its pass. The tests in KNOWN_FAILURES run alone
-from the start. --batch 1 runs every test alone.
+alone too; one that passes on every rank keeps its pass; three failures in a row send the tests
+from the second of them on to a new batch. The tests in KNOWN_FAILURES run alone from the
+start. --batch 1 runs every test alone.
 
 --check exits 1 when a test fails that is not in KNOWN_FAILURES (a regression); the known ones
 are tests that cannot pass here for reasons outside horovodlike, each with its reason.
@@ -315,28 +316,7 @@ def run_tests(parallel, ids, args, launcher_flags, alone_first=()):
         started = time.monotonic()
         results = run_batch(parallel, batch, args, launcher_flags)
         progress(args, f"a batch of {len(batch)} ran {time.monotonic() - started:.0f} s")
-        for position, test_id in enumerate(batch):
-            reports = results.get(test_id, [])
-            ranks = [outcome for outcome, _ in reports]
-            if len(ranks) < args.np:
-                progress(args, f"  {test_id}: the batch ended in it (ranks {' '.join(ranks)})")
-                # The batch ended in this test: it runs alone, the rest in a new batch.
-                alone.append(test_id)
-                remaining = batch[position + 1:] + remaining
-                break
-            progress(args, f"  {test_id}: {' '.join(ranks)}")
-            if all(r == "passed" for r in ranks):
-                outcomes[test_id] = ("passed", "")
-            elif "failed" not in ranks:
-                reasons = sorted({reason for outcome, reason in reports if outcome == "skipped"})
-                outcomes[test_id] = ("skipped", f"skipped in a batch: {'; '.join(reasons)}")
-            else:
-                # A failure may have left the ranks out of step (one rank's collective still
-                # in flight), which could fail a test after it for no fault of its own: a
-                # failed test runs again alone, and that run decides. The tests after it that
-                # passed on every rank keep their outcome (ranks out of step fail, they do not
-                # pass), so a suite with many failures still costs one batch, not one each.
-                alone.append(test_id)
+        remaining = _sort_batch(batch, results, args, outcomes, alone) + remaining
     for test_id in alone:
         started = time.monotonic()
         outcomes[test_id] = run_one(parallel, test_id, args, launcher_flags)
@@ -351,6 +331,46 @@ def progress(args, line):
     """--progress: each outcome as soon as it is known (a run cut short still says where)."""
     if getattr(args, "progress", False):
         print(line, flush=True)
+
+
+# Failures in a row in one batch: the ranks are out of step, and the tests from the second
+# on go to a new batch instead of each running alone.
+OUT_OF_STEP = 3
+
+
+def _sort_batch(batch, results, args, outcomes, alone):
+    """Takes a batch's outcomes into `outcomes` (passes and skips) and `alone` (failures, and
+    the test the batch ended in); returns the tests to run in a new batch.
+
+    A failure may leave the ranks out of step (one rank's collective still in flight), which
+    fails the tests after it for no fault of their own: a failed test runs again alone, and
+    that run decides. Tests after it that passed on every rank keep their pass (ranks out of
+    step fail, they do not pass), so scattered failures cost no new batch; OUT_OF_STEP failures
+    in a row send the tests from the second of them on to a new batch."""
+    streak = []
+    for position, test_id in enumerate(batch):
+        reports = results.get(test_id, [])
+        ranks = [outcome for outcome, _ in reports]
+        if len(ranks) < args.np:
+            progress(args, f"  {test_id}: the batch ended in it (ranks {' '.join(ranks)})")
+            alone.append(test_id)
+            return batch[position + 1:]
+        progress(args, f"  {test_id}: {' '.join(ranks)}")
+        if all(r == "passed" for r in ranks):
+            outcomes[test_id], streak = ("passed", ""), []
+        elif "failed" not in ranks:
+            reasons = sorted({reason for outcome, reason in reports if outcome == "skipped"})
+            outcomes[test_id] = ("skipped", f"skipped in a batch: {'; '.join(reasons)}")
+            streak = []
+        else:
+            streak.append(position)
+            if len(streak) == OUT_OF_STEP:
+                alone.remove(batch[streak[1]])
+                progress(args, f"  {OUT_OF_STEP} failures in a row: the ranks are out of step; "
+                               f"from {batch[streak[1]]} on in a new batch")
+                return batch[streak[1]:]
+            alone.append(test_id)
+    return []
 
 
 def run_one(parallel, test_id, args, launcher_flags):

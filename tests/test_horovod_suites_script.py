@@ -59,6 +59,32 @@ def test_a_failure_in_a_batch_reruns_the_failed_tests_alone_and_keeps_the_passes
         "t::a": "passed", "t::b": "failed", "t::c": "passed", "t::d": "passed"}
 
 
+def test_failures_in_a_row_send_the_rest_to_a_new_batch(monkeypatch):
+    """b fails and leaves the ranks out of step: c, d fail after it in the same batch. b runs
+    alone; c on goes to a new batch, where c and d pass (so a cascade costs one batch, not a
+    test alone each)."""
+    ids = ["t::a", "t::b", "t::c", "t::d", "t::e"]
+    batches, alone = [], []
+
+    def run_batch(parallel, batch, args, flags):
+        batches.append(list(batch))
+        broken = set(batch[1:4]) if batch == ids else set()
+        return {t: [("failed" if t in broken else "passed", "")] * args.np for t in batch}
+
+    def run_one(parallel, test_id, args, flags):
+        alone.append(test_id)
+        return "failed", "its output"
+
+    monkeypatch.setattr(suites, "run_batch", run_batch)
+    monkeypatch.setattr(suites, "run_one", run_one)
+    outcomes, rechecked = suites.run_tests(None, ids, Namespace(batch=0, np=2, progress=False),
+                                           [])
+    assert batches == [ids, ["t::c", "t::d", "t::e"]]
+    assert alone == ["t::b"] and rechecked == 1
+    assert {t: o for t, (o, _) in outcomes.items()} == {
+        "t::a": "passed", "t::b": "failed", "t::c": "passed", "t::d": "passed", "t::e": "passed"}
+
+
 def test_a_batch_that_ends_in_a_test_goes_on_in_a_new_batch(monkeypatch):
     """Rank 1 never reports c (the job died in it): c runs alone, and what had not run after it
     goes on (here d, alone)."""
