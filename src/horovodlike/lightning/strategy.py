@@ -163,24 +163,16 @@ class HorovodStrategyMixin:
         self._failed = False
 
 
-# DistributedOptimizer keeps, per parameter, the backward passes left before its allreduce
-# (_passes_left) and its gradient hooks (_hooks); Lightning's run changes both from outside.
-
 def _set_backward_passes(optimizer, passes):
     """Between two steps (nothing pending), a DistributedOptimizer reduces once per `passes`."""
-    if hasattr(optimizer, "_passes_left"):
-        optimizer.backward_passes_per_step = passes
-        for p in optimizer._passes_left:
-            optimizer._passes_left[p] = passes
+    if hasattr(optimizer, "set_backward_passes_per_step"):
+        optimizer.set_backward_passes_per_step(passes)
 
 
 def _remove_gradient_hooks(optimizer):
     """Takes a DistributedOptimizer's hooks off its parameters; any other optimizer has none."""
-    for hook in getattr(optimizer, "_hooks", ()):
-        hook.remove()
-    if hasattr(optimizer, "_hooks"):
-        optimizer._hooks.clear()
-        optimizer._passes_left.clear()
+    if hasattr(optimizer, "remove_hooks"):
+        optimizer.remove_hooks()
 
 
 _STRATEGY_DOC = """Lightning's Trainer on a job started by ``horovodlikerun -np N``: one process

@@ -12,6 +12,7 @@ import torch
 
 from horovodlike.torch.local_accumulation import exchange_deferred, no_sync
 from horovodlike.torch.mpi_ops import Adasum, allreduce_async_, synchronize
+from horovodlike.torch import optimizer_common
 from horovodlike.torch.optimizer_common import discard, parameter_names, too_many_passes
 
 
@@ -75,6 +76,9 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
     def synchronize(self):
         """Nothing to wait for before step(): with Adasum the update is combined, so step()
         does the waiting (as in Horovod)."""
+
+    set_backward_passes_per_step = optimizer_common.set_backward_passes_per_step
+    remove_hooks = optimizer_common.remove_hooks
 
     def no_sync(self):
         """Context manager: backward passes inside it accumulate the gradients locally; the

@@ -15,6 +15,7 @@ from horovodlike.common.process_sets import global_process_set
 from horovodlike.torch.adasum_optimizer import _DistributedAdasumOptimizer
 from horovodlike.torch.compression import Compression
 from horovodlike.torch.local_accumulation import exchange_deferred, no_sync
+from horovodlike.torch import optimizer_common
 from horovodlike.torch.optimizer_common import discard, parameter_names, too_many_passes
 from horovodlike.torch.mpi_ops import (Average, Sum, Adasum, allreduce_async_,
                                        grouped_allreduce_async_, synchronize)
@@ -180,6 +181,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             for p in self._passes_left:
                 self._passes_left[p] = self.backward_passes_per_step
         self._synchronized = True
+
+    set_backward_passes_per_step = optimizer_common.set_backward_passes_per_step
+    remove_hooks = optimizer_common.remove_hooks
 
     def no_sync(self):
         """Context manager: backward passes inside it accumulate the gradients locally; the

@@ -38,3 +38,22 @@ def too_many_passes(name, backward_passes_per_step):
         f"the gradient of '{name}' was computed more than "
         f"backward_passes_per_step={backward_passes_per_step} times before "
         "step(); raise backward_passes_per_step or call step() after each backward")
+
+
+def set_backward_passes_per_step(optimizer, passes):
+    """A DistributedOptimizer's method (both kinds): from now on, between two steps (nothing
+    pending), its gradients are exchanged once per `passes` backward passes."""
+    optimizer.backward_passes_per_step = passes
+    for p in optimizer._passes_left:
+        optimizer._passes_left[p] = passes
+
+
+def remove_hooks(optimizer):
+    """A DistributedOptimizer's method (both kinds): takes its gradient hooks off the
+    parameters (a later loop of the user's own, or another framework's, would otherwise reduce
+    through them); the optimizer no longer exchanges anything."""
+    for hook in optimizer._hooks:
+        hook.remove()
+    optimizer._hooks.clear()
+    optimizer._passes_left.clear()
+
