@@ -9,17 +9,24 @@ import pytest
 import torch
 
 from conftest import WORKERS, assert_all_ranks, job_env, launch
-from horovodlike.torch.planner import LayerProfile, LinkProfile, plan
+from horovodlike.torch.planner import (Calibration, LayerProfile, LinkProfile, fit_link, plan,
+                                       profile_layers)
+from horovodlike.torch.planner.calibration import layout_sizes
+from horovodlike.torch.planner.cost_model import layer_compute_s
 
 MB = 1 << 20
 LINK = LinkProfile(latency_s=0.0, bus_bytes_per_s=1e9)
 
 
-def layers(times, parameter_bytes, activation_bytes, tp_sizes=()):
+def layers(times, parameter_bytes, activation_bytes, tp_sizes=(), **kwargs):
     return [LayerProfile(name=f"{i}", forward_s=t / 3, backward_s=2 * t / 3,
                          activation_bytes=activation_bytes, parameter_bytes=parameter_bytes,
-                         splittable=bool(tp_sizes), tp_sizes=tp_sizes)
+                         splittable=bool(tp_sizes), tp_sizes=tp_sizes, **kwargs)
             for i, t in enumerate(times)]
+
+
+def layout(result, name):
+    return {c.layout: c for c in result.candidates}[name]
 
 
 def run(profile, world_size, batch=8, **kwargs):
@@ -152,3 +159,108 @@ def test_fully_shard_when_data_parallel_does_not_fit():
     assert piped.micro_batches == 4 and piped.stages == [(0, 1), (1, 2)]
     assert piped.gradient_bytes == pytest.approx(9 * big / 2)
     assert piped.memory_bytes == int(4 * big / 2 + big + activations / 2 * 2 / 4)
+
+
+def test_tensor_parallel_divides_only_the_split_layers():
+    # A split layer (3 ms, of which the Linears 2 ms) and a whole one (3 ms) on tp=2 with a
+    # free link: 1 + 2 / 2 + 3 = 5 ms, not (3 + 3) / 2.
+    profile = [LayerProfile("0", 0.001, 0.002, 1024, 1024, True, (6,), split_s=0.002),
+               LayerProfile("1", 0.001, 0.002, 1024, 1024, False)]
+    best = layout(run(profile, 2), "pp=1 dp=1 tp=2")
+    assert best.step_s == pytest.approx(0.005)
+
+
+def test_tensor_parallel_latency_is_paid_per_micro_batch():
+    # pp=2 x tp=2, batch 8: 8 micro-batches of one row. Each layer (8 ms, all split) holds one
+    # column/row pair's two messages of 1024 bytes for the whole batch. Per micro-batch and
+    # stage: 8 / 8 / 2 = 0.5 ms of compute and two allreduces of 128 bytes over 2 ranks,
+    # each 1 ms + 128 / 1e9 s; the boundary's 128 bytes sent forward and back, each
+    # 0.5 ms + 128 / 1e9 s. 1F1B: (8 + 2 - 1) slots.
+    link = LinkProfile(latency_s=1e-3, bus_bytes_per_s=1e9)
+    profile = layers([0.008] * 2, 0, 1024, tp_sizes=(2,), tp_messages=(1024, 1024))
+    result = plan(None, torch.zeros(8, 1), 4, link=link, layers=profile, verbose=False)
+    piped = layout(result, "pp=2 dp=1 tp=2")
+    slot = 0.0005 + 2 * (1e-3 + 128e-9) + 2 * (0.5e-3 + 128e-9)
+    assert piped.micro_batches == 8
+    assert piped.step_s == pytest.approx(9 * slot, rel=1e-9)
+
+
+def test_gradient_allreduce_overlaps_the_backward_as_the_optimizer_does():
+    # dp=2, batch 8: each layer's backward takes 2 ms on the whole batch, 1 ms on a replica's
+    # 4 rows; each allreduces 3 MB (3 ms at 1e9 B/s bus bandwidth over 2 ranks). The last
+    # layer's allreduce starts at 1 ms and ends at 4, the first's runs 4..7: step 7 ms
+    # (2 of compute, 5 left after it), where not overlapping would take 2 + 6.
+    profile = [LayerProfile(str(i), 0.0, 0.002, 1024, 3_000_000, False) for i in range(2)]
+    replicated = layout(run(profile, 2), "pp=1 dp=2 tp=1")
+    assert replicated.step_s == pytest.approx(0.007)
+    assert replicated.compute_s == pytest.approx(0.002)
+
+
+class Pair(torch.nn.Module):
+    """A block holding one column/row pair."""
+
+    def __init__(self):
+        super().__init__()
+        self.up, self.down = torch.nn.Linear(4, 8), torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        return x + self.down(torch.relu(self.up(x)))
+
+
+def test_profile_pairs_linears_column_then_row():
+    # Linear, ReLU, Linear is one pair: one message each way of 2 x 4 floats (the row's output
+    # forward, the column's input gradient backward), the ReLU between computes on the slice;
+    # a block with a pair inside has both messages; the last Linear has no partner and stays
+    # whole.
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4),
+                                Pair(), torch.nn.Linear(4, 4))
+    profile = profile_layers(model, torch.randn(2, 4), sizes=[(1, 2)], repeats=1)
+    assert [p.tp_messages for p in profile] == [(32,), (), (32,), (32, 32), ()]
+    assert [p.splittable for p in profile] == [True, True, True, True, False]
+    assert [p.tp_sizes for p in profile] == [(8,), (), (), (8,), ()]
+    assert profile[4].split_s == 0.0 and profile[4].timings["1/2"] > 0
+    solo = profile_layers(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU()),
+                          torch.randn(2, 4), repeats=1)
+    assert [p.splittable for p in solo] == [False, False] and solo[0].split_s == 0.0
+    assert all("1/2" in p.timings and p.batch == 2 for p in profile)
+    assert profile[1].timings["1/2"] > 0
+
+
+def test_compute_uses_the_size_it_was_measured_on():
+    layer = LayerProfile("0", 0.002, 0.004, 1024, 1024, True, (8,), split_s=0.004,
+                         timings={"2/2": 0.0035}, batch=8)
+    assert layer_compute_s(layer, 2, 2) == 0.0035
+    # Not measured at 4 rows: half the batch, the split half of it halved again.
+    assert layer_compute_s(layer, 4, 2) == pytest.approx(0.003 - 0.002 + 0.001)
+    assert layer_compute_s(layer, 4, 1) == pytest.approx(0.003)
+
+
+def test_layout_sizes_and_link_fit():
+    # Batch 64 on 4 ranks: pp=1 gives 64/tp4, 32/tp2, 16/tp1; pp=2 x tp=2 8 micro-batches of
+    # 8; pp=2 x dp=2 8 of 4; pp=4 16 of 4.
+    assert layout_sizes(4, 64) == [(4, 1), (8, 2), (16, 1), (32, 2), (64, 4)]
+    sizes = [4096, 65536, 1 << 20, 1 << 22]
+    seconds = [50e-6 + 2 * 3 / 4 * s / 2e9 for s in sizes]
+    link = fit_link(sizes, seconds, ranks=4, kind="TCP")
+    assert link.latency_s == pytest.approx(50e-6, rel=1e-6)
+    assert link.bus_bytes_per_s == pytest.approx(2e9, rel=1e-6)
+
+
+def test_calibration_file_round_trip(tmp_path):
+    profile = layers([0.003] * 2, 1 * MB, 1024, batch=8)
+    calibration = Calibration(layers=profile, links={
+        "inside": LinkProfile(0.0, 1e10, kind="shared memory"),
+        "between": LinkProfile(0.0, 1e8, kind="TCP between hosts")},
+        world_size=4, batch=8, slots_per_host=2)
+    path = tmp_path / "calibration.json"
+    calibration.save(path)
+    loaded = Calibration.load(path)
+    assert loaded == calibration
+    # The hosts come with it: two hosts of two keep dp inside a host.
+    assert plan(None, torch.zeros(8, 1), 4, calibration=str(path),
+                verbose=False).shape == (2, 2, 1)
+    with pytest.raises(ValueError, match="measured on a batch of \\[8\\] rows but"):
+        plan(None, torch.zeros(16, 1), 4, calibration=loaded, verbose=False)
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(ValueError, match="not a calibration file"):
+        Calibration.load(tmp_path / "bad.json")

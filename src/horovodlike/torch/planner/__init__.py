@@ -5,11 +5,16 @@ whether dp replicates the parameters (DistributedOptimizer) or shards them (full
     mesh = best.mesh                  # a ProcessMesh((pp, dp, tp)) when run in a job of 4
     stage_layers = best.stages[mesh.coordinate("pp")]
 
-It profiles each layer of a sequential model on this rank (forward and backward time,
-activation and parameter sizes, on the whole sample batch), measures the links with the core's
-allreduce (when run inside a job of two or more ranks; otherwise pass ``link=``), predicts each
-layout's step time and memory per rank (see ``cost_model``), and ranks them. A prediction is a
-model: check it against measured step times (benchmarks/planner.py does) before trusting it.
+Its figures come from ``calibrate()`` (each layer's compute on every input size the layouts
+give a rank, an alpha-beta line per link from the core's allreduce; kept in a file to reuse):
+
+    calibration = hvd.calibrate(model, sample_input, path="calibration.json")
+    best = hvd.plan(model, sample_input, world_size=4, calibration="calibration.json")
+
+Without one it profiles the layers on the whole batch and measures the link in this job (or
+takes ``link=``). It predicts each layout's step time and memory per rank (see
+``cost_model``) and ranks them. benchmarks/planner.py checks the predictions against measured
+step times.
 """
 
 import dataclasses
@@ -18,13 +23,15 @@ import torch
 
 from horovodlike.common import basics
 from horovodlike.common.objects import broadcast_object
+from horovodlike.torch.planner.calibration import Calibration, calibrate, measure_links
 from horovodlike.torch.planner.cost_model import (Candidate, factorisations,
                                                   links_by_dimension, predict, why_not)
-from horovodlike.torch.planner.profiling import (LayerProfile, LinkProfile, measure_link,
-                                                 profile_layers)
+from horovodlike.torch.planner.links import LinkProfile, fit_link, measure_link
+from horovodlike.torch.planner.profiling import LayerProfile, profile_layers
 from horovodlike.torch.process_mesh import ProcessMesh
 
-__all__ = ["plan", "Plan", "LayerProfile", "LinkProfile", "measure_link", "profile_layers"]
+__all__ = ["plan", "Plan", "calibrate", "Calibration", "LayerProfile", "LinkProfile",
+           "fit_link", "measure_link", "measure_links", "profile_layers"]
 
 
 @dataclasses.dataclass
@@ -88,9 +95,26 @@ def _slots_per_host(hosts, world_size):
     return slots[0]
 
 
+def _from_calibration(calibration, hosts, link, inter_host_link, layers):
+    """(hosts, link, inter_host_link, layers) with what ``calibration`` (a Calibration or the
+    path of one) measured filling those not given."""
+    if calibration is None:
+        return hosts, link, inter_host_link, layers
+    if isinstance(calibration, (str, bytes)) or hasattr(calibration, "__fspath__"):
+        calibration = Calibration.load(calibration)
+    if not isinstance(calibration, Calibration):
+        raise ValueError("plan: calibration must be a Calibration (from hvd.calibrate) or the "
+                         f"path of a file it saved, got {type(calibration).__name__}")
+    if hosts is None and calibration.slots_per_host:
+        hosts = [calibration.slots_per_host] * (calibration.world_size
+                                                // calibration.slots_per_host)
+    return (hosts, link or calibration.links.get("inside"),
+            inter_host_link or calibration.links.get("between"), layers or calibration.layers)
+
+
 def plan(model, sample_input, world_size, hosts=None, link=None, inter_host_link=None,
          micro_batches=None, optimizer_state_factor=2, memory_limit=None, layers=None,
-         verbose=True):
+         calibration=None, fsdp=True, verbose=True):
     """Ranks every (pp, dp, tp) layout of ``world_size`` ranks for ``model`` (a
     ``torch.nn.Sequential``) trained on batches like ``sample_input`` (the global batch).
 
@@ -101,7 +125,9 @@ def plan(model, sample_input, world_size, hosts=None, link=None, inter_host_link
     over it rank after those under it. Each layout with dp > 1 is considered twice: dp
     replicating the parameters, and dp sharding them with fully_shard ("fsdp=" in the table),
     which sends more per step but holds 1/dp of the parameters, gradients and optimizer
-    state. ``layers``: LayerProfiles to use instead of profiling.
+    state (``fsdp=False`` leaves those out). ``layers``: LayerProfiles to use instead of
+    profiling. ``calibration``: a Calibration from ``calibrate()`` or the file it saved; its
+    layers, links and hosts are used where those arguments are not given.
     Inside a job of ``world_size`` ranks rank 0's measurements are used by every rank and the
     best layout's ProcessMesh is built (``Plan.mesh``). Prints the table when ``verbose``.
     """
@@ -111,10 +137,12 @@ def plan(model, sample_input, world_size, hosts=None, link=None, inter_host_link
         raise ValueError("plan: sample_input must be a tensor whose first dimension is the "
                          f"global batch, got {getattr(sample_input, 'shape', sample_input)!r}")
     in_job = basics.is_initialized() and basics.size() > 1
+    hosts, link, inter_host_link, layers = _from_calibration(calibration, hosts, link,
+                                                             inter_host_link, layers)
     if layers is None:
         layers = profile_layers(model, sample_input)
-    if in_job:
-        layers = broadcast_object(layers, root_rank=0, name="plan.layers")
+        if in_job:
+            layers = broadcast_object(layers, root_rank=0, name="plan.layers")
     if link is None:
         if not in_job:
             raise ValueError("plan: no link given and not inside a job of two or more ranks "
@@ -122,6 +150,11 @@ def plan(model, sample_input, world_size, hosts=None, link=None, inter_host_link
                              "link=LinkProfile(latency_s, bus_bytes_per_s)")
         link = measure_link()
     batch = sample_input.shape[0]
+    measured_on = {layer.batch for layer in layers} - {0}
+    if measured_on and measured_on != {batch}:
+        raise ValueError(f"plan: the layer profiles were measured on a batch of "
+                         f"{sorted(measured_on)} rows but sample_input has {batch}; calibrate "
+                         "again on this batch")
     slots = _slots_per_host(hosts, world_size)
     candidates, rejected = [], []
     for pp, dp, tp in factorisations(world_size):
@@ -130,9 +163,9 @@ def plan(model, sample_input, world_size, hosts=None, link=None, inter_host_link
             rejected.append((f"pp={pp} dp={dp} tp={tp}", reason))
             continue
         links = links_by_dimension(link, inter_host_link or link, slots, pp, dp, tp)
-        for fsdp in (False, True) if dp > 1 else (False,):
+        for sharded in (False, True) if dp > 1 and fsdp else (False,):
             candidates.append(predict(layers, links, pp, dp, tp, batch, micro_batches,
-                                      optimizer_state_factor, memory_limit, fsdp=fsdp))
+                                      optimizer_state_factor, memory_limit, fsdp=sharded))
     if not candidates:
         raise ValueError(f"plan: no layout of {world_size} ranks fits this model: {rejected}")
     candidates.sort(key=lambda c: (not c.fits, c.step_s, c.memory_bytes))

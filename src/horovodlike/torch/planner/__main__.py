@@ -4,25 +4,10 @@ hosts (with the same number of ranks each) the link inside a host and the link b
 are measured apart."""
 
 import importlib
-import os
-import socket
 import sys
 
 import horovodlike.torch as hvd
-from horovodlike.torch.planner import measure_link
-
-
-def _links():
-    """(link, inter_host_link, hosts) measured in this job."""
-    names = hvd.allgather_object(os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname(),
-                                 name="plan.hosts")
-    slots = [names.count(h) for h in dict.fromkeys(names)]
-    if len(slots) == 1 or len(set(slots)) != 1 or slots[0] < 2:
-        return measure_link(), None, None
-    mesh = hvd.ProcessMesh((len(slots), slots[0]), ("host", "local"))
-    inside = measure_link(mesh.process_set("local"))
-    between = measure_link(mesh.process_set("host"))
-    return inside, between, slots
+from horovodlike.torch.planner import measure_links
 
 
 def main(argv):
@@ -33,8 +18,10 @@ def main(argv):
     built = getattr(importlib.import_module(module_name), function_name)()
     model, sample_input, kwargs = (*built, {})[:3] if len(built) == 2 else built
     hvd.init()
-    link, inter_host_link, hosts = _links()
-    kwargs = {"link": link, "inter_host_link": inter_host_link, "hosts": hosts, **kwargs}
+    links, slots = measure_links()
+    hosts = [slots] * (hvd.size() // slots) if slots else None
+    kwargs = {"link": links["inside"], "inter_host_link": links.get("between"),
+              "hosts": hosts, **kwargs}
     hvd.plan(model, sample_input, world_size=hvd.size(), **kwargs)
     hvd.barrier()
     hvd.shutdown()

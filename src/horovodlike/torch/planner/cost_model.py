@@ -1,24 +1,36 @@
 """The planner's cost model: a predicted step time and memory per rank for one (pp, dp, tp)
-layout and stage split, from measured layer profiles and a measured link.
+layout and stage split, from measured layer profiles and measured links. Each term is a
+function of its own, for a search over other splits to reuse.
 
-Per stage, with the global batch B measured in one process:
-- compute: the stage's forward + backward time x 1/dp (each replica has B/dp) x 1/tp;
-- tensor parallel: each Linear costs one allreduce of its output over tp (Megatron's column
-  and row pair: one forward, one backward);
-- pipeline: m micro-batches through pp stages take (m + pp - 1) slots of the slowest stage's
-  per-micro-batch time, plus a send of the boundary activation forward and back per slot;
-- data parallel: the stage's gradients (its parameters / tp) allreduced over dp, not overlapped;
-- fully sharded data parallel (fully_shard over dp, each layer wrapped): the parameters
-  allgathered for each micro-batch's forward and again for its backward, the gradients
-  reduce-scattered once per step: (2m + 1) x the parameter bytes x (dp-1)/dp through each rank
-  (3x with one micro-batch), not overlapped.
-Memory per rank: parameters / tp x (weights + gradients + optimizer state), divided by dp under
-fully_shard plus the largest layer's parameters (gathered whole while it computes), plus the
-activations kept for backward (B/dp of them, / tp, and min(pp, m)/m of them under 1F1B).
+- compute (``layer_compute_s``): a layer's forward + backward on the rows one micro-batch
+  gives a rank (B / dp / m), measured at that size when the profile has it (calibrate()
+  measures every size the layouts use) or scaled from the whole batch; tensor parallelism
+  divides only the layer's split part (its paired Linears, layers between a pair);
+- tensor parallel (``tp_communication_s``): each column/row pair allreduces once in forward
+  (the row's output) and once in backward (the column's input gradient), per micro-batch,
+  each message paying the link's latency;
+- pipeline (``pipeline_s``): 1F1B over m micro-batches and pp stages takes (m + pp - 1) slots
+  of the slowest stage's per-micro-batch time plus a send of the boundary activation forward
+  and its gradient back;
+- data parallel (``gradient_sync_s``): as DistributedOptimizer does it, each layer's gradients
+  are allreduced over dp as soon as its last backward produced them, one after another, while
+  the backward of earlier layers runs; only what is left after the stage's last backward is
+  added. Under 1F1B stage s finishes its last backward (pp - 1 - s) backward slots before the
+  first stage does, so its allreduce can hide there;
+- fully sharded data parallel (``fsdp_sync_s``, fully_shard over dp, each layer wrapped): the
+  parameters allgathered for each micro-batch's forward and again for its backward, the
+  gradients reduce-scattered once per step: (2m + 1) x the parameter bytes x (dp-1)/dp
+  through each rank (3x with one micro-batch), not overlapped.
+Memory per rank (``stage_memory_bytes``): parameters (/ tp for the split layers) x (weights
++ gradients + optimizer state), divided by dp under fully_shard plus the largest layer's
+parameters (gathered whole while it computes), plus the activations kept for backward (B/dp
+of them, / tp, and min(pp, m)/m of them under 1F1B).
 """
 
 import dataclasses
 import itertools
+
+from horovodlike.torch.planner.profiling import timing_key
 
 
 @dataclasses.dataclass
@@ -87,46 +99,122 @@ def links_by_dimension(link, inter_host_link, slots_per_host, pp, dp, tp):
                   slots_per_host and sizes[dim] > 1 else link) for dim in sizes}
 
 
+def micro_batch_count(pp, per_replica, micro_batches=None):
+    """The micro-batches per step: as given, 1 without a pipeline, else the largest divisor of
+    the replica's rows up to 4 x pp (enough to keep the bubble small)."""
+    if micro_batches:
+        return micro_batches
+    return 1 if pp == 1 else max(d for d in range(1, 4 * pp + 1) if per_replica % d == 0)
+
+
+def layer_compute_s(layer, rows, tp):
+    """Forward + backward seconds of ``layer`` on ``rows`` rows with tensor parallel ``tp``:
+    measured at that size when profiled, else the whole batch's time scaled to ``rows``, its
+    split part divided by tp."""
+    measured = layer.timings.get(timing_key(rows, tp))
+    if measured is not None:
+        return measured
+    scale = rows / layer.batch if layer.batch else 1.0
+    whole = (layer.forward_s + layer.backward_s) * scale
+    split = layer.split_s * scale if tp > 1 else 0.0
+    return whole - split + split / tp
+
+
+def backward_share(layer):
+    total = layer.forward_s + layer.backward_s
+    return layer.backward_s / total if total > 0 else 2 / 3
+
+
+def tp_communication_s(layer, link, rows, tp):
+    """Seconds of ``layer``'s tensor parallel allreduces for one micro-batch of ``rows`` rows:
+    one per message (a pair's forward and backward), each paying the latency."""
+    if tp <= 1:
+        return 0.0
+    scale = rows / layer.batch if layer.batch else 1.0
+    return sum(link.allreduce_s(nbytes * scale, tp) for nbytes in layer.tp_messages)
+
+
+def stage_parameter_bytes(layers, tp):
+    """Parameters one rank holds of these layers: the split layers' cut tp ways."""
+    return sum(layer.parameter_bytes / (tp if layer.splittable else 1) for layer in layers)
+
+
+def gradient_sync_s(layers, link, rows, dp, tp):
+    """Seconds the gradient allreduce over dp runs on after the last backward of ``layers``
+    (on ``rows`` rows) ends: each layer's allreduce starts when its backward is done and the
+    previous allreduce has finished."""
+    if dp <= 1:
+        return 0.0
+    clock = link_free = 0.0
+    for layer in reversed(layers):
+        clock += layer_compute_s(layer, rows, tp) * backward_share(layer)
+        nbytes = stage_parameter_bytes([layer], tp)
+        if nbytes:
+            link_free = max(link_free, clock) + link.allreduce_s(nbytes, dp)
+    return max(link_free - clock, 0.0)
+
+
+def fsdp_sync_s(parameter_bytes, link, dp, micro_batches):
+    """(seconds, bytes through each rank) of fully_shard's (2m + 1) collectives."""
+    collectives = 2 * micro_batches + 1
+    return (collectives * link.gather_s(parameter_bytes, dp),
+            collectives * parameter_bytes * (dp - 1) / dp)
+
+
+def pipeline_s(stage_slots, boundary_bytes, link, micro_batches):
+    """1F1B's time: (m + pp - 1) slots of the slowest stage's per-micro-batch seconds plus the
+    boundary activation's send forward and its gradient's back; and that slot."""
+    send = max((2 * link.send_s(b) for b in boundary_bytes), default=0.0)
+    slot = max(stage_slots) + send
+    return (micro_batches + len(stage_slots) - 1) * slot, slot
+
+
+def stage_memory_bytes(layers, dp, tp, pp, micro_batches, state_factor, fsdp):
+    params = stage_parameter_bytes(layers, tp)
+    state = params * (2 + state_factor)
+    if fsdp:
+        state = state / dp + max(stage_parameter_bytes([layer], tp) for layer in layers)
+    kept = sum(layer.activation_bytes for layer in layers) / dp / tp
+    return state + kept * min(pp, micro_batches) / micro_batches
+
+
 def predict(layers, links, pp, dp, tp, batch, micro_batches=None, state_factor=2,
             memory_limit=None, fsdp=False):
-    """The Candidate for one layout, with the stage split that balances compute. ``links``
-    maps "pp", "dp", "tp" to the LinkProfile their lines use; ``fsdp``: dp shards the
-    parameters (fully_shard on each layer) instead of replicating them."""
-    per_replica = batch // dp
-    m = micro_batches or (1 if pp == 1 else max(d for d in range(1, 4 * pp + 1)
-                                                if per_replica % d == 0))
-    times = [(layer.forward_s + layer.backward_s) for layer in layers]
-    stages = balanced_stages(times, pp)
-    stage_time, stage_comm, stage_memory, stage_grad, stage_bytes = [], [], [], [], []
-    for first, last in stages:
-        compute = sum(times[first:last]) / dp / (tp if any(
-            layer.splittable for layer in layers[first:last]) else 1)
-        tp_comm = sum(links['tp'].allreduce_s(layer.activation_bytes / dp, tp)
-                      for layer in layers[first:last] if layer.splittable) if tp > 1 else 0.0
-        stage_time.append(compute)
-        stage_comm.append(tp_comm)
-        params = sum(layer.parameter_bytes for layer in layers[first:last]) / tp
-        state = params * (2 + state_factor)
+    """The Candidate for one layout, with the stage split that balances the per-micro-batch
+    time. ``links`` maps "pp", "dp", "tp" to the LinkProfile their lines use; ``fsdp``: dp
+    shards the parameters (fully_shard on each layer) instead of replicating them."""
+    # A profile without its batch size was measured on this batch.
+    layers = [layer if layer.batch else dataclasses.replace(layer, batch=batch)
+              for layer in layers]
+    m = micro_batch_count(pp, batch // dp, micro_batches)
+    rows = batch // dp // m
+    compute = [layer_compute_s(layer, rows, tp) for layer in layers]
+    per_layer = [c + tp_communication_s(layer, links["tp"], rows, tp)
+                 for c, layer in zip(compute, layers)]
+    stages = balanced_stages(per_layer, pp)
+    slots = [sum(per_layer[a:b]) for a, b in stages]
+    boundary = [layers[last - 1].activation_bytes / batch * rows for _, last in stages[:-1]]
+    pipeline, slot = pipeline_s(slots, boundary, links["pp"], m)
+    finish, moved = [], []
+    for index, (first, last) in enumerate(stages):
+        stage = layers[first:last]
+        params = stage_parameter_bytes(stage, tp)
         if fsdp:
-            collectives = 2 * m + 1
-            stage_grad.append(collectives * links['dp'].gather_s(params, dp))
-            stage_bytes.append(collectives * params * (dp - 1) / dp)
-            state = state / dp + max(layer.parameter_bytes
-                                     for layer in layers[first:last]) / tp
+            sync, nbytes = fsdp_sync_s(params, links["dp"], dp, m)
+            ahead = 0.0
         else:
-            stage_grad.append(links['dp'].allreduce_s(params, dp))
-            stage_bytes.append(2 * params * (dp - 1) / dp)
-        kept = sum(layer.activation_bytes for layer in layers[first:last]) / dp / tp
-        in_flight = min(pp, m) / m
-        stage_memory.append(state + kept * in_flight)
-    boundary = [layers[last - 1].activation_bytes / dp / m for _, last in stages[:-1]]
-    send = max((2 * links['pp'].send_s(b) for b in boundary), default=0.0)
-    slot = max((c + t) / m for c, t in zip(stage_time, stage_comm)) + send
-    pipeline = (m + pp - 1) * slot
-    step = pipeline + max(stage_grad)
-    compute = (m + pp - 1) * max(c / m for c in stage_time)
-    memory = int(max(stage_memory))
+            sync, nbytes = gradient_sync_s(stage, links["dp"], rows, dp, tp), \
+                2 * params * (dp - 1) / dp
+            backward = max(sum(layer_compute_s(layer, rows, tp) * backward_share(layer)
+                               for layer in layers[a:b]) for a, b in stages)
+            ahead = (pp - 1 - index) * (backward + slot - max(slots))
+        finish.append(max(pipeline - ahead + sync, pipeline))
+        moved.append(nbytes)
+    step = max(finish)
+    compute_s = (m + pp - 1) * max(sum(compute[a:b]) for a, b in stages)
+    memory = int(max(stage_memory_bytes(layers[a:b], dp, tp, pp, m, state_factor, fsdp)
+                     for a, b in stages))
     return Candidate(pp=pp, dp=dp, tp=tp, stages=stages, micro_batches=m, fsdp=fsdp,
-                     step_s=step, compute_s=compute, communication_s=step - compute,
-                     memory_bytes=memory, gradient_bytes=max(stage_bytes),
+                     step_s=step, compute_s=compute_s, communication_s=step - compute_s,
+                     memory_bytes=memory, gradient_bytes=max(moved),
                      fits=memory_limit is None or memory <= memory_limit)

@@ -1,126 +1,189 @@
-"""What the planner measures: each layer's compute time and sizes on this rank, and the links
-(allreduce latency and bandwidth) with the core's own collectives."""
+"""What the planner measures of a model: each layer's compute time on the input sizes the
+layouts will give it, its sizes, and which of its Linears tensor parallelism pairs up."""
 
 import dataclasses
+import statistics
 import time
 
 import torch
 
-from horovodlike.common.objects import broadcast_object
-from horovodlike.common.process_sets import global_process_set, set_ranks
-from horovodlike.torch.mpi_ops import Sum, allreduce_
-
 
 @dataclasses.dataclass
 class LayerProfile:
-    """One layer of a sequential model, measured on the whole sample batch in one process."""
+    """One layer (a child of a sequential model), measured in this process.
+
+    ``forward_s``/``backward_s`` and ``activation_bytes`` are for the whole sample batch of
+    ``batch`` rows. Tensor parallelism pairs the model's Linears in order, Megatron's column
+    then row: ``split_s`` is the part of forward + backward that such a split divides (the
+    paired Linears, and whole layers between a column and its row), ``tp_messages`` the bytes
+    of each allreduce over tp a step of the whole batch needs here (the row's output in
+    forward, the column's input gradient in backward). ``timings`` maps "rows/tp" to the
+    forward + backward seconds measured on ``rows`` rows with the paired Linears cut ``tp``
+    ways; other sizes are scaled from the whole batch."""
     name: str
     forward_s: float
     backward_s: float
     activation_bytes: int   # its output for the whole batch
     parameter_bytes: int
-    splittable: bool        # a Linear (or a block of them) that tensor parallelism can split
+    splittable: bool        # tensor parallelism divides some of its compute
     tp_sizes: tuple = ()    # the feature sizes tensor parallelism must divide
+    split_s: float = None   # None: all of forward + backward when splittable, else none
+    tp_messages: tuple = ()
+    timings: dict = dataclasses.field(default_factory=dict)
+    batch: int = 0
+
+    def __post_init__(self):
+        if self.split_s is None:
+            self.split_s = self.forward_s + self.backward_s if self.splittable else 0.0
+        self.tp_sizes, self.tp_messages = tuple(self.tp_sizes), tuple(self.tp_messages)
 
 
-@dataclasses.dataclass
-class LinkProfile:
-    """An allreduce over ``ranks`` ranks costs ``latency_s + 2(ranks-1)/ranks * bytes /
-    bus_bytes_per_s``; point-to-point costs ``latency_s + bytes / bus_bytes_per_s``."""
-    latency_s: float
-    bus_bytes_per_s: float
-    ranks: int = 2
-
-    def allreduce_s(self, nbytes, ranks):
-        if ranks <= 1 or nbytes == 0:
-            return 0.0
-        # Ring latency grows with the steps: 2(p-1) of them against the measured set's.
-        steps = (ranks - 1) / max(1, self.ranks - 1)
-        return self.latency_s * steps + 2 * (ranks - 1) / ranks * nbytes / self.bus_bytes_per_s
-
-    def gather_s(self, nbytes, ranks):
-        """An allgather of a buffer of ``nbytes`` in all (or a reduce-scatter of one): half an
-        allreduce's steps and bytes, (ranks-1)/ranks of the buffer through each rank."""
-        if ranks <= 1 or nbytes == 0:
-            return 0.0
-        steps = (ranks - 1) / max(1, self.ranks - 1) / 2
-        return self.latency_s * steps + (ranks - 1) / ranks * nbytes / self.bus_bytes_per_s
-
-    def send_s(self, nbytes):
-        return self.latency_s / 2 + nbytes / self.bus_bytes_per_s if nbytes else 0.0
+def timing_key(rows, tp):
+    return f"{rows}/{tp}"
 
 
-def _linear_sizes(module):
-    return tuple(size for m in module.modules() if isinstance(m, torch.nn.Linear)
-                 for size in (m.out_features,))
-
-
-def _best_time(fn, repeats):
-    """The fastest of ``repeats`` runs: other processes' load only ever adds time."""
-    for _ in range(2):   # warm-up: first calls allocate and start autograd's threads
+def _median_time(fn, repeats):
+    """The median of ``repeats`` runs after two warm-ups (the first calls allocate and start
+    autograd's threads). All ranks of a job profile at once, so the figure includes the
+    ranks' competition for cores, as training will."""
+    for _ in range(2):
         fn()
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
-    return min(times)
+    return statistics.median(times)
 
 
-def profile_layers(model, sample_input, repeats=7):
-    """LayerProfile of every child of a sequential ``model`` on ``sample_input``."""
-    layers = list(model.children()) if isinstance(model, torch.nn.Sequential) else None
-    if not layers:
+def _forward_backward_s(module, x, repeats):
+    """(forward seconds, forward + backward seconds) of ``module`` on ``x``."""
+    x = x.detach().requires_grad_(x.is_floating_point())
+    with torch.no_grad():
+        forward_s = _median_time(lambda: module(x), repeats)
+
+    def forward_backward():
+        out = module(x)
+        if out.requires_grad:
+            out.backward(torch.ones_like(out))
+    both = _median_time(forward_backward, repeats)
+    module.zero_grad(set_to_none=True)
+    return forward_s, both
+
+
+@dataclasses.dataclass
+class _LinearCall:
+    layer: int              # the child it belongs to
+    module: torch.nn.Linear
+    input_shape: tuple
+    input_bytes: int
+    output_bytes: int
+    role: str = ""          # "column", "row" or "" (unpaired: not split)
+
+
+def linear_calls(children, sample_input):
+    """Every Linear called in one forward, in call order, paired column/row as Megatron's
+    tensor parallelism splits them (an odd last Linear stays whole)."""
+    calls, hooks = [], []
+    for index, child in enumerate(children):
+        for module in child.modules():
+            if isinstance(module, torch.nn.Linear):
+                def record(mod, inputs, out, index=index):
+                    calls.append(_LinearCall(index, mod, tuple(inputs[0].shape),
+                                             inputs[0].numel() * inputs[0].element_size(),
+                                             out.numel() * out.element_size()))
+                hooks.append(module.register_forward_hook(record))
+    try:
+        with torch.no_grad():
+            x = sample_input
+            for child in children:
+                x = child(x)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    for column, row in zip(calls[0::2], calls[1::2]):
+        column.role, row.role = "column", "row"
+    return calls
+
+
+def _shard_time(call, rows, tp, repeats):
+    """Forward + backward seconds of ``call``'s Linear on ``rows`` rows, cut ``tp`` ways."""
+    module = call.module
+    inputs, outputs = module.in_features, module.out_features
+    if tp > 1 and call.role == "column":
+        outputs //= tp
+    elif tp > 1 and call.role == "row":
+        inputs //= tp
+    linear = torch.nn.Linear(inputs, outputs, bias=module.bias is not None)
+    x = torch.randn((rows, *call.input_shape[1:-1], inputs))
+    return _forward_backward_s(linear, x, repeats)[1]
+
+
+def _between_pairs(calls):
+    """Layers strictly between a column and its row in another layer: they compute on the
+    column's slice (an activation, say), so tensor parallelism divides them whole."""
+    inside = set()
+    for column, row in zip(calls[0::2], calls[1::2]):
+        inside.update(range(column.layer + 1, row.layer))
+    return inside
+
+
+def _split_time(index, calls, inside, whole, rows, tp, repeats):
+    """Layer ``index``'s forward + backward time on ``rows`` rows at tensor parallel ``tp``."""
+    if tp == 1:
+        return whole
+    if index in inside:
+        return whole / tp
+    mine = [c for c in calls if c.layer == index and c.role]
+    full = sum(_shard_time(c, rows, 1, repeats) for c in mine)
+    cut = sum(_shard_time(c, rows, tp, repeats) for c in mine)
+    return max(whole - full, 0.0) + cut
+
+
+def _run_prefix(children, x):
+    outs = []
+    with torch.no_grad():
+        for child in children:
+            outs.append(x)
+            x = child(x)
+    return outs, x
+
+
+def profile_layers(model, sample_input, sizes=(), repeats=7):
+    """LayerProfile of every child of a sequential ``model`` on ``sample_input`` (the whole
+    batch), and on each (rows, tp) of ``sizes``: the first ``rows`` rows of it, with the
+    paired Linears cut ``tp`` ways (the per-rank work of a layout)."""
+    children = list(model.children()) if isinstance(model, torch.nn.Sequential) else None
+    if not children:
         raise ValueError("plan: the model must be a torch.nn.Sequential (its children are the "
                          "layers that stages are cut between), got "
                          f"{type(model).__name__}")
-    profiles, x = [], sample_input
-    for index, layer in enumerate(layers):
-        x = x.detach().requires_grad_(x.is_floating_point())
+    batch = sample_input.shape[0]
+    calls = linear_calls(children, sample_input)
+    inside = _between_pairs(calls)
+    inputs, _ = _run_prefix(children, sample_input)
+    profiles = []
+    for index, (child, x) in enumerate(zip(children, inputs)):
+        forward_s, both = _forward_backward_s(child, x, repeats)
         with torch.no_grad():
-            forward_s = _best_time(lambda: layer(x), repeats)
-
-        def forward_backward():
-            out = layer(x)
-            if out.requires_grad:
-                out.backward(torch.ones_like(out))
-        both = _best_time(forward_backward, repeats)
-        layer.zero_grad(set_to_none=True)
-        out = layer(x).detach()
-        params = sum(p.numel() * p.element_size() for p in layer.parameters())
-        sizes = _linear_sizes(layer)
+            out = child(x)
+        mine = [c for c in calls if c.layer == index and c.role]
+        split = both if index in inside else sum(_shard_time(c, batch, 1, repeats)
+                                                 for c in mine)
+        messages = [c.output_bytes if c.role == "row" else c.input_bytes for c in mine]
         profiles.append(LayerProfile(
-            name=f"{index}:{type(layer).__name__}", forward_s=forward_s,
+            name=f"{index}:{type(child).__name__}", forward_s=forward_s,
             backward_s=max(both - forward_s, 0.0),
-            activation_bytes=out.numel() * out.element_size(), parameter_bytes=params,
-            splittable=bool(sizes), tp_sizes=sizes))
-        x = out
+            activation_bytes=out.numel() * out.element_size(),
+            parameter_bytes=sum(p.numel() * p.element_size() for p in child.parameters()),
+            splittable=bool(mine) or index in inside,
+            tp_sizes=tuple(c.module.out_features for c in mine if c.role == "column"),
+            split_s=min(split, both), tp_messages=tuple(messages), batch=batch))
+    for rows in sorted({rows for rows, _ in sizes if 0 < rows <= batch}):
+        prefix, _ = _run_prefix(children, sample_input[:rows])
+        for index, (child, x) in enumerate(zip(children, prefix)):
+            whole = _forward_backward_s(child, x, repeats)[1]
+            for tp in sorted({tp for r, tp in sizes if r == rows}):
+                profiles[index].timings[timing_key(rows, tp)] = _split_time(
+                    index, calls, inside, whole, rows, tp, repeats)
     return profiles
-
-
-def measure_link(process_set=None, sizes=(1 << 12, 1 << 22), repeats=10):
-    """Allreduce latency and bus bandwidth of this job's links, timed with the core's
-    allreduce (collective: every rank calls it). Needs at least two ranks."""
-    process_set = process_set or global_process_set
-    ranks = len(set_ranks(process_set))
-    if ranks < 2:
-        raise ValueError("measure_link needs at least two ranks; start the job with "
-                         "horovodlikerun -np 2 or more, or pass link= to plan()")
-    results = []
-    for nbytes in sizes:
-        buffer = torch.zeros(nbytes // 4)
-        for _ in range(2):
-            allreduce_(buffer, op=Sum, name=f"plan.link.{nbytes}",
-                           process_set=process_set)
-        seconds = _best_time(lambda: allreduce_(buffer, op=Sum,
-                                                      name=f"plan.link.{nbytes}",
-                                                      process_set=process_set), repeats)
-        # Every rank uses rank 0's figures, so that every rank plans alike.
-        results.append(broadcast_object(seconds, root_rank=0, name=f"plan.link.t{nbytes}"))
-    (small, t_small), (large, t_large) = zip(sizes, results)
-    moved = 2 * (ranks - 1) / ranks * (large - small)
-    # On a loaded machine both sizes can take the same scheduling delay, and their difference
-    # then says bytes are free; the large message's transfer is taken to need at least a
-    # twentieth of its measured time.
-    bandwidth = moved / max(t_large - t_small, t_large / 20, 1e-9)
-    return LinkProfile(latency_s=t_small, bus_bytes_per_s=bandwidth, ranks=ranks)

@@ -1,0 +1,110 @@
+"""The links the planner models, each an alpha-beta line fitted to the core's own allreduce
+timings: latency (alpha) plus bytes over bus bandwidth (1/beta)."""
+
+import dataclasses
+import statistics
+import time
+
+import numpy as np
+import torch
+
+from horovodlike.common.objects import broadcast_object
+from horovodlike.common.process_sets import global_process_set, set_ranks
+from horovodlike.torch.mpi_ops import Sum, allreduce_
+
+LINK_SIZES = (1 << 12, 1 << 16, 1 << 20, 1 << 22)
+
+
+@dataclasses.dataclass
+class LinkProfile:
+    """An allreduce over ``ranks`` ranks costs ``latency_s + 2(ranks-1)/ranks * bytes /
+    bus_bytes_per_s``; point-to-point costs ``latency_s / 2 + bytes / bus_bytes_per_s``.
+    ``kind`` says which of the core's links it is ("shared memory", "TCP", ...)."""
+    latency_s: float
+    bus_bytes_per_s: float
+    ranks: int = 2
+    kind: str = ""
+
+    def allreduce_s(self, nbytes, ranks):
+        if ranks <= 1 or nbytes == 0:
+            return 0.0
+        # Ring latency grows with the steps: 2(p-1) of them against the measured set's.
+        steps = (ranks - 1) / max(1, self.ranks - 1)
+        return self.latency_s * steps + 2 * (ranks - 1) / ranks * nbytes / self.bus_bytes_per_s
+
+    def gather_s(self, nbytes, ranks):
+        """An allgather of a buffer of ``nbytes`` in all (or a reduce-scatter of one): half an
+        allreduce's steps and bytes, (ranks-1)/ranks of the buffer through each rank."""
+        if ranks <= 1 or nbytes == 0:
+            return 0.0
+        steps = (ranks - 1) / max(1, self.ranks - 1) / 2
+        return self.latency_s * steps + (ranks - 1) / ranks * nbytes / self.bus_bytes_per_s
+
+    def send_s(self, nbytes):
+        return self.latency_s / 2 + nbytes / self.bus_bytes_per_s if nbytes else 0.0
+
+
+def nonnegative_least_squares(a, b):
+    """x >= 0 minimising |a x - b|: scipy's NNLS when installed, else an active set by hand
+    (drop the most negative coefficient and refit)."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    try:
+        from scipy.optimize import nnls
+        return nnls(a, b)[0]
+    except ImportError:
+        keep = list(range(a.shape[1]))
+        while True:
+            x = np.zeros(a.shape[1])
+            x[keep] = np.linalg.lstsq(a[:, keep], b, rcond=None)[0]
+            negative = [i for i in keep if x[i] < 0]
+            if not negative:
+                return x
+            keep.remove(min(negative, key=lambda i: x[i]))
+
+
+def fit_relative(rows, seconds):
+    """Non-negative coefficients c of ``seconds ~ rows @ c`` minimising the relative error, so
+    that a 4 KiB and an 8 MiB message weigh alike; and the fit's median relative error."""
+    a = np.array([[v / t for v in row] for row, t in zip(rows, seconds)])
+    c = nonnegative_least_squares(a, np.ones(len(seconds)))
+    errors = [abs(float(np.dot(row, c)) / t - 1) for row, t in zip(rows, seconds)]
+    return [float(v) for v in c], float(statistics.median(errors))
+
+
+def fit_link(sizes, seconds, ranks, kind=""):
+    """The LinkProfile of allreduce timings ``seconds`` of messages of ``sizes`` bytes over
+    ``ranks`` ranks: latency + 2(p-1)/p x bytes / bandwidth, fitted on relative error."""
+    wire = 2 * (ranks - 1) / ranks
+    (latency, inverse_bandwidth), _ = fit_relative([[1.0, wire * s] for s in sizes], seconds)
+    return LinkProfile(latency_s=latency, bus_bytes_per_s=1 / max(inverse_bandwidth, 1e-15),
+                       ranks=ranks, kind=kind)
+
+
+def _median_time(fn, repeats):
+    for _ in range(2):   # warm-up
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def measure_link(process_set=None, sizes=LINK_SIZES, repeats=10, kind=""):
+    """Times the core's allreduce of each of ``sizes`` bytes over ``process_set`` (collective:
+    every rank calls it) and fits a LinkProfile to rank 0's medians. Needs two ranks or more."""
+    process_set = process_set or global_process_set
+    ranks = len(set_ranks(process_set))
+    if ranks < 2:
+        raise ValueError("measure_link needs at least two ranks; start the job with "
+                         "horovodlikerun -np 2 or more, or pass link= to plan()")
+    seconds = []
+    for nbytes in sizes:
+        buffer = torch.zeros(nbytes // 4)
+        name = f"plan.link.{nbytes}"
+        seconds.append(_median_time(lambda: allreduce_(buffer, op=Sum, name=name,
+                                                       process_set=process_set), repeats))
+    # Every rank uses rank 0's figures, so that every rank plans alike.
+    seconds = broadcast_object(seconds, root_rank=0, name="plan.link.times")
+    return fit_link(sizes, seconds, ranks, kind)
