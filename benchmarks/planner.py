@@ -1,116 +1,98 @@
-"""Is the planner honest? Its predicted step times and ranking against measured step times.
+"""Is the planner right? Its predicted step time of every layout against the measured one.
 
-    python benchmarks/planner.py [--sizes 2,4] [--steps 10]
+    python benchmarks/planner.py --json benchmarks/results/planner.json   # needs root for
+                                                                          # the emulated hosts
 
-For each world size it starts one job (horovodlikerun, one thread per rank). Rank 0 runs
-``hvd.plan`` on the model (profiling its layers in that job, measuring the link with the core's
-allreduce); then every layout the repository can run today (pp = 1: dp x tp, tensor parallel
-with Megatron's column/row layers, data parallel with DistributedOptimizer, pipelines with
-Schedule1F1B on the planner's stage split and micro-batch count) is trained for --steps steps
-and its median step time measured. Prints, per world size, each layout's predicted and measured
-time and rank, and the load average around the run (timings on a shared machine move with it).
+Two models (planner_models.py: an MLP and a small transformer) on 4 ranks, in two setups:
+"one-host" (4 ranks of this machine, shared memory between them) and "two-hosts" (2 emulated
+hosts x 2 ranks, multihost.py's network namespaces joined by a link shaped to --rate with tc
+tbf). In each job every rank first runs ``hvd.calibrate`` (each layer profiled on every input
+size the layouts give a rank, all ranks at once; an alpha-beta line per link from the core's
+allreduce), then ``hvd.plan`` with that calibration; then every candidate layout (replicated
+data parallel: DistributedOptimizer over dp, Megatron's column/row Linears over tp,
+Schedule1F1B on the planner's stage split and micro-batches over pp) is trained for --steps
+timed steps after 3 warm-up ones. Prints each layout's every step, its median, the prediction,
+their ratio, both rankings, and the load average around each job.
 """
 
 import argparse
+import dataclasses
 import json
 import os
-import statistics
+import shlex
 import subprocess
 import sys
 import tempfile
-import time
 
-from source_tree import jobs_pythonpath
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from planner_models import MODELS, build_model, measure, median  # noqa: E402
+from source_tree import jobs_pythonpath  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-D, HIDDEN, BATCH = 512, 2048, 64
+SETUPS = ("one-host", "two-hosts")
 
 
-def build_model(tp_set=None):
-    """Two MLP blocks as a Sequential; with ``tp_set`` the Linears are Megatron's pair."""
-    import torch
-    from horovodlike.torch.parallel import ColumnParallelLinear, RowParallelLinear
-    torch.manual_seed(0)
-    layers = []
-    for _ in range(2):
-        if tp_set is None:
-            layers += [torch.nn.Linear(D, HIDDEN), torch.nn.GELU(), torch.nn.Linear(HIDDEN, D)]
-        else:
-            layers += [ColumnParallelLinear(D, HIDDEN, process_set=tp_set), torch.nn.GELU(),
-                       RowParallelLinear(HIDDEN, D, process_set=tp_set)]
-    return torch.nn.Sequential(*layers)
-
-
-def _train_step(model, optimizer, schedule, stage, x, target):
-    import torch
-    optimizer.zero_grad()
-    if schedule is None:
-        torch.nn.functional.mse_loss(model(x), target).backward()
-    elif stage.is_first:
-        schedule.step(x)
-    elif stage.is_last:
-        schedule.step(target=target)
-    else:
-        schedule.step()
-    optimizer.step()
-
-
-def measure(candidate, steps, x, target):
-    """Trains ``candidate``'s layout (stage split and micro-batches as predicted) for ``steps``
-    steps after 3 warm-up ones; returns the median over steps of the slowest rank's time."""
-    import torch
-    import horovodlike.torch as hvd
-    from horovodlike.torch.pipelining import PipelineStage, Schedule1F1B, split_sequential
-    pp, dp, tp = candidate.pp, candidate.dp, candidate.tp
-    tag = f"{pp}x{dp}x{tp}"  # tensor names take no spaces
-    mesh = hvd.ProcessMesh((pp, dp, tp), ("pp", "dp", "tp"), innermost="tp")
-    model = build_model(mesh.process_set("tp") if tp > 1 else None)
-    schedule = stage = None
-    if pp > 1:
-        balance = [last - first for first, last in candidate.stages]
-        model = split_sequential(model, pp, balance=balance)[mesh.coordinate("pp")]
-        stage = PipelineStage(model, mesh.coordinate("pp"), pp, process_set=mesh.process_set("pp"))
-        schedule = Schedule1F1B(stage, candidate.micro_batches, torch.nn.functional.mse_loss)
-    optimizer = hvd.DistributedOptimizer(
-        torch.optim.SGD(model.parameters(), lr=1e-3),
-        named_parameters=[(f"{tag}.{n}", p) for n, p in model.named_parameters()],
-        process_set=mesh.process_set("dp"),
-        backward_passes_per_step=candidate.micro_batches if pp > 1 else 1)
-    coordinate = mesh.coordinate("dp")
-    rows = slice(coordinate * BATCH // dp, (coordinate + 1) * BATCH // dp)
-    times = []
-    for step in range(steps + 3):
-        hvd.barrier()
-        start = time.perf_counter()
-        _train_step(model, optimizer, schedule, stage, x[rows], target[rows])
-        elapsed = max(hvd.allgather_object(time.perf_counter() - start,
-                                           name=f"time.{tag}"))
-        if step >= 3:
-            times.append(elapsed)
-    return statistics.median(times)
-
-
-def worker(steps, out):
+def worker(args):
     import torch
     import horovodlike.torch as hvd
     torch.set_num_threads(1)
     hvd.init()
-    size = hvd.size()
-    sample = torch.randn(BATCH, D)
-    result = hvd.plan(build_model(), sample, world_size=size, verbose=hvd.rank() == 0)
-    # measure() trains with DistributedOptimizer: the fully_shard layouts are not measured here.
-    result.candidates = [c for c in result.candidates if not c.fsdp]
-    predicted = {c.layout: c.step_s for c in result.candidates}
-    x, target = torch.randn(BATCH, D), torch.randn(BATCH, D)
-    measured = {c.layout: measure(c, steps, x, target) for c in result.candidates}
+    results = {}
+    for name in args.models.split(","):
+        model, sample = build_model(name)
+        calibration = hvd.calibrate(model, sample)
+        result = hvd.plan(model, sample, world_size=hvd.size(), calibration=calibration,
+                          fsdp=False, verbose=hvd.rank() == 0)
+        target = torch.randn_like(model(sample))
+        measured = {}
+        for c in result.candidates:
+            tag = f"{name}.{c.pp}x{c.dp}x{c.tp}"  # tensor names take no spaces
+            measured[c.layout] = measure(c, lambda tp_set: build_model(name, tp_set)[0],
+                                         sample, target, args.steps, tag)
+        results[name] = {
+            "candidates": [dataclasses.asdict(c) for c in result.candidates],
+            "measured_s": measured,
+            "calibration": {"links": {k: dataclasses.asdict(v)
+                                      for k, v in calibration.links.items()},
+                            "layers": [dataclasses.asdict(p) for p in calibration.layers],
+                            "conditions": calibration.conditions}}
     hvd.barrier()
     if hvd.rank() == 0:
-        with open(out, "w") as f:
-            json.dump({"predicted": predicted, "measured": measured,
-                       "stages": {c.layout: c.stages for c in result.candidates},
-                       "micro_batches": {c.layout: c.micro_batches for c in result.candidates},
-                       "link": [result.link.latency_s, result.link.bus_bytes_per_s]}, f)
+        with open(args.out, "w") as f:
+            json.dump(results, f)
     hvd.shutdown()
+
+
+def run_job(worker_argv, setup, rate, timeout, ranks=4, slots=2):
+    """Runs ``worker_argv`` (python arguments) as a job of ``ranks`` ranks: on this machine,
+    or on emulated hosts of ``slots`` ranks joined by links shaped to ``rate``."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=jobs_pythonpath())
+    launch = [sys.executable, "-m", "horovodlike.runner.launch", "-np", str(ranks)]
+    if setup == "one-host":
+        subprocess.run(launch + [sys.executable] + worker_argv, env=env, check=True, cwd=REPO,
+                       timeout=timeout)
+        return None
+    from multihost import IFACE, EmulatedHosts, _base_env, write_fake_ssh
+    if os.geteuid() != 0:
+        raise SystemExit("the two-hosts setup needs root (network namespaces, tc); run with "
+                         "--setups one-host otherwise")
+    hosts = EmulatedHosts(ranks // slots, subnet=232)
+    with tempfile.TemporaryDirectory() as tmp:
+        ssh = write_fake_ssh(tmp, hosts)
+        env = _base_env(tmp)
+        try:
+            hosts.create()
+            hosts.shape(rate)
+            host_list = ",".join(f"{a}:{slots}" for a in hosts.addresses)
+            # The launcher reaches the other hosts with `ssh`: on PATH, multihost's stand-in
+            # that enters a host's namespace.
+            assert os.path.dirname(ssh) in env["PATH"].split(os.pathsep)
+            subprocess.run(hosts.exec_prefix(0) + launch + [
+                "-H", host_list, "--network-interface", IFACE, sys.executable] + worker_argv,
+                env=env, check=True, cwd=REPO, timeout=timeout)
+            return hosts.qdiscs()[0]
+        finally:
+            hosts.destroy()
 
 
 def ranks_of(values):
@@ -118,52 +100,79 @@ def ranks_of(values):
     return {k: order.index(k) + 1 for k in values}
 
 
+def report(setup, name, result):
+    """Prints one model's table; returns (worst |ratio - 1|, best measured in the top two)."""
+    predicted = {f"pp={c['pp']} dp={c['dp']} tp={c['tp']}": c for c in result["candidates"]}
+    measured = {k: median(v) for k, v in result["measured_s"].items()}
+    step = {k: c["step_s"] for k, c in predicted.items()}
+    predicted_rank, measured_rank = ranks_of(step), ranks_of(measured)
+    links = "; ".join(f"{k} ({v['kind']}): {v['latency_s'] * 1e6:.0f} us, "
+                      f"{v['bus_bytes_per_s'] / 1e9:.3f} GB/s"
+                      for k, v in result["calibration"]["links"].items())
+    print(f"\n{setup}, {name} ({MODELS[name][0]}, global batch {MODELS[name][1]}); links: "
+          f"{links}; load at calibration "
+          f"{result['calibration']['conditions']['load_average'][0]:.1f}")
+    print(f"{'layout':<18} {'stages':<14} {'mb':>3} {'predicted ms':>12} {'measured ms':>11} "
+          f"{'meas/pred':>9} {'pred. rank':>10} {'meas. rank':>10}  every step (ms)")
+    worst = 0.0
+    for layout in sorted(step, key=step.get):
+        c, m = predicted[layout], measured[layout]
+        worst = max(worst, abs(m / step[layout] - 1))
+        stages = " ".join(f"{a}-{b - 1}" for a, b in c["stages"])
+        steps = " ".join(f"{t * 1e3:.1f}" for t in result["measured_s"][layout])
+        print(f"{layout:<18} {stages:<14} {c['micro_batches']:>3} {step[layout] * 1e3:>12.2f} "
+              f"{m * 1e3:>11.2f} {m / step[layout]:>9.2f} {predicted_rank[layout]:>10} "
+              f"{measured_rank[layout]:>10}  {steps}")
+    best = min(measured, key=measured.get)
+    top_two = predicted_rank[best] <= 2
+    print(f"best measured: {best} (predicted rank {predicted_rank[best]}); largest "
+          f"|measured/predicted - 1|: {worst:.0%}")
+    return worst, top_two
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default="2,4")
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--worker", action="store_true")
-    parser.add_argument("--out")
-    parser.add_argument("--json", help="write the raw figures of every world size here")
+    parser.add_argument("--models", default="mlp,transformer")
+    parser.add_argument("--setups", default=",".join(SETUPS))
+    parser.add_argument("--rate", default="1gbit", help="the two-hosts link (tc rate)")
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--timeout", type=float, default=1200, help="seconds per job")
+    parser.add_argument("--json", help="write every figure here")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        return worker(args.steps, args.out)
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    env["PYTHONPATH"] = jobs_pythonpath()
-    raw = {"load_before": os.getloadavg(), "cores": os.cpu_count(), "sizes": {}}
-    print(f"model: 2 x (Linear({D}, {HIDDEN}), GELU, Linear({HIDDEN}, {D})), global batch "
-          f"{BATCH}, SGD; one thread per rank\n")
-    print(f"{'ranks':>5}  {'layout':<18} {'predicted ms':>12} {'measured ms':>12} "
-          f"{'pred. rank':>10} {'meas. rank':>10}")
-    for size in [int(s) for s in args.sizes.split(",")]:
+        return worker(args)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
+                            capture_output=True, text=True).stdout.strip()
+    command = "python benchmarks/planner.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    print(f"{command}\ncommit {commit}; {os.cpu_count()} cores; one thread per rank",
+          flush=True)
+    raw = {"command": command, "commit": commit, "cores": os.cpu_count(), "setups": {}}
+    verdicts = []
+    for setup in args.setups.split(","):
         with tempfile.TemporaryDirectory() as tmp:
             out = os.path.join(tmp, "result.json")
-            subprocess.run([sys.executable, "-m", "horovodlike.runner.launch", "-np", str(size),
-                            sys.executable, os.path.abspath(__file__), "--worker", "--out", out,
-                            "--steps", str(args.steps)], env=env, check=True, cwd=REPO,
-                           stdout=subprocess.DEVNULL)
+            before = os.getloadavg()
+            qdisc = run_job([os.path.abspath(__file__), "--worker", "--out", out, "--models",
+                             args.models, "--steps", str(args.steps)], setup, args.rate,
+                            args.timeout)
+            after = os.getloadavg()
             with open(out) as f:
-                result = json.load(f)
-        raw["sizes"][size] = result
-        predicted, measured = result["predicted"], result["measured"]
-        both = {k: predicted[k] for k in measured if k in predicted}
-        predicted_rank, measured_rank = ranks_of(both), ranks_of(measured)
-        for layout in sorted(predicted, key=predicted.get):
-            m = measured.get(layout)
-            print(f"{size:>5}  {layout:<18} {predicted[layout] * 1e3:>12.2f} "
-                  f"{m * 1e3 if m else float('nan'):>12.2f} "
-                  f"{predicted_rank.get(layout, '-'):>10} {measured_rank.get(layout, '-'):>10}")
-        n = len(measured)
-        rho = 1 - 6 * sum((predicted_rank[k] - measured_rank[k]) ** 2 for k in measured) / (
-            n * (n * n - 1)) if n > 1 else 1.0
-        print(f"       best predicted: {min(both, key=both.get)}; best measured: "
-              f"{min(measured, key=measured.get)}; Spearman rank correlation {rho:.2f}")
-        latency, bandwidth = result["link"]
-        print(f"       link measured in the job: {latency * 1e6:.0f} us, "
-              f"{bandwidth / 1e9:.2f} GB/s bus bandwidth\n")
-    raw["load_after"] = os.getloadavg()
-    print("load average (1, 5, 15 min) before: {:.1f} {:.1f} {:.1f}, after: {:.1f} {:.1f} {:.1f}; "
-          "{} cores".format(*raw["load_before"], *raw["load_after"], raw["cores"]))
+                results = json.load(f)
+        raw["setups"][setup] = {"load_before": before, "load_after": after, "qdisc": qdisc,
+                                "rate": args.rate if qdisc else None, "models": results}
+        print(f"\n== {setup}" + (f" ({args.rate} link between the hosts: {qdisc})"
+                                 if qdisc else "")
+              + f"; load average before {before[0]:.1f} {before[1]:.1f} {before[2]:.1f}, "
+              f"after {after[0]:.1f} {after[1]:.1f} {after[2]:.1f}")
+        for name, result in results.items():
+            verdicts.append((setup, name, *report(setup, name, result)))
+    print("\nsummary (goal: every layout within 25%, the best measured among the planner's "
+          "top two)")
+    for setup, name, worst, top_two in verdicts:
+        print(f"  {setup:<10} {name:<12} largest error {worst:>5.0%}  "
+              f"best measured in the top two: {'yes' if top_two else 'no'}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(raw, f, indent=1)

@@ -12,7 +12,7 @@ from conftest import WORKERS, assert_all_ranks, job_env, launch
 from horovodlike.torch.planner import (Calibration, LayerProfile, LinkProfile, fit_link, plan,
                                        profile_layers)
 from horovodlike.torch.planner.calibration import layout_sizes
-from horovodlike.torch.planner.cost_model import layer_compute_s
+from horovodlike.torch.planner.cost_model import layer_compute_s, links_by_dimension
 
 MB = 1 << 20
 LINK = LinkProfile(latency_s=0.0, bus_bytes_per_s=1e9)
@@ -190,10 +190,28 @@ def test_gradient_allreduce_overlaps_the_backward_as_the_optimizer_does():
     # 4 rows; each allreduces 3 MB (3 ms at 1e9 B/s bus bandwidth over 2 ranks). The last
     # layer's allreduce starts at 1 ms and ends at 4, the first's runs 4..7: step 7 ms
     # (2 of compute, 5 left after it), where not overlapping would take 2 + 6.
+    # Without a core to spare for the allreduce (overlap=False) it all follows the backward.
     profile = [LayerProfile(str(i), 0.0, 0.002, 1024, 3_000_000, False) for i in range(2)]
-    replicated = layout(run(profile, 2), "pp=1 dp=2 tp=1")
+    replicated = layout(run(profile, 2, overlap=True), "pp=1 dp=2 tp=1")
     assert replicated.step_s == pytest.approx(0.007)
     assert replicated.compute_s == pytest.approx(0.002)
+    serial = layout(run(profile, 2, overlap=False), "pp=1 dp=2 tp=1")
+    assert serial.step_s == pytest.approx(0.008)
+
+
+def test_lines_leaving_a_host_share_its_wire():
+    # 2 hosts x 2 ranks, the link between them measured by both of a host's ranks at once
+    # (sharing 2): 1e8 B/s each. dp=4 (ranks 0-3, one line) has the wire alone: 2e8; dp=2 x
+    # tp=2 has two dp lines ({0, 2} and {1, 3}) through it: 1e8 each; tp stays inside.
+    inside = LinkProfile(1e-5, 1e10)
+    between = LinkProfile(1e-4, 1e8, sharing=2)
+    alone = links_by_dimension(inside, between, 2, 1, 4, 1)
+    assert alone["dp"].bus_bytes_per_s == pytest.approx(2e8) and alone["pp"] is inside
+    pairs = links_by_dimension(inside, between, 2, 1, 2, 2)
+    assert pairs["dp"].bus_bytes_per_s == pytest.approx(1e8) and pairs["tp"] is inside
+    piped = links_by_dimension(inside, between, 2, 2, 2, 1)
+    assert piped["pp"].bus_bytes_per_s == pytest.approx(1e8) and piped["dp"] is inside
+    assert piped["pp"].latency_s == 1e-4
 
 
 class Pair(torch.nn.Module):

@@ -18,6 +18,7 @@ step times.
 """
 
 import dataclasses
+import os
 
 import torch
 
@@ -96,10 +97,10 @@ def _slots_per_host(hosts, world_size):
 
 
 def _from_calibration(calibration, hosts, link, inter_host_link, layers):
-    """(hosts, link, inter_host_link, layers) with what ``calibration`` (a Calibration or the
-    path of one) measured filling those not given."""
+    """(calibration, hosts, link, inter_host_link, layers) with what ``calibration`` (a
+    Calibration or the path of one, loaded) measured filling those not given."""
     if calibration is None:
-        return hosts, link, inter_host_link, layers
+        return None, hosts, link, inter_host_link, layers
     if isinstance(calibration, (str, bytes)) or hasattr(calibration, "__fspath__"):
         calibration = Calibration.load(calibration)
     if not isinstance(calibration, Calibration):
@@ -108,13 +109,13 @@ def _from_calibration(calibration, hosts, link, inter_host_link, layers):
     if hosts is None and calibration.slots_per_host:
         hosts = [calibration.slots_per_host] * (calibration.world_size
                                                 // calibration.slots_per_host)
-    return (hosts, link or calibration.links.get("inside"),
+    return (calibration, hosts, link or calibration.links.get("inside"),
             inter_host_link or calibration.links.get("between"), layers or calibration.layers)
 
 
 def plan(model, sample_input, world_size, hosts=None, link=None, inter_host_link=None,
          micro_batches=None, optimizer_state_factor=2, memory_limit=None, layers=None,
-         calibration=None, fsdp=True, verbose=True):
+         calibration=None, fsdp=True, overlap=None, verbose=True):
     """Ranks every (pp, dp, tp) layout of ``world_size`` ranks for ``model`` (a
     ``torch.nn.Sequential``) trained on batches like ``sample_input`` (the global batch).
 
@@ -127,7 +128,10 @@ def plan(model, sample_input, world_size, hosts=None, link=None, inter_host_link
     which sends more per step but holds 1/dp of the parameters, gradients and optimizer
     state (``fsdp=False`` leaves those out). ``layers``: LayerProfiles to use instead of
     profiling. ``calibration``: a Calibration from ``calibrate()`` or the file it saved; its
-    layers, links and hosts are used where those arguments are not given.
+    layers, links and hosts are used where those arguments are not given. ``overlap``: whether
+    the gradient allreduce runs while the backward computes; by default when each rank of a
+    host has a core for its compute and one for the core's background thread (the
+    calibration's core count, else this machine's).
     Inside a job of ``world_size`` ranks rank 0's measurements are used by every rank and the
     best layout's ProcessMesh is built (``Plan.mesh``). Prints the table when ``verbose``.
     """
@@ -137,8 +141,9 @@ def plan(model, sample_input, world_size, hosts=None, link=None, inter_host_link
         raise ValueError("plan: sample_input must be a tensor whose first dimension is the "
                          f"global batch, got {getattr(sample_input, 'shape', sample_input)!r}")
     in_job = basics.is_initialized() and basics.size() > 1
-    hosts, link, inter_host_link, layers = _from_calibration(calibration, hosts, link,
-                                                             inter_host_link, layers)
+    calibration, hosts, link, inter_host_link, layers = _from_calibration(
+        calibration, hosts, link, inter_host_link, layers)
+    cores = (calibration and calibration.conditions.get("cpus")) or os.cpu_count()
     if layers is None:
         layers = profile_layers(model, sample_input)
         if in_job:
@@ -156,6 +161,8 @@ def plan(model, sample_input, world_size, hosts=None, link=None, inter_host_link
                          f"{sorted(measured_on)} rows but sample_input has {batch}; calibrate "
                          "again on this batch")
     slots = _slots_per_host(hosts, world_size)
+    if overlap is None:
+        overlap = cores >= 2 * (slots or world_size)
     candidates, rejected = [], []
     for pp, dp, tp in factorisations(world_size):
         reason = why_not(layers, pp, dp, tp, batch)
@@ -165,7 +172,8 @@ def plan(model, sample_input, world_size, hosts=None, link=None, inter_host_link
         links = links_by_dimension(link, inter_host_link or link, slots, pp, dp, tp)
         for sharded in (False, True) if dp > 1 and fsdp else (False,):
             candidates.append(predict(layers, links, pp, dp, tp, batch, micro_batches,
-                                      optimizer_state_factor, memory_limit, fsdp=sharded))
+                                      optimizer_state_factor, memory_limit, fsdp=sharded,
+                                      overlap=overlap))
     if not candidates:
         raise ValueError(f"plan: no layout of {world_size} ranks fits this model: {rejected}")
     candidates.sort(key=lambda c: (not c.fits, c.step_s, c.memory_bytes))

@@ -80,7 +80,9 @@ def measure_links():
     from horovodlike.torch.process_mesh import ProcessMesh
     mesh = ProcessMesh((len(slots), slots[0]), ("host", "local"))
     inside = measure_link(mesh.process_set("local"), kind=inside_kind)
-    between = measure_link(mesh.process_set("host"), kind="TCP between hosts")
+    # Every local rank's line of hosts measures at once: slots lines share each host's wire.
+    between = measure_link(mesh.process_set("host"), kind="TCP between hosts",
+                           sharing=slots[0])
     return {"inside": inside, "between": between}, slots[0]
 
 

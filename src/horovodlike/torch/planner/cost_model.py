@@ -89,14 +89,27 @@ def why_not(layers, pp, dp, tp, batch):
     return None
 
 
+def lines_per_host(slots_per_host, stride, size):
+    """How many lines of a dimension (``size`` ranks ``stride`` apart) have a rank on one
+    host of ``slots_per_host`` consecutive ranks: the lines that share its wire."""
+    members = min(size, max(1, slots_per_host // stride))
+    return max(1, slots_per_host // members)
+
+
 def links_by_dimension(link, inter_host_link, slots_per_host, pp, dp, tp):
     """The link each dimension's lines use: ranks are laid out tp fastest, then dp, then pp
     (as ProcessMesh((pp, dp, tp)) does), so a line leaves its host when it spans more
-    consecutive ranks than a host has slots."""
+    consecutive ranks than a host has slots; then every line of that dimension with a rank
+    on the host shares the host's wire."""
     stride = {"tp": 1, "dp": tp, "pp": tp * dp}
     sizes = {"tp": tp, "dp": dp, "pp": pp}
-    return {dim: (inter_host_link if slots_per_host and stride[dim] * sizes[dim] >
-                  slots_per_host and sizes[dim] > 1 else link) for dim in sizes}
+    links = {}
+    for dim in sizes:
+        leaves = slots_per_host and stride[dim] * sizes[dim] > slots_per_host and sizes[dim] > 1
+        links[dim] = (inter_host_link.shared_by(lines_per_host(slots_per_host, stride[dim],
+                                                               sizes[dim]))
+                      if leaves else link)
+    return links
 
 
 def micro_batch_count(pp, per_replica, micro_batches=None):
@@ -139,12 +152,16 @@ def stage_parameter_bytes(layers, tp):
     return sum(layer.parameter_bytes / (tp if layer.splittable else 1) for layer in layers)
 
 
-def gradient_sync_s(layers, link, rows, dp, tp):
+def gradient_sync_s(layers, link, rows, dp, tp, overlap=True):
     """Seconds the gradient allreduce over dp runs on after the last backward of ``layers``
     (on ``rows`` rows) ends: each layer's allreduce starts when its backward is done and the
-    previous allreduce has finished."""
+    previous allreduce has finished. Without ``overlap`` (no core free for the core's
+    background thread while the backward computes) they all run after it."""
     if dp <= 1:
         return 0.0
+    if not overlap:
+        return sum(link.allreduce_s(stage_parameter_bytes([layer], tp), dp)
+                   for layer in layers if layer.parameter_bytes)
     clock = link_free = 0.0
     for layer in reversed(layers):
         clock += layer_compute_s(layer, rows, tp) * backward_share(layer)
@@ -179,10 +196,11 @@ def stage_memory_bytes(layers, dp, tp, pp, micro_batches, state_factor, fsdp):
 
 
 def predict(layers, links, pp, dp, tp, batch, micro_batches=None, state_factor=2,
-            memory_limit=None, fsdp=False):
+            memory_limit=None, fsdp=False, overlap=True):
     """The Candidate for one layout, with the stage split that balances the per-micro-batch
     time. ``links`` maps "pp", "dp", "tp" to the LinkProfile their lines use; ``fsdp``: dp
-    shards the parameters (fully_shard on each layer) instead of replicating them."""
+    shards the parameters (fully_shard on each layer) instead of replicating them;
+    ``overlap``: the gradient allreduce runs during the backward (see gradient_sync_s)."""
     # A profile without its batch size was measured on this batch.
     layers = [layer if layer.batch else dataclasses.replace(layer, batch=batch)
               for layer in layers]
@@ -203,7 +221,7 @@ def predict(layers, links, pp, dp, tp, batch, micro_batches=None, state_factor=2
             sync, nbytes = fsdp_sync_s(params, links["dp"], dp, m)
             ahead = 0.0
         else:
-            sync, nbytes = gradient_sync_s(stage, links["dp"], rows, dp, tp), \
+            sync, nbytes = gradient_sync_s(stage, links["dp"], rows, dp, tp, overlap), \
                 2 * params * (dp - 1) / dp
             backward = max(sum(layer_compute_s(layer, rows, tp) * backward_share(layer)
                                for layer in layers[a:b]) for a, b in stages)

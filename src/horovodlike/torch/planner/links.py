@@ -19,11 +19,19 @@ LINK_SIZES = (1 << 12, 1 << 16, 1 << 20, 1 << 22)
 class LinkProfile:
     """An allreduce over ``ranks`` ranks costs ``latency_s + 2(ranks-1)/ranks * bytes /
     bus_bytes_per_s``; point-to-point costs ``latency_s / 2 + bytes / bus_bytes_per_s``.
-    ``kind`` says which of the core's links it is ("shared memory", "TCP", ...)."""
+    ``kind`` says which of the core's links it is ("shared memory", "TCP", ...);
+    ``sharing``: how many lines of ranks used it at once when it was measured (each line then
+    had 1/sharing of the wire)."""
     latency_s: float
     bus_bytes_per_s: float
     ranks: int = 2
     kind: str = ""
+    sharing: int = 1
+
+    def shared_by(self, lines):
+        """This link as each of ``lines`` lines of ranks using it at once sees it."""
+        return dataclasses.replace(self, bus_bytes_per_s=self.bus_bytes_per_s * self.sharing
+                                   / lines, sharing=lines)
 
     def allreduce_s(self, nbytes, ranks):
         if ranks <= 1 or nbytes == 0:
@@ -71,13 +79,13 @@ def fit_relative(rows, seconds):
     return [float(v) for v in c], float(statistics.median(errors))
 
 
-def fit_link(sizes, seconds, ranks, kind=""):
+def fit_link(sizes, seconds, ranks, kind="", sharing=1):
     """The LinkProfile of allreduce timings ``seconds`` of messages of ``sizes`` bytes over
     ``ranks`` ranks: latency + 2(p-1)/p x bytes / bandwidth, fitted on relative error."""
     wire = 2 * (ranks - 1) / ranks
     (latency, inverse_bandwidth), _ = fit_relative([[1.0, wire * s] for s in sizes], seconds)
     return LinkProfile(latency_s=latency, bus_bytes_per_s=1 / max(inverse_bandwidth, 1e-15),
-                       ranks=ranks, kind=kind)
+                       ranks=ranks, kind=kind, sharing=sharing)
 
 
 def _median_time(fn, repeats):
@@ -91,9 +99,10 @@ def _median_time(fn, repeats):
     return statistics.median(times)
 
 
-def measure_link(process_set=None, sizes=LINK_SIZES, repeats=10, kind=""):
+def measure_link(process_set=None, sizes=LINK_SIZES, repeats=10, kind="", sharing=1):
     """Times the core's allreduce of each of ``sizes`` bytes over ``process_set`` (collective:
-    every rank calls it) and fits a LinkProfile to rank 0's medians. Needs two ranks or more."""
+    every rank calls it) and fits a LinkProfile to rank 0's medians. Needs two ranks or more.
+    ``sharing``: the number of sets measuring over the same wire at once."""
     process_set = process_set or global_process_set
     ranks = len(set_ranks(process_set))
     if ranks < 2:
@@ -107,4 +116,4 @@ def measure_link(process_set=None, sizes=LINK_SIZES, repeats=10, kind=""):
                                                        process_set=process_set), repeats))
     # Every rank uses rank 0's figures, so that every rank plans alike.
     seconds = broadcast_object(seconds, root_rank=0, name="plan.link.times")
-    return fit_link(sizes, seconds, ranks, kind)
+    return fit_link(sizes, seconds, ranks, kind, sharing)
