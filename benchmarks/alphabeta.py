@@ -38,6 +38,12 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from allreduce import format_size, parse_size  # noqa: E402
 
+from source_tree import jobs_pythonpath  # noqa: E402
+
+# This checkout's source tree first when its core is built there (as its jobs get it).
+sys.path[:0] = [p for p in jobs_pythonpath({}).split(os.pathsep) if p]
+from horovodlike.torch.planner.links import fit_relative  # noqa: E402
+
 MPI_RECURSIVE_DOUBLING_BELOW = 10000  # Open MPI 4's allreduce "intermediate message"
 PREDICT_RANKS = [16, 32, 64, 128, 256, 512, 1024]
 PREDICT_SIZES = [parse_size(s) for s in ("4K", "16K", "64K", "256K", "1M", "4M", "16M", "64M",
@@ -54,33 +60,17 @@ def terms(algorithm: str, n: int, hosts: int, nbytes: int) -> tuple[float, float
     return 2 * (n - 1), 2 * (n - 1) / n
 
 
-def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    try:
-        from scipy.optimize import nnls as scipy_nnls
-        return scipy_nnls(a, b)[0]
-    except ImportError:  # an active set by hand: drop negative coefficients and refit
-        keep = list(range(a.shape[1]))
-        while True:
-            x = np.zeros(a.shape[1])
-            x[keep] = np.linalg.lstsq(a[:, keep], b, rcond=None)[0]
-            negative = [i for i in keep if x[i] < 0]
-            if not negative:
-                return x
-            keep.remove(negative[0])
-
-
 def fit(points: list[tuple[int, int, int, float]], algorithm: str) -> dict:
-    """points: (ranks, hosts, bytes, seconds). Returns c, alpha, beta and the fit's error."""
-    rows, targets = [], []
-    for n, h, s, t in points:
+    """points: (ranks, hosts, bytes, seconds). Returns c, alpha, beta and the fit's error,
+    fitted as the planner fits its links (horovodlike.torch.planner.links.fit_relative)."""
+    rows = []
+    for n, h, s, _ in points:
         steps, wire = terms(algorithm, n, h, s)
-        rows.append([1.0 / t, steps / t, s * wire / t])
-        targets.append(1.0)
-    c, alpha, beta = nnls(np.array(rows), np.array(targets))
+        rows.append([1.0, steps, s * wire])
+    (c, alpha, beta), median_error = fit_relative(rows, [t for *_, t in points])
     errors = [abs(predict({"c": c, "alpha": alpha, "beta": beta}, algorithm, n, h, s) / t - 1)
               for n, h, s, t in points]
-    return {"c": float(c), "alpha": float(alpha), "beta": float(beta),
-            "median_rel_error": float(statistics.median(errors)),
+    return {"c": c, "alpha": alpha, "beta": beta, "median_rel_error": median_error,
             "max_rel_error": float(max(errors))}
 
 

@@ -11,6 +11,8 @@ MODELS = {
     # name: (description, global batch)
     "mlp": ("2 x (Linear(512, 2048), GELU, Linear(2048, 512))", 64),
     "transformer": ("2 pre-norm blocks (attention, MLP), d 256, 4 heads, sequence 32", 16),
+    "bert-small": ("BERT-shaped: 4 pre-norm blocks (attention, MLP), d 384, 6 heads, "
+                   "sequence 32", 8),
 }
 
 
@@ -76,7 +78,9 @@ def build_model(name, tp_set=None):
             layers += [_linear("column", 512, 2048, tp_set), torch.nn.GELU(),
                        _linear("row", 2048, 512, tp_set)]
         return torch.nn.Sequential(*layers), torch.randn(batch, 512)
-    return transformer(2, 256, 4, tp_set), torch.randn(batch, 32, 256)
+    if name == "transformer":
+        return transformer(2, 256, 4, tp_set), torch.randn(batch, 32, 256)
+    return transformer(4, 384, 6, tp_set), torch.randn(batch, 32, 384)
 
 
 def _train_step(model, optimizer, schedule, stage, x, target):
@@ -118,8 +122,8 @@ def build_layout(candidate, make_model, tag):
 
 def measure(candidate, make_model, x, target, steps, tag, on_step=None):
     """Trains ``candidate``'s layout for ``steps`` steps after 3 warm-up ones; returns every
-    timed step's seconds (the slowest rank's). ``on_step(step)`` runs before each timed step
-    and once after the last (for byte counters)."""
+    timed step's seconds (the slowest rank's). ``on_step()`` runs before the first timed step
+    and after the last (to read byte counters)."""
     import horovodlike.torch as hvd
     model, optimizer, schedule, stage, mesh = build_layout(candidate, make_model, tag)
     dp = candidate.dp
@@ -129,8 +133,8 @@ def measure(candidate, make_model, x, target, steps, tag, on_step=None):
     times = []
     for step in range(steps + 3):
         hvd.barrier()
-        if on_step and step >= 3:
-            on_step(step)
+        if on_step and step == 3:
+            on_step()
         start = time.perf_counter()
         _train_step(model, optimizer, schedule, stage, x[rows], target[rows])
         elapsed = max(hvd.allgather_object(time.perf_counter() - start, name=f"time.{tag}"))
@@ -138,7 +142,7 @@ def measure(candidate, make_model, x, target, steps, tag, on_step=None):
             times.append(elapsed)
     hvd.barrier()
     if on_step:
-        on_step(steps + 3)
+        on_step()
     return times
 
 
