@@ -125,6 +125,11 @@ def measure(candidate, make_model, x, target, steps, tag, on_step=None):
     timed step's seconds (the slowest rank's). ``on_step()`` runs before the first timed step
     and after the last (to read byte counters)."""
     import horovodlike.torch as hvd
+    # A fresh start for every layout: unnamed collectives (the tensor-parallel layers') are
+    # numbered per process, and the stages of a pipelined layout make different numbers of
+    # them, which the next layout's sets would otherwise inherit.
+    hvd.shutdown()
+    hvd.init()
     model, optimizer, schedule, stage, mesh = build_layout(candidate, make_model, tag)
     dp = candidate.dp
     coordinate = mesh.coordinate("dp")
