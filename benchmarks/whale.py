@@ -11,7 +11,7 @@ inside each, send about 27 MB of activations. Here: a scaled-down BERT-shaped mo
 joined by a link shaped to --rate. Both layouts are trained; for each: the step time and the
 bytes through the first host's end of the slow link (its veth's received + sent bytes, from
 /proc/net/dev inside its namespace) per step, beside the planner's prediction from its own
-calibration, and which layout the planner picks.
+calibration, and which layout the planner picks (measured too when it is neither).
 """
 
 import argparse
@@ -45,18 +45,25 @@ def link_bytes():
 
 
 def predicted_link_bytes(candidate, calibration, slots):
-    """Bytes the model says cross the first host's link per step (both directions): data
-    parallel across the hosts, a flat ring crosses it with 2(N-1)/N of the gradients each
-    way; a pipeline sends each boundary activation between stages on different hosts one
-    way and its gradient back (the whole batch's: every replica's micro-batches)."""
-    layers = calibration.layers
-    if candidate.pp == 1:
-        gradients = sum(layer.parameter_bytes for layer in layers)
-        return 2 * 2 * (candidate.dp - 1) / candidate.dp * gradients
-    host = [s * candidate.dp * candidate.tp // slots for s in range(candidate.pp)]
-    return 2 * sum(layers[last - 1].activation_bytes
-                   for s, (_, last) in enumerate(candidate.stages[:-1])
-                   if host[s] != host[s + 1])
+    """Bytes the model says cross the first host's link per step (both directions). A line of
+    n ranks that leaves the host runs a ring crossing the link once each way with 2(n-1)/n of
+    its message, and every such line with a rank on the host does so at once (data parallel:
+    the gradients, / tp; tensor parallel: the pairs' activations); a pipeline sends each
+    boundary activation between stages on different hosts one way and its gradient back."""
+    from horovodlike.torch.planner.cost_model import lines_per_host
+    layers, pp, dp, tp = calibration.layers, candidate.pp, candidate.dp, candidate.tp
+    if pp > 1:
+        host = [s * dp * tp // slots for s in range(pp)]
+        return 2 * sum(layers[last - 1].activation_bytes
+                       for s, (_, last) in enumerate(candidate.stages[:-1])
+                       if host[s] != host[s + 1])
+    crossing = 0.0
+    if dp * tp > slots and dp > 1:
+        ring = 2 * (dp - 1) / dp * sum(layer.parameter_bytes for layer in layers) / tp
+        crossing += lines_per_host(slots, tp, dp) * ring
+    if tp > slots:
+        crossing += 2 * (tp - 1) / tp * sum(sum(layer.tp_messages) for layer in layers)
+    return 2 * crossing
 
 
 def worker(args):
@@ -71,7 +78,7 @@ def worker(args):
     target = torch.randn_like(model(sample))
     by_layout = {c.layout: c for c in result.candidates}
     rows = {}
-    for layout in (DATA_PARALLEL, PIPELINE):
+    for layout in dict.fromkeys((DATA_PARALLEL, PIPELINE, result.best.layout)):
         c = by_layout[layout]
         counters = []
         times = measure(c, lambda tp_set: build_model(MODEL, tp_set)[0], sample, target,

@@ -12,7 +12,7 @@ from horovodlike.common.objects import broadcast_object
 from horovodlike.common.process_sets import global_process_set, set_ranks
 from horovodlike.torch.mpi_ops import Sum, allreduce_
 
-LINK_SIZES = (1 << 12, 1 << 16, 1 << 20, 1 << 22)
+LINK_SIZES = (1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24)
 
 
 @dataclasses.dataclass
@@ -21,12 +21,13 @@ class LinkProfile:
     bus_bytes_per_s``; point-to-point costs ``latency_s / 2 + bytes / bus_bytes_per_s``.
     ``kind`` says which of the core's links it is ("shared memory", "TCP", ...);
     ``sharing``: how many lines of ranks used it at once when it was measured (each line then
-    had 1/sharing of the wire)."""
+    had 1/sharing of the wire); ``samples``: the [bytes, seconds] it was fitted to."""
     latency_s: float
     bus_bytes_per_s: float
     ranks: int = 2
     kind: str = ""
     sharing: int = 1
+    samples: list = dataclasses.field(default_factory=list)
 
     def shared_by(self, lines):
         """This link as each of ``lines`` lines of ranks using it at once sees it."""
@@ -85,7 +86,8 @@ def fit_link(sizes, seconds, ranks, kind="", sharing=1):
     wire = 2 * (ranks - 1) / ranks
     (latency, inverse_bandwidth), _ = fit_relative([[1.0, wire * s] for s in sizes], seconds)
     return LinkProfile(latency_s=latency, bus_bytes_per_s=1 / max(inverse_bandwidth, 1e-15),
-                       ranks=ranks, kind=kind, sharing=sharing)
+                       ranks=ranks, kind=kind, sharing=sharing,
+                       samples=[[int(n), float(t)] for n, t in zip(sizes, seconds)])
 
 
 def _median_time(fn, repeats):
