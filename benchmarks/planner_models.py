@@ -11,7 +11,7 @@ MODELS = {
     # name: (description, global batch)
     "mlp": ("2 x (Linear(512, 2048), GELU, Linear(2048, 512))", 64),
     "transformer": ("2 pre-norm blocks (attention, MLP), d 256, 4 heads, sequence 32", 16),
-    "bert-small": ("BERT-shaped: 4 pre-norm blocks (attention, MLP), d 384, 6 heads, "
+    "bert-small": ("BERT-shaped: 4 pre-norm blocks (attention, MLP), d 384, 8 heads, "
                    "sequence 16", 8),
 }
 
@@ -80,7 +80,7 @@ def build_model(name, tp_set=None):
         return torch.nn.Sequential(*layers), torch.randn(batch, 512)
     if name == "transformer":
         return transformer(2, 256, 4, tp_set), torch.randn(batch, 32, 256)
-    return transformer(4, 384, 6, tp_set), torch.randn(batch, 16, 384)
+    return transformer(4, 384, 8, tp_set), torch.randn(batch, 16, 384)
 
 
 def _train_step(model, optimizer, schedule, stage, x, target):
