@@ -80,9 +80,11 @@ def measure_links():
     from horovodlike.torch.process_mesh import ProcessMesh
     mesh = ProcessMesh((len(slots), slots[0]), ("host", "local"))
     inside = measure_link(mesh.process_set("local"), kind=inside_kind)
-    # Every local rank's line of hosts measures at once: slots lines share each host's wire.
-    between = measure_link(mesh.process_set("host"), kind="TCP between hosts",
-                           sharing=slots[0])
+    # One line of hosts (the first local rank's) measures alone, so that it has the wire to
+    # itself; the others wait for its figures.
+    between = (measure_link(mesh.process_set("host"), kind="TCP between hosts", share=False)
+               if mesh.coordinate("local") == 0 else None)
+    between = broadcast_object(between, root_rank=0, name="plan.link.between")
     return {"inside": inside, "between": between}, slots[0]
 
 

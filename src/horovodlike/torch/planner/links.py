@@ -101,9 +101,11 @@ def _median_time(fn, repeats):
     return statistics.median(times)
 
 
-def measure_link(process_set=None, sizes=LINK_SIZES, repeats=10, kind="", sharing=1):
-    """Times the core's allreduce of each of ``sizes`` bytes over ``process_set`` (collective:
-    every rank calls it) and fits a LinkProfile to rank 0's medians. Needs two ranks or more.
+def measure_link(process_set=None, sizes=LINK_SIZES, repeats=10, kind="", sharing=1,
+                 share=True):
+    """Times the core's allreduce of each of ``sizes`` bytes over ``process_set`` (collective
+    over the set) and fits a LinkProfile to the medians: with ``share`` (every rank of the
+    job calls it) every rank gets rank 0's, else each rank its own. Needs two ranks or more.
     ``sharing``: the number of sets measuring over the same wire at once."""
     process_set = process_set or global_process_set
     ranks = len(set_ranks(process_set))
@@ -116,6 +118,6 @@ def measure_link(process_set=None, sizes=LINK_SIZES, repeats=10, kind="", sharin
         name = f"plan.link.{nbytes}"
         seconds.append(_median_time(lambda: allreduce_(buffer, op=Sum, name=name,
                                                        process_set=process_set), repeats))
-    # Every rank uses rank 0's figures, so that every rank plans alike.
-    seconds = broadcast_object(seconds, root_rank=0, name="plan.link.times")
+    if share:   # every rank uses rank 0's figures, so that every rank plans alike
+        seconds = broadcast_object(seconds, root_rank=0, name="plan.link.times")
     return fit_link(sizes, seconds, ranks, kind, sharing)
