@@ -282,3 +282,52 @@ def test_calibration_file_round_trip(tmp_path):
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(ValueError, match="not a calibration file"):
         Calibration.load(tmp_path / "bad.json")
+
+
+# The links benchmarks/whale.py calibrated on 2 emulated hosts x 2 ranks (2 cores, so the
+# gradient allreduce cannot overlap the backward): shared memory inside a host, the 1 Gbit/s
+# link between them measured by one line alone.
+WHALE_INSIDE = LinkProfile(latency_s=398e-6, bus_bytes_per_s=967.7e6, kind="shared memory")
+WHALE_BETWEEN = LinkProfile(latency_s=2397e-6, bus_bytes_per_s=127.9e6, kind="TCP")
+
+
+def whale_plan(profile, batch):
+    return plan(None, torch.zeros(batch, 1), 4, hosts="a:2,b:2", link=WHALE_INSIDE,
+                inter_host_link=WHALE_BETWEEN, layers=profile, fsdp=False, overlap=False,
+                verbose=False)
+
+
+def test_whale_bert_small_pipelines_across_hosts():
+    # whale.py's model: 4 blocks of attention (2,368,512 bytes of parameters) and MLP
+    # (4,729,344), activations of 8 x 16 x 384 floats, each block's Linears one pair; about
+    # 40 and 80 ms forward + backward on the batch of 8. Data parallel across the hosts sends
+    # 1.5 x 28.4 MB each way over the slow link, about 0.33 s; pipeline stages across the
+    # hosts send 2 x 24.6 KB per micro-batch and keep the allreduce in shared memory.
+    profile = [LayerProfile(f"{i}", t / 3, 2 * t / 3, 196608, p, True, (f,),
+                            tp_messages=(196608, 196608), batch=8)
+               for i, (t, p, f) in enumerate([(0.040, 2368512, 1152),
+                                              (0.080, 4729344, 1536)] * 4)]
+    result = whale_plan(profile, 8)
+    data_parallel = layout(result, "pp=1 dp=4 tp=1")
+    pipelined = layout(result, "pp=2 dp=2 tp=1")
+    assert result.best is pipelined and pipelined.stages == [(0, 4), (4, 8)]
+    assert data_parallel.step_s > 2 * pipelined.step_s
+    # Its gradient traffic per rank: 2 x 3/4 of 28.4 MB, against 2 x 1/2 of a stage's 14.2 MB.
+    assert data_parallel.gradient_bytes == pytest.approx(1.5 * 4 * (2368512 + 4729344))
+    assert pipelined.gradient_bytes == pytest.approx(2 * 0.5 * 2 * (2368512 + 4729344))
+
+
+def test_whale_bert_large_keeps_the_gradient_allreduce_inside_a_host():
+    # Whale's BERT-Large figures: 1.245 GB of gradients (24 layers), about 27 MB of
+    # activations per step at a stage boundary (13.5 MB forward and its gradient back),
+    # 30 ms of forward + backward per layer, on the links measured above.
+    profile = layers([0.030] * 24, 1.245e9 / 24, 13.5e6, batch=32)
+    result = plan(None, torch.zeros(32, 1), 4, hosts="a:2,b:2", link=WHALE_INSIDE,
+                  inter_host_link=WHALE_BETWEEN, layers=profile, fsdp=False, overlap=False,
+                  verbose=False)
+    data_parallel = layout(result, "pp=1 dp=4 tp=1")
+    pipelined = layout(result, "pp=2 dp=2 tp=1")
+    # Across the hosts: 1.5 x 1.245 GB at 127.9 MB/s (about 14.6 s) against the activations.
+    assert data_parallel.step_s > 1.5 * 1.245e9 / 127.9e6
+    assert pipelined.step_s < data_parallel.step_s / 5
+    assert result.best.dp == 1 or result.best.layout == "pp=2 dp=2 tp=1"
