@@ -3,7 +3,6 @@ timings: latency (alpha) plus bytes over bus bandwidth (1/beta)."""
 
 import dataclasses
 import statistics
-import time
 
 import numpy as np
 import torch
@@ -11,6 +10,7 @@ import torch
 from horovodlike.common.objects import broadcast_object
 from horovodlike.common.process_sets import global_process_set, set_ranks
 from horovodlike.torch.mpi_ops import Sum, allreduce_
+from horovodlike.torch.planner.profiling import median_time
 
 LINK_SIZES = (1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24)
 
@@ -90,17 +90,6 @@ def fit_link(sizes, seconds, ranks, kind="", sharing=1):
                        samples=[[int(n), float(t)] for n, t in zip(sizes, seconds)])
 
 
-def _median_time(fn, repeats):
-    for _ in range(2):   # warm-up
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def measure_link(process_set=None, sizes=LINK_SIZES, repeats=10, kind="", sharing=1,
                  share=True):
     """Times the core's allreduce of each of ``sizes`` bytes over ``process_set`` (collective
@@ -116,7 +105,7 @@ def measure_link(process_set=None, sizes=LINK_SIZES, repeats=10, kind="", sharin
     for nbytes in sizes:
         buffer = torch.zeros(nbytes // 4)
         name = f"plan.link.{nbytes}"
-        seconds.append(_median_time(lambda: allreduce_(buffer, op=Sum, name=name,
+        seconds.append(median_time(lambda: allreduce_(buffer, op=Sum, name=name,
                                                        process_set=process_set), repeats))
     if share:   # every rank uses rank 0's figures, so that every rank plans alike
         seconds = broadcast_object(seconds, root_rank=0, name="plan.link.times")

@@ -42,7 +42,7 @@ def timing_key(rows, tp):
     return f"{rows}/{tp}"
 
 
-def _median_time(fn, repeats):
+def median_time(fn, repeats):
     """The median of ``repeats`` runs after two warm-ups (the first calls allocate and start
     autograd's threads). All ranks of a job profile at once, so the figure includes the
     ranks' competition for cores, as training will."""
@@ -60,13 +60,13 @@ def _forward_backward_s(module, x, repeats):
     """(forward seconds, forward + backward seconds) of ``module`` on ``x``."""
     x = x.detach().requires_grad_(x.is_floating_point())
     with torch.no_grad():
-        forward_s = _median_time(lambda: module(x), repeats)
+        forward_s = median_time(lambda: module(x), repeats)
 
     def forward_backward():
         out = module(x)
         if out.requires_grad:
             out.backward(torch.ones_like(out))
-    both = _median_time(forward_backward, repeats)
+    both = median_time(forward_backward, repeats)
     module.zero_grad(set_to_none=True)
     return forward_s, both
 
