@@ -13,6 +13,7 @@ from horovodlike.torch.planner import (Calibration, LayerProfile, LinkProfile, f
                                        profile_layers)
 from horovodlike.torch.planner.calibration import layout_sizes
 from horovodlike.torch.planner.cost_model import layer_compute_s, links_by_dimension
+from horovodlike.torch.planner.profiling import linear_calls, slice_share
 
 MB = 1 << 20
 LINK = LinkProfile(latency_s=0.0, bus_bytes_per_s=1e9)
@@ -237,6 +238,11 @@ def test_profile_pairs_linears_column_then_row():
     assert [p.splittable for p in profile] == [True, True, True, True, False]
     assert [p.tp_sizes for p in profile] == [(8,), (), (), (8,), ()]
     assert profile[4].split_s == 0.0 and profile[4].timings["1/2"] > 0
+    # Inside the block, the ReLU between its column and row computes on the slice: a share of
+    # its forward above nothing and below the whole; a layer without a pair has none.
+    calls = linear_calls(list(model.children()), torch.randn(2, 4))
+    assert 0 < slice_share(model[3], calls, torch.randn(2, 4), repeats=3) < 1
+    assert slice_share(model[1], calls, torch.randn(2, 4), repeats=3) == 0.0
     solo = profile_layers(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU()),
                           torch.randn(2, 4), repeats=1)
     assert [p.splittable for p in solo] == [False, False] and solo[0].split_s == 0.0

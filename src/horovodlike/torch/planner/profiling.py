@@ -15,7 +15,8 @@ class LayerProfile:
     ``forward_s``/``backward_s`` and ``activation_bytes`` are for the whole sample batch of
     ``batch`` rows. Tensor parallelism pairs the model's Linears in order, Megatron's column
     then row: ``split_s`` is the part of forward + backward that such a split divides (the
-    paired Linears, and whole layers between a column and its row), ``tp_messages`` the bytes
+    paired Linears, whole layers between a column and its row, and inside a layer the work
+    between a column and its row), ``tp_messages`` the bytes
     of each allreduce over tp a step of the whole batch needs here (the row's output in
     forward, the column's input gradient in backward). ``timings`` maps "rows/tp" to the
     forward + backward seconds measured on ``rows`` rows with the paired Linears cut ``tp``
@@ -128,7 +129,37 @@ def _between_pairs(calls):
     return inside
 
 
-def _split_time(index, calls, inside, whole, rows, tp, repeats):
+def slice_share(child, calls, x, repeats):
+    """The share of ``child``'s forward time spent between the end of a column inside it and
+    the start of its row (an attention core, an activation: work on the column's slice),
+    timed with module hooks; the backward is taken to split alike."""
+    pairs = [(c.module, r.module) for c, r in zip(calls[0::2], calls[1::2])
+             if any(m is c.module for m in child.modules())
+             and any(m is r.module for m in child.modules())]
+    if not pairs:
+        return 0.0
+    stamps, between, hooks = {}, [0.0], []
+    for column, row in pairs:
+        hooks.append(column.register_forward_hook(
+            lambda *_, key=id(row): stamps.__setitem__(key, time.perf_counter())))
+        hooks.append(row.register_forward_pre_hook(
+            lambda mod, _: between.__setitem__(0, between[0] + time.perf_counter()
+                                               - stamps.pop(id(mod), time.perf_counter()))))
+    shares = []
+    try:
+        with torch.no_grad():
+            for _ in range(repeats + 1):
+                between[0] = 0.0
+                start = time.perf_counter()
+                child(x)
+                shares.append(between[0] / max(time.perf_counter() - start, 1e-12))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return statistics.median(shares[1:])
+
+
+def _split_time(index, calls, inside, shares, whole, rows, tp, repeats):
     """Layer ``index``'s forward + backward time on ``rows`` rows at tensor parallel ``tp``."""
     if tp == 1:
         return whole
@@ -137,7 +168,8 @@ def _split_time(index, calls, inside, whole, rows, tp, repeats):
     mine = [c for c in calls if c.layer == index and c.role]
     full = sum(_shard_time(c, rows, 1, repeats) for c in mine)
     cut = sum(_shard_time(c, rows, tp, repeats) for c in mine)
-    return max(whole - full, 0.0) + cut
+    on_slice = whole * shares[index]
+    return max(whole - full - on_slice, 0.0) + cut + on_slice / tp
 
 
 def _run_prefix(children, x):
@@ -162,14 +194,15 @@ def profile_layers(model, sample_input, sizes=(), repeats=7):
     calls = linear_calls(children, sample_input)
     inside = _between_pairs(calls)
     inputs, _ = _run_prefix(children, sample_input)
+    shares = [slice_share(child, calls, x, repeats) for child, x in zip(children, inputs)]
     profiles = []
     for index, (child, x) in enumerate(zip(children, inputs)):
         forward_s, both = _forward_backward_s(child, x, repeats)
         with torch.no_grad():
             out = child(x)
         mine = [c for c in calls if c.layer == index and c.role]
-        split = both if index in inside else sum(_shard_time(c, batch, 1, repeats)
-                                                 for c in mine)
+        split = both if index in inside else both * shares[index] + sum(
+            _shard_time(c, batch, 1, repeats) for c in mine)
         messages = [c.output_bytes if c.role == "row" else c.input_bytes for c in mine]
         profiles.append(LayerProfile(
             name=f"{index}:{type(child).__name__}", forward_s=forward_s,
@@ -185,5 +218,5 @@ def profile_layers(model, sample_input, sizes=(), repeats=7):
             whole = _forward_backward_s(child, x, repeats)[1]
             for tp in sorted({tp for r, tp in sizes if r == rows}):
                 profiles[index].timings[timing_key(rows, tp)] = _split_time(
-                    index, calls, inside, whole, rows, tp, repeats)
+                    index, calls, inside, shares, whole, rows, tp, repeats)
     return profiles
