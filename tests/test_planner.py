@@ -285,6 +285,8 @@ def test_calibration_file_round_trip(tmp_path):
                 verbose=False).shape == (2, 2, 1)
     with pytest.raises(ValueError, match="measured on a batch of \\[8\\] rows but"):
         plan(None, torch.zeros(16, 1), 4, calibration=loaded, verbose=False)
+    with pytest.raises(ValueError, match="calibration must be a Calibration"):
+        plan(None, torch.zeros(8, 1), 4, calibration=123, verbose=False)
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(ValueError, match="not a calibration file"):
         Calibration.load(tmp_path / "bad.json")
