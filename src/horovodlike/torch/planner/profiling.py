@@ -57,19 +57,45 @@ def median_time(fn, repeats):
     return statistics.median(times)
 
 
-def _forward_backward_s(module, x, repeats):
-    """(forward seconds, forward + backward seconds) of ``module`` on ``x``."""
+class InterleavedTimer:
+    """Times pieces of work in interleaved rounds, each piece once a round, and keeps each
+    one's median over the rounds: a burst of load from elsewhere then touches every figure a
+    little instead of one figure a lot."""
+
+    def __init__(self):
+        self._work = {}
+
+    def add(self, key, work):
+        self._work.setdefault(key, work)
+
+    def run(self, repeats):
+        for work in self._work.values():   # warm-up: the first calls allocate
+            work()
+            work()
+        samples = {key: [] for key in self._work}
+        for _ in range(repeats):
+            for key, work in self._work.items():
+                start = time.perf_counter()
+                work()
+                samples[key].append(time.perf_counter() - start)
+        return {key: statistics.median(values) for key, values in samples.items()}
+
+
+def _forward_work(module, x):
+    def forward():
+        with torch.no_grad():
+            module(x)
+    return forward
+
+
+def _forward_backward_work(module, x):
     x = x.detach().requires_grad_(x.is_floating_point())
-    with torch.no_grad():
-        forward_s = median_time(lambda: module(x), repeats)
 
     def forward_backward():
         out = module(x)
         if out.requires_grad:
             out.backward(torch.ones_like(out))
-    both = median_time(forward_backward, repeats)
-    module.zero_grad(set_to_none=True)
-    return forward_s, both
+    return forward_backward
 
 
 @dataclasses.dataclass
@@ -107,8 +133,8 @@ def linear_calls(children, sample_input):
     return calls
 
 
-def _shard_time(call, rows, tp, repeats):
-    """Forward + backward seconds of ``call``'s Linear on ``rows`` rows, cut ``tp`` ways."""
+def _shard_work(call, rows, tp):
+    """Forward + backward of ``call``'s Linear on ``rows`` rows, cut ``tp`` ways."""
     module = call.module
     inputs, outputs = module.in_features, module.out_features
     if tp > 1 and call.role == "column":
@@ -116,8 +142,7 @@ def _shard_time(call, rows, tp, repeats):
     elif tp > 1 and call.role == "row":
         inputs //= tp
     linear = torch.nn.Linear(inputs, outputs, bias=module.bias is not None)
-    x = torch.randn((rows, *call.input_shape[1:-1], inputs))
-    return _forward_backward_s(linear, x, repeats)[1]
+    return _forward_backward_work(linear, torch.randn((rows, *call.input_shape[1:-1], inputs)))
 
 
 def _between_pairs(calls):
@@ -159,16 +184,15 @@ def slice_share(child, calls, x, repeats):
     return statistics.median(shares[1:])
 
 
-def _split_time(index, calls, inside, shares, whole, rows, tp, repeats):
-    """Layer ``index``'s forward + backward time on ``rows`` rows at tensor parallel ``tp``."""
+def _split_time(whole, full, cut, share, tp, between_pairs):
+    """A layer's forward + backward at tensor parallel ``tp`` from its ``whole`` time: its
+    paired Linears take ``cut`` instead of ``full``, the work on a column's slice (its
+    ``share`` of the whole, or all of it for a layer ``between_pairs``) is divided by tp."""
     if tp == 1:
         return whole
-    if index in inside:
+    if between_pairs:
         return whole / tp
-    mine = [c for c in calls if c.layer == index and c.role]
-    full = sum(_shard_time(c, rows, 1, repeats) for c in mine)
-    cut = sum(_shard_time(c, rows, tp, repeats) for c in mine)
-    on_slice = whole * shares[index]
+    on_slice = whole * share
     return max(whole - full - on_slice, 0.0) + cut + on_slice / tp
 
 
@@ -179,6 +203,26 @@ def _run_prefix(children, x):
             outs.append(x)
             x = child(x)
     return outs, x
+
+
+def _timed_work(children, calls, sample_input, sizes):
+    """Every piece profile_layers times, in an InterleavedTimer, and the rows it covers."""
+    batch = sample_input.shape[0]
+    tps = {batch: {1}}
+    for rows, tp in sizes:
+        if 0 < rows <= batch:
+            tps.setdefault(rows, {1}).add(tp)
+    timer = InterleavedTimer()
+    for rows in sorted(tps):
+        prefix, _ = _run_prefix(children, sample_input[:rows])
+        for index, (child, x) in enumerate(zip(children, prefix)):
+            timer.add(("both", index, rows), _forward_backward_work(child, x))
+            if rows == batch:
+                timer.add(("forward", index), _forward_work(child, x))
+        for number, call in enumerate(calls):
+            for tp in sorted(tps[rows]) if call.role else ():
+                timer.add(("linear", number, rows, tp), _shard_work(call, rows, tp))
+    return timer, tps
 
 
 def profile_layers(model, sample_input, sizes=(), repeats=7):
@@ -195,15 +239,21 @@ def profile_layers(model, sample_input, sizes=(), repeats=7):
     inside = _between_pairs(calls)
     inputs, _ = _run_prefix(children, sample_input)
     shares = [slice_share(child, calls, x, repeats) for child, x in zip(children, inputs)]
+    timer, tps = _timed_work(children, calls, sample_input, sizes)
+    times = timer.run(repeats)
+    for child in children:
+        child.zero_grad(set_to_none=True)
+
+    def linears(index, rows, tp):
+        return sum(times[("linear", n, rows, tp)] for n, c in enumerate(calls)
+                   if c.layer == index and c.role)
     profiles = []
     for index, (child, x) in enumerate(zip(children, inputs)):
-        forward_s, both = _forward_backward_s(child, x, repeats)
+        forward_s, both = times[("forward", index)], times[("both", index, batch)]
         with torch.no_grad():
             out = child(x)
         mine = [c for c in calls if c.layer == index and c.role]
-        split = both if index in inside else both * shares[index] + sum(
-            _shard_time(c, batch, 1, repeats) for c in mine)
-        messages = [c.output_bytes if c.role == "row" else c.input_bytes for c in mine]
+        split = both if index in inside else both * shares[index] + linears(index, batch, 1)
         profiles.append(LayerProfile(
             name=f"{index}:{type(child).__name__}", forward_s=forward_s,
             backward_s=max(both - forward_s, 0.0),
@@ -211,12 +261,12 @@ def profile_layers(model, sample_input, sizes=(), repeats=7):
             parameter_bytes=sum(p.numel() * p.element_size() for p in child.parameters()),
             splittable=bool(mine) or index in inside,
             tp_sizes=tuple(c.module.out_features for c in mine if c.role == "column"),
-            split_s=min(split, both), tp_messages=tuple(messages), batch=batch))
-    for rows in sorted({rows for rows, _ in sizes if 0 < rows <= batch}):
-        prefix, _ = _run_prefix(children, sample_input[:rows])
-        for index, (child, x) in enumerate(zip(children, prefix)):
-            whole = _forward_backward_s(child, x, repeats)[1]
-            for tp in sorted({tp for r, tp in sizes if r == rows}):
-                profiles[index].timings[timing_key(rows, tp)] = _split_time(
-                    index, calls, inside, shares, whole, rows, tp, repeats)
+            split_s=min(split, both),
+            tp_messages=tuple(c.output_bytes if c.role == "row" else c.input_bytes
+                              for c in mine),
+            timings={timing_key(rows, tp): _split_time(
+                times[("both", index, rows)], linears(index, rows, 1), linears(index, rows, tp),
+                shares[index], tp, index in inside)
+                for rows, tp in sizes if rows in tps},
+            batch=batch))
     return profiles
