@@ -20,6 +20,7 @@ import dataclasses
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
@@ -76,6 +77,8 @@ def run_job(worker_argv, setup, rate, timeout, ranks=4, slots=2):
     if os.geteuid() != 0:
         raise SystemExit("the two-hosts setup needs root (network namespaces, tc); run with "
                          "--setups one-host otherwise")
+    # A SIGTERM (timeout, kill) unwinds through the finally below, which removes the hosts.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     hosts = EmulatedHosts(ranks // slots, subnet=232)
     with tempfile.TemporaryDirectory() as tmp:
         ssh = write_fake_ssh(tmp, hosts)

@@ -96,6 +96,16 @@ def _train_step(model, optimizer, schedule, stage, x, target):
     optimizer.step()
 
 
+class _NoParameters:
+    """The optimizer of a stage without parameters."""
+
+    def zero_grad(self):
+        pass
+
+    def step(self):
+        pass
+
+
 def build_layout(candidate, make_model, tag):
     """(model, optimizer, schedule, stage, mesh) of ``candidate``'s layout on this rank:
     ProcessMesh((pp, dp, tp)), the planner's stage split and micro-batches under Schedule1F1B,
@@ -112,6 +122,8 @@ def build_layout(candidate, make_model, tag):
         stage = PipelineStage(model, mesh.coordinate("pp"), pp,
                               process_set=mesh.process_set("pp"))
         schedule = Schedule1F1B(stage, candidate.micro_batches, torch.nn.functional.mse_loss)
+    if not list(model.parameters()):   # a stage of an activation alone
+        return model, _NoParameters(), schedule, stage, mesh
     optimizer = hvd.DistributedOptimizer(
         torch.optim.SGD(model.parameters(), lr=1e-3),
         named_parameters=[(f"{tag}.{n}", p) for n, p in model.named_parameters()],

@@ -1,13 +1,12 @@
 """``horovodlikerun -np N [-H ...] --plan MODULE:FUNCTION``: every rank runs this; FUNCTION()
-returns (model, sample_input) or (model, sample_input, plan keyword arguments). On several
-hosts (with the same number of ranks each) the link inside a host and the link between hosts
-are measured apart."""
+returns (model, sample_input) or (model, sample_input, plan keyword arguments). The ranks
+calibrate (hvd.calibrate: the layers on every layout's input sizes, the link inside a host and,
+on several hosts of equal slots, the link between hosts), then plan."""
 
 import importlib
 import sys
 
 import horovodlike.torch as hvd
-from horovodlike.torch.planner import measure_links
 
 
 def main(argv):
@@ -18,10 +17,7 @@ def main(argv):
     built = getattr(importlib.import_module(module_name), function_name)()
     model, sample_input, kwargs = (*built, {})[:3] if len(built) == 2 else built
     hvd.init()
-    links, slots = measure_links()
-    hosts = [slots] * (hvd.size() // slots) if slots else None
-    kwargs = {"link": links["inside"], "inter_host_link": links.get("between"),
-              "hosts": hosts, **kwargs}
+    kwargs = {"calibration": hvd.calibrate(model, sample_input), **kwargs}
     hvd.plan(model, sample_input, world_size=hvd.size(), **kwargs)
     hvd.barrier()
     hvd.shutdown()
