@@ -23,8 +23,9 @@ def _git(*args: str) -> str:
 
 def commit() -> dict:
     """{"commit": full hash or "unknown", "dirty": [changed tracked files]}."""
-    changed = [line[3:] for line in _git("status", "--porcelain", "--untracked-files=no")
-               .splitlines() if line.strip()]
+    changed = [line.split(maxsplit=1)[1] for line in
+               _git("status", "--porcelain", "--untracked-files=no").splitlines()
+               if line.strip()]
     return {"commit": _git("rev-parse", "HEAD") or "unknown", "dirty": changed}
 
 
@@ -61,8 +62,10 @@ def header() -> str:
     dirty = ("tree clean" if not facts["dirty"] else
              "tree DIRTY: " + ", ".join(facts["dirty"][:8]) +
              (" ..." if len(facts["dirty"]) > 8 else ""))
+    from source_tree import horovodlike_in_use
     return (f"$ {command_line()}\n"
             f"commit {facts['commit']} ({dirty})\n"
+            f"horovodlike: {horovodlike_in_use()}\n"
             f"machine: {os.cpu_count()} CPUs, {cpu_model()}\n"
             f"load before: {load()}")
 
