@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 import horovodlike.torch as hvd
-from horovodlike.torch.fsdp import (CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy,
+from horovodlike.torch.fsdp import (CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, Shard,
                                     full_state_dict, fully_shard, load_full_state_dict)
 from common import check, raises
 
@@ -252,8 +252,10 @@ def errors():
     raises(TypeError, lambda: fully_shard(Net(1), mp_policy=MixedPrecisionPolicy(torch.int8)),
            "param_dtype")
     raises(TypeError, lambda: fully_shard(Net(1), offload_policy=True), "CPUOffloadPolicy")
-    raises(NotImplementedError, lambda: fully_shard(Net(1), shard_placement_fn=len),
-           "shard_placement_fn")
+    raises(TypeError, lambda: fully_shard(Net(1), shard_placement_fn=len), "returned 11",
+           "Shard(dim)")
+    raises(ValueError, lambda: fully_shard(Net(1), shard_placement_fn=lambda p: Shard(2)),
+           "Shard(2)", "out of range")
     top_down = fully_shard(Net(1))
     raises(ValueError, lambda: fully_shard(top_down.blocks[0]), "bottom-up")
     tied = Net(1)

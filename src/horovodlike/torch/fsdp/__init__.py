@@ -3,7 +3,8 @@
 
 from horovodlike.torch.fsdp.fully_shard import FSDPModule, fully_shard
 from horovodlike.torch.fsdp.policy import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
+from horovodlike.torch.fsdp.shard_layout import Shard
 from horovodlike.torch.fsdp.state_dict import full_state_dict, load_full_state_dict
 
-__all__ = ["CPUOffloadPolicy", "FSDPModule", "MixedPrecisionPolicy", "OffloadPolicy",
+__all__ = ["CPUOffloadPolicy", "FSDPModule", "MixedPrecisionPolicy", "OffloadPolicy", "Shard",
            "fully_shard", "full_state_dict", "load_full_state_dict"]
