@@ -350,7 +350,7 @@ def offloaded():
     check(all(torch.equal(runs[0][k], runs[1][k]) for k in runs[1]), "offloading changed results")
 
 
-if mode == "train":
+if __name__ == "__main__" and mode == "train":
     for reshard in (True, False):
         train_and_compare(torch.optim.SGD, {"lr": 0.2, "momentum": 0.9}, reshard)
     reference, net = train_and_compare(torch.optim.Adam, {"lr": 0.01}, True)
@@ -363,7 +363,7 @@ if mode == "train":
     mixed_precision()
     offloaded()
     print(f"rank {rank}: fsdp train OK", flush=True)
-elif mode == "four":
+elif __name__ == "__main__" and mode == "four":
     # Over a 1-D mesh of the whole job (ProcessMesh): the same as over the global set.
     train_and_compare(torch.optim.Adam, {"lr": 0.01}, True, mesh=hvd.ProcessMesh((4,), ("dp",)))
     # HSDP: each module sharded over 2 ranks (1/2 of it each), replicated over the other 2.

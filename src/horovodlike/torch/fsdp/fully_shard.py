@@ -211,6 +211,8 @@ class FSDPModule:
                 Variable._execution_engine.queue_callback(finish_gradients)
         if group.sync.reshard_after_backward:
             self.reshard()
+        elif group.gathered:            # unsharded, as after unshard(): the views are set
+            group.expose(self._fsdp_on_grad_ready)
 
 
 # Groups whose reduce-scatters are under way, by name (the same on every rank).
