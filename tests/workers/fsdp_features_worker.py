@@ -3,7 +3,8 @@ each against single-process training on the global batch (replayed on every rank
 
 Modes: "two" (2 ranks: prefetching, the setters, Shard(1) placements) and "four" (4 ranks:
 set_requires_all_reduce under HSDP on init_device_mesh's mesh, the DeviceMesh calls,
-placements with reshard_after_forward=2, and a torch.distributed DeviceMesh).
+placements with reshard_after_forward=2 and with HSDP on two dimensions of a 3-D mesh, and a
+torch.distributed DeviceMesh).
 """
 
 import io
@@ -305,6 +306,8 @@ elif mode == "four":
     device_mesh_calls(hsdp)
     requires_all_reduce(hsdp)
     placements(reshard=2, steps=2)
-    placements(mesh=hsdp, steps=2)
+    # HSDP on two dimensions of a 3-D mesh, with placements.
+    placements(mesh=init_device_mesh("cpu", (1, 2, 2), mesh_dim_names=(
+        "pp", "replicate", "shard"))["replicate", "shard"], steps=2)
     torch_device_mesh()
     print(f"rank {rank}: fsdp features four OK", flush=True)

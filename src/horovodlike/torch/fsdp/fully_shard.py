@@ -14,6 +14,7 @@ buffer; after it, free the buffer (reshard_after_forward) and register, on the o
 that gathers again when the backward reaches the module; when the backward has accumulated the
 module's gradient, start its reduce-scatter, free the buffer, and add the result to
 ``_flat_shard.grad`` when the whole backward is done (the rest of the backward runs meanwhile).
+Each forward and backward also starts the gather of the module expected next (prefetch.py).
 """
 
 import itertools
@@ -341,16 +342,17 @@ def _placements(shard_placement_fn, params, locations):
 
 def fully_shard(module, *, mesh=None, reshard_after_forward=True, ignored_params=None,
                 shard_placement_fn=None, mp_policy=None, offload_policy=None):
-    """Shards ``module``'s own parameters over ``mesh`` (a ProcessSet, a 1-D ProcessMesh, or a
-    2-D one whose last dimension shards and first replicates (HSDP); the whole job by default)
-    and returns the module, now also an FSDPModule.
+    """Shards ``module``'s own parameters over ``mesh`` (a ProcessSet; a 1-D ProcessMesh or
+    DeviceMesh; or a 2-D one whose last dimension shards and first replicates (HSDP); the whole
+    job by default) and returns the module, now also an FSDPModule.
 
     Apply it to the blocks first, then the root. Every rank of the mesh calls it with the same
     module (same parameter values: build it from one seed or broadcast it first). Parameters in
     ``ignored_params`` stay as they are, neither sharded nor averaged. ``shard_placement_fn``
     maps a parameter to ``Shard(dim)`` (each rank holds ``ceil(size / n)`` consecutive
-    entries along ``dim``, the last ones padded) or None (the default). ``mp_policy`` (a MixedPrecisionPolicy) and
-    ``offload_policy`` (CPUOffloadPolicy) are FSDP2's (horovodlike.torch.fsdp.policy)."""
+    entries along ``dim``, the last ones padded) or None (the default). ``mp_policy`` (a
+    MixedPrecisionPolicy) and ``offload_policy`` (CPUOffloadPolicy) are FSDP2's
+    (horovodlike.torch.fsdp.policy)."""
     if not basics.is_initialized():
         raise ValueError("fully_shard needs horovodlike.init() first")
     if not isinstance(module, torch.nn.Module):
