@@ -108,19 +108,21 @@ def is_last_backward():
     net.set_is_last_backward(True)
 
 
-def divide_factor():
-    """Factor 1: gradients summed over the ranks (size times the global-batch average)."""
-    reference, net = Net(3), sharded(3)
+def divide_factor(factor=1.0, mesh=None):
+    """Gradients summed over every data-parallel rank (both dimensions with HSDP) and divided
+    by ``factor``: size / factor times the global-batch average."""
+    reference, net = Net(3), sharded(3, mesh=mesh)
     for m in net.modules():
         if m is net:
-            m.set_gradient_divide_factor(1.0)
+            m.set_gradient_divide_factor(factor)
         elif isinstance(m, FSDPModule):
-            m.set_reduce_scatter_divide_factor(1)
+            m.set_reduce_scatter_divide_factor(factor)
     ref_opt, opt = SGD[0](reference.parameters(), **SGD[1]), SGD[0](net.parameters(), **SGD[1])
     for step, (tokens, targets) in enumerate(batches(4, 2)):
-        reference_step(reference, ref_opt, tokens, targets, scale=size)
+        reference_step(reference, ref_opt, tokens, targets, scale=size / factor)
         reference_step(net, opt, mine(tokens), mine(targets))
-        same_state(full_state_dict(net), reference.state_dict(), f"divide factor 1 step {step}")
+        same_state(full_state_dict(net), reference.state_dict(),
+                   f"divide factor {factor} step {step}")
     raises(ValueError, lambda: net.set_gradient_divide_factor(0), "positive")
 
 
@@ -305,6 +307,7 @@ elif mode == "four":
     hsdp = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
     device_mesh_calls(hsdp)
     requires_all_reduce(hsdp)
+    divide_factor(2.0, mesh=hsdp)
     placements(reshard=2, steps=2)
     # HSDP on two dimensions of a 3-D mesh, with placements.
     placements(mesh=init_device_mesh("cpu", (1, 2, 2), mesh_dim_names=(
