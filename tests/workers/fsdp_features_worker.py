@@ -187,6 +187,40 @@ def sync_switches():
     raises(NotImplementedError, lambda: net.set_post_optim_event(None), "set_post_optim_event")
 
 
+class Failure(Exception):
+    pass
+
+
+def reset_after_failure():
+    """An accumulation broken off: the first micro-batch's backward summed its gradients
+    without sync, the second's forward raised inside block 1 (block 2's gather prefetched).
+    reset_iter_state drops the unsynced sum and the gather; the steps that follow equal one
+    process that never saw the broken step."""
+    reference, net = Net(4), sharded(4)
+    ref_opt, opt = SGD[0](reference.parameters(), **SGD[1]), SGD[0](net.parameters(), **SGD[1])
+    fail = []
+
+    def maybe_raise(*_):
+        if fail.pop() if fail else False:
+            raise Failure("planted")
+
+    net.blocks[1].lin.register_forward_hook(maybe_raise)
+    tokens, targets = batches(2, 1)[0]
+    net.set_requires_gradient_sync(False)
+    loss_of(net, mine(tokens), mine(targets)).backward()
+    fail.append(True)
+    raises(Failure, lambda: loss_of(net, mine(tokens), mine(targets)), "planted")
+    net.reset_iter_state()
+    groups = [m._fsdp_group for m in net.modules() if isinstance(m, FSDPModule)]
+    check(all(g.unsynced_grad is None and g._prefetched is None and not g.gathered
+              for g in groups), "reset_iter_state left gathers or gradients")
+    net.set_requires_gradient_sync(True)
+    for step, (tokens, targets) in enumerate(batches(5, 2)):
+        reference_step(reference, ref_opt, tokens, targets)
+        reference_step(net, opt, mine(tokens), mine(targets))
+        same_state(full_state_dict(net), reference.state_dict(), f"after reset, step {step}")
+
+
 def on_columns(param):
     return Shard(1) if param.dim() == 2 else None
 
@@ -301,6 +335,7 @@ if mode == "two":
     reshard_after_backward()
     unshard_in_backward()
     sync_switches()
+    reset_after_failure()
     placements()
     print(f"rank {rank}: fsdp features two OK", flush=True)
 elif mode == "four":

@@ -84,6 +84,19 @@ class FSDPModule:
             group.hide()
             group.free()
 
+    def reset_iter_state(self):
+        """After a forward or backward that raised, on the root: waits for the gathers and
+        gradient reductions under way and discards them, with the gradients accumulated
+        without sync or kept from HSDP's all-reduce (restart an accumulation), reshards every
+        wrapped module under this one and forgets the unfinished iteration. Collective: every
+        rank calls it (the failure happened on all of them)."""
+        prefetch.reset()
+        for module in _wrapped(self, True):
+            if module._fsdp_group is not None:
+                module._fsdp_group.reset()
+                _unfinished.pop(module._fsdp_group.name, None)
+                module.reshard()
+
     def set_requires_gradient_sync(self, requires_gradient_sync, *, recurse=True):
         """Off: backward sums the full gradients locally (gradient accumulation without
         communication); the first backward with it on again reduce-scatters the sum (and, with

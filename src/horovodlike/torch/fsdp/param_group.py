@@ -147,6 +147,14 @@ class ShardedParamGroup:
         self.full.untyped_storage().resize_(0)
         self.gathered = False
 
+    def reset(self):
+        """Waits for the collectives under way and drops them with every gradient not yet in
+        ``flat_shard.grad`` (accumulated without sync, or kept from the all-reduce)."""
+        for handle in self.pending + ([self._prefetched[0]] if self._prefetched else []):
+            synchronize(handle)
+        self._prefetched, self.piece, self.pending = None, None, []
+        self.unsynced_grad = self.partial_shard = None
+
     # --------------------------------------------------------------------------- state dicts
 
     def full_params(self):

@@ -41,6 +41,11 @@ def forward_started(module, has_params):
         _now.started.append(module)
 
 
+def reset():
+    """Forgets an iteration left unfinished (its root's forward raised)."""
+    _now.root = None
+
+
 def forward_ended(module, has_params):
     """Called last thing in a wrapped module's forward: at the root, keeps the orders."""
     if _in_backward() or _now.root is None:
