@@ -82,14 +82,17 @@ class ShardedTable(torch.nn.Module):
                 "dtype": str(dtype or torch.get_default_dtype()), **(extra or {})}
         everyone = allgather_object(mine, name=f"{self.name}.arguments",
                                     process_set=self.process_set)
-        for position, theirs in enumerate(everyone):
-            differing = [k for k in mine if theirs.get(k) != mine[k]]
-            if differing:
-                details = ", ".join(f"{k} = {mine[k]!r} on rank {basics.rank()} but "
-                                    f"{theirs.get(k)!r} on rank {ranks[position]}"
-                                    for k in differing)
-                raise ValueError(f"{kind}: every rank of the process set must create the same "
-                                 f"table: {details}")
+        differing = [k for k in mine if any(theirs.get(k) != mine[k] for theirs in everyone)]
+        if differing:
+            details = []
+            for key in differing:
+                by_value = {}
+                for position, theirs in enumerate(everyone):
+                    by_value.setdefault(repr(theirs.get(key)), []).append(ranks[position])
+                details.append(f"{key} = " + ", ".join(f"{value} on ranks {on}"
+                                                       for value, on in by_value.items()))
+            raise ValueError(f"{kind}: every rank of the process set must create the same "
+                             f"table: {'; '.join(details)}")
 
     def _initial_shard(self, weight, device, dtype):
         ids = self.shard_ids
@@ -168,7 +171,8 @@ class ShardedTable(torch.nn.Module):
             keep = asked != self.padding_idx
             local, grads = local[keep], grads[keep]
         if self.sparse:
-            return torch.sparse_coo_tensor(local.unsqueeze(0), grads, shape, check_invariants=False)
+            return torch.sparse_coo_tensor(local.unsqueeze(0), grads, shape,
+                                           check_invariants=False)
         return grads.new_zeros(shape).index_add_(0, local, grads)
 
     def extra_repr(self):

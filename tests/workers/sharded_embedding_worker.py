@@ -1,0 +1,215 @@
+"""horovodlike.torch.ShardedEmbedding / ShardedEmbeddingBag against one process training
+torch's nn.Embedding / nn.EmbeddingBag on the concatenated global batch with the same torch
+optimizer: outputs at every step and the rows after several steps (rtol 1e-6), with SGD, Adagrad,
+SparseAdam (sparse gradients) and Adam (dense), Zipf-skewed ids, ids absent from every batch,
+ranks with empty batches, block and cyclic sharding, server ranks, padding_idx and max_norm;
+each rank's shard checked against the layout computed here; bad input refused before anything
+is sent."""
+
+import numpy as np
+import torch
+
+import horovodlike.torch as hvd
+from common import check, expect_error, raises
+
+hvd.init()
+rank, size = hvd.rank(), hvd.size()
+ROWS, DIM, STEPS = 61, 3, 4
+RTOL = 1e-6
+
+
+def close(got, expected, what):
+    check(got.shape == expected.shape, f"{what}: shape {tuple(got.shape)} vs "
+                                       f"{tuple(expected.shape)}")
+    if not torch.allclose(got, expected, rtol=RTOL, atol=1e-12):
+        raise AssertionError(f"{what}: differs by {(got - expected).abs().max().item():.3g}")
+
+
+def zipf_ids(generator, shape, exponent=1.3):
+    """Ids drawn with P(k-th most frequent) ~ 1/k^exponent, the frequent ones spread over the
+    table by a fixed permutation (so every shard has hot and cold rows)."""
+    weights = 1.0 / torch.arange(1, ROWS + 1, dtype=torch.float64) ** exponent
+    count = int(np.prod(shape))
+    drawn = torch.multinomial(weights, count, replacement=True, generator=generator) \
+        if count else torch.empty(0, dtype=torch.int64)
+    permutation = torch.randperm(ROWS, generator=torch.Generator().manual_seed(5))
+    return permutation[drawn].reshape(shape)
+
+
+def expected_shard_ids(sharding, holders):
+    """This rank's rows, worked out independently of the module."""
+    if rank not in holders:
+        return np.empty(0, dtype=np.int64)
+    k, h = holders.index(rank), len(holders)
+    if sharding == "block":
+        return np.array_split(np.arange(ROWS), h)[k]
+    return np.arange(k, ROWS, h)
+
+
+def check_layout(module, sharding, servers, what):
+    holders = servers if servers else list(range(size))
+    expected = expected_shard_ids(sharding, holders)
+    check(tuple(module.weight.shape) == (len(expected), DIM),
+          f"{what}: rank {rank} holds a shard of shape {tuple(module.weight.shape)}, expected "
+          f"({len(expected)}, {DIM})")
+    check(module.shard_ids.tolist() == expected.tolist(),
+          f"{what}: shard ids {module.shard_ids.tolist()} vs {expected.tolist()}")
+    total = hvd.allreduce(torch.tensor([module.weight.shape[0]]), op=hvd.Sum,
+                          name=f"{what}.rows".replace(" ", "_"))
+    check(int(total) == ROWS, f"{what}: the shards hold {int(total)} rows, not {ROWS}")
+
+
+def train(what, module, reference, make_optimizer, batches, lookers):
+    """STEPS steps: each looking-up rank its batch of the step, the reference on all of them
+    concatenated with the loss averaged over those ranks; outputs and rows compared."""
+    optimizer, reference_optimizer = make_optimizer([module.weight]), \
+        make_optimizer(reference.parameters())
+    for step, (call_args, reference_args, splits, targets) in enumerate(batches):
+        reference_out = reference(*reference_args)
+        loss = (reference_out * torch.cat(targets)).sum() / len(lookers)
+        reference_optimizer.zero_grad()
+        loss.backward()
+        if rank in lookers:
+            i = lookers.index(rank)
+            out = module(*call_args[i])
+            start = sum(splits[:i])
+            close(out.detach().reshape(-1, DIM), reference_out.detach()[start:start + splits[i]],
+                  f"{what} step {step} output")
+            (out.reshape(-1, DIM) * targets[i]).sum().backward()
+        else:
+            module.serve()
+        reference_optimizer.step()
+        optimizer.step()
+        optimizer.zero_grad()
+    close(module.weight.detach(), reference.weight.detach()[module.shard_ids],
+          f"{what} rows after {STEPS} steps")
+
+
+def embedding_batches(generator, lookers, dtype_of=lambda i: torch.int64):
+    """Per step: every looking-up rank's ids (2-D, a different count each, the last rank's
+    empty at step 1), the reference's concatenation, and random targets."""
+    steps = []
+    for step in range(STEPS):
+        shapes = [(0 if (step == 1 and i == len(lookers) - 1) else 1 + (3 * step + 5 * i) % 7, 2)
+                  for i in range(len(lookers))]
+        ids = [zipf_ids(generator, s).to(dtype_of(i)) for i, s in enumerate(shapes)]
+        flat = torch.cat([x.reshape(-1).long() for x in ids])
+        targets = [torch.randn(x.numel(), DIM, generator=generator, dtype=torch.float64)
+                   for x in ids]
+        steps.append(([(x,) for x in ids], (flat,), [x.numel() for x in ids], targets))
+    return steps
+
+
+def embedding_case(what, make_optimizer, sparse, sharding, servers=None, **options):
+    generator = torch.Generator().manual_seed(len(what))
+    full = torch.randn(ROWS, DIM, generator=generator, dtype=torch.float64)
+    lookers = [r for r in range(size) if not servers or r not in servers]
+    module = hvd.ShardedEmbedding(ROWS, DIM, sparse=sparse, _weight=full, dtype=torch.float64,
+                                  sharding=sharding, servers=servers, **options)
+    reference = torch.nn.Embedding(ROWS, DIM, sparse=sparse, _weight=full.clone(),
+                                   dtype=torch.float64, **options)
+    check_layout(module, sharding, servers, what)
+    batches = embedding_batches(generator, lookers, lambda i: (torch.int32, torch.int64)[i % 2])
+    looked_up = set(torch.cat([b[1][0] for b in batches]).tolist())
+    check(len(looked_up) < 2 * ROWS // 3, f"{what}: the skewed ids should leave many rows "
+                                          f"absent, {len(looked_up)} of {ROWS} looked up")
+    train(what, module, reference, make_optimizer, batches, lookers)
+
+
+def bag_batches(generator, two_d):
+    """Per step: every rank's (input, offsets, per_sample_weights), the reference's
+    concatenation of them, and targets. 1-D bags of uneven sizes, one empty."""
+    steps = []
+    for step in range(STEPS):
+        calls, inputs, offsets, weights, bags = [], [], [], [], []
+        for i in range(size):
+            if two_d:
+                ids = zipf_ids(generator, (2 + (step + i) % 3, 4))
+                calls.append((ids,))
+                inputs.append(ids)
+                bags.append(ids.shape[0])
+                continue
+            sizes = torch.tensor([(step + i + b) % 4 for b in range(3 + i)])   # some bags empty
+            ids = zipf_ids(generator, (int(sizes.sum()),))
+            starts = torch.cat([torch.tensor([0]), sizes.cumsum(0)[:-1]])
+            w = torch.rand(ids.shape, generator=generator, dtype=torch.float64)
+            calls.append((ids, starts, w))
+            offsets.append(starts + sum(x.numel() for x in inputs))
+            inputs.append(ids)
+            weights.append(w)
+            bags.append(len(sizes))
+        reference_args = (torch.cat(inputs),) if two_d else \
+            (torch.cat(inputs), torch.cat(offsets), torch.cat(weights))
+        targets = [torch.randn(b, DIM, generator=generator, dtype=torch.float64) for b in bags]
+        steps.append((calls, reference_args, bags, targets))
+    return steps
+
+
+def bag_case(what, mode, make_optimizer, sharding, two_d, **options):
+    generator = torch.Generator().manual_seed(len(what))
+    full = torch.randn(ROWS, DIM, generator=generator, dtype=torch.float64)
+    module = hvd.ShardedEmbeddingBag(ROWS, DIM, mode=mode, sparse=True, _weight=full,
+                                     dtype=torch.float64, sharding=sharding, **options)
+    reference = torch.nn.EmbeddingBag(ROWS, DIM, mode=mode, sparse=True, _weight=full.clone(),
+                                      dtype=torch.float64, **options)
+    check_layout(module, sharding, None, what)
+    train(what, module, reference, make_optimizer, bag_batches(generator, two_d),
+          list(range(size)))
+
+
+def sgd(params):
+    return torch.optim.SGD(params, lr=0.5)
+
+
+def adagrad(params):
+    return torch.optim.Adagrad(params, lr=0.3)
+
+
+def sparse_adam(params):
+    return torch.optim.SparseAdam(list(params), lr=0.1)
+
+
+def adam(params):
+    return torch.optim.Adam(params, lr=0.1)
+
+
+embedding_case("SGD block", sgd, sparse=True, sharding="block")
+embedding_case("Adagrad cyclic", adagrad, sparse=True, sharding="cyclic")
+embedding_case("SparseAdam block padding", sparse_adam, sparse=True, sharding="block",
+               padding_idx=7)
+embedding_case("dense Adam cyclic max_norm", adam, sparse=False, sharding="cyclic",
+               max_norm=1.5)
+servers = list(range(size // 2, size))
+embedding_case("SparseAdam servers", sparse_adam, sparse=True, sharding="cyclic",
+               servers=servers)
+bag_case("bag sum weighted", "sum", adagrad, "block", two_d=False)
+bag_case("bag mean 2-D padding", "mean", sgd, "cyclic", two_d=True, padding_idx=3)
+
+# Bad input, refused on every rank before anything is sent (nobody would answer otherwise).
+table = hvd.ShardedEmbedding(ROWS, DIM, sparse=True)
+raises(IndexError, lambda: table(torch.tensor([1, ROWS + rank])), f"rank {rank}",
+       f"[{ROWS + rank}]", f"{ROWS} rows")
+raises(IndexError, lambda: table(torch.tensor([[-1 - rank]])), f"rank {rank}", f"[{-1 - rank}]")
+raises(TypeError, lambda: table(torch.tensor([1.0])), "torch.float32", "torch.int64")
+expect_error(lambda: hvd.ShardedEmbedding(ROWS, DIM + (rank == 1)), "embedding_dim",
+             f"{DIM} on ranks [0", f"{DIM + 1} on ranks [1]")
+expect_error(lambda: hvd.ShardedEmbedding(ROWS, DIM, sharding="diagonal"), "'diagonal'",
+             "'block'")
+expect_error(lambda: hvd.ShardedEmbedding(ROWS, DIM, servers=list(range(size))),
+             "leaves no rank")
+expect_error(lambda: hvd.ShardedEmbedding(ROWS, DIM, servers=[size]), f"[{size}]")
+raises(NotImplementedError, lambda: hvd.ShardedEmbedding(ROWS, DIM, scale_grad_by_freq=True),
+       "scale_grad_by_freq")
+raises(NotImplementedError, lambda: hvd.ShardedEmbeddingBag(ROWS, DIM, mode="max"), "'max'")
+bag = hvd.ShardedEmbeddingBag(ROWS, DIM, mode="mean")
+expect_error(lambda: bag(torch.tensor([1, 2]), torch.tensor([0]), torch.ones(2)),
+             "per_sample_weights", "'sum'")
+expect_error(lambda: bag(torch.tensor([[1, 2]]), torch.tensor([0])), "offsets must be None")
+expect_error(lambda: bag(torch.tensor([1, 2]), torch.tensor([1])), "must start at 0")
+served = hvd.ShardedEmbedding(ROWS, DIM, servers=[0])
+if rank == 0:
+    expect_error(lambda: served(torch.tensor([1])), "rank 0 is a server", "serve()")
+# Nothing was sent: the tables still answer lookups in step.
+check(torch.equal(table(torch.tensor([rank])), hvd.allgather(table.weight.detach())[[rank]]),
+      "a lookup after the refused calls")
+print(f"rank {rank}: sharded embedding OK", flush=True)
