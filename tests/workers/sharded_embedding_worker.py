@@ -25,15 +25,19 @@ def close(got, expected, what):
         raise AssertionError(f"{what}: differs by {(got - expected).abs().max().item():.3g}")
 
 
+# The ids by frequency: a fixed permutation spreads the frequent ones over the table (so every
+# shard has hot and cold rows). The most frequent is the padding_idx where one is tested.
+PERMUTATION = torch.randperm(ROWS, generator=torch.Generator().manual_seed(5))
+HOTTEST = int(PERMUTATION[0])
+
+
 def zipf_ids(generator, shape, exponent=1.3):
-    """Ids drawn with P(k-th most frequent) ~ 1/k^exponent, the frequent ones spread over the
-    table by a fixed permutation (so every shard has hot and cold rows)."""
+    """Ids drawn with P(k-th most frequent) ~ 1/k^exponent."""
     weights = 1.0 / torch.arange(1, ROWS + 1, dtype=torch.float64) ** exponent
     count = int(np.prod(shape))
     drawn = torch.multinomial(weights, count, replacement=True, generator=generator) \
         if count else torch.empty(0, dtype=torch.int64)
-    permutation = torch.randperm(ROWS, generator=torch.Generator().manual_seed(5))
-    return permutation[drawn].reshape(shape)
+    return PERMUTATION[drawn].reshape(shape)
 
 
 def expected_shard_ids(sharding, holders):
@@ -176,14 +180,20 @@ def adam(params):
 embedding_case("SGD block", sgd, sparse=True, sharding="block")
 embedding_case("Adagrad cyclic", adagrad, sparse=True, sharding="cyclic")
 embedding_case("SparseAdam block padding", sparse_adam, sparse=True, sharding="block",
-               padding_idx=7)
+               padding_idx=HOTTEST)
 embedding_case("dense Adam cyclic max_norm", adam, sparse=False, sharding="cyclic",
                max_norm=1.5)
 servers = list(range(size // 2, size))
 embedding_case("SparseAdam servers", sparse_adam, sparse=True, sharding="cyclic",
                servers=servers)
 bag_case("bag sum weighted", "sum", adagrad, "block", two_d=False)
-bag_case("bag mean 2-D padding", "mean", sgd, "cyclic", two_d=True, padding_idx=3)
+bag_case("bag mean 2-D padding", "mean", sgd, "cyclic", two_d=True, padding_idx=HOTTEST)
+
+# Without _weight: rows from N(0, 1), the padding row zero where it is held.
+padded = hvd.ShardedEmbedding(ROWS, DIM, padding_idx=HOTTEST, sharding="cyclic")
+held = padded.shard_ids == HOTTEST
+check(bool((padded.weight[held] == 0).all()) and bool((padded.weight[~held] != 0).all()),
+      f"rank {rank}: padding row {HOTTEST} not zero, or another row zero: {padded.weight}")
 
 # Bad input, refused on every rank before anything is sent (nobody would answer otherwise).
 table = hvd.ShardedEmbedding(ROWS, DIM, sparse=True)
