@@ -89,7 +89,7 @@ def train(what, module, reference, make_optimizer, batches, lookers):
           f"{what} rows after {STEPS} steps")
 
 
-def embedding_batches(generator, lookers, dtype_of=lambda i: torch.int64):
+def embedding_batches(generator, lookers, dtype, dtype_of):
     """Per step: every looking-up rank's ids (2-D, a different count each, the last rank's
     empty at step 1), the reference's concatenation, and random targets."""
     steps = []
@@ -98,22 +98,23 @@ def embedding_batches(generator, lookers, dtype_of=lambda i: torch.int64):
                   for i in range(len(lookers))]
         ids = [zipf_ids(generator, s).to(dtype_of(i)) for i, s in enumerate(shapes)]
         flat = torch.cat([x.reshape(-1).long() for x in ids])
-        targets = [torch.randn(x.numel(), DIM, generator=generator, dtype=torch.float64)
-                   for x in ids]
+        targets = [torch.randn(x.numel(), DIM, generator=generator, dtype=dtype) for x in ids]
         steps.append(([(x,) for x in ids], (flat,), [x.numel() for x in ids], targets))
     return steps
 
 
-def embedding_case(what, make_optimizer, sparse, sharding, servers=None, **options):
+def embedding_case(what, make_optimizer, sparse, sharding, servers=None, dtype=torch.float64,
+                   **options):
     generator = torch.Generator().manual_seed(len(what))
-    full = torch.randn(ROWS, DIM, generator=generator, dtype=torch.float64)
+    full = torch.randn(ROWS, DIM, generator=generator, dtype=dtype)
     lookers = [r for r in range(size) if not servers or r not in servers]
-    module = hvd.ShardedEmbedding(ROWS, DIM, sparse=sparse, _weight=full, dtype=torch.float64,
+    module = hvd.ShardedEmbedding(ROWS, DIM, sparse=sparse, _weight=full, dtype=dtype,
                                   sharding=sharding, servers=servers, **options)
-    reference = torch.nn.Embedding(ROWS, DIM, sparse=sparse, _weight=full.clone(),
-                                   dtype=torch.float64, **options)
+    reference = torch.nn.Embedding(ROWS, DIM, sparse=sparse, _weight=full.clone(), dtype=dtype,
+                                   **options)
     check_layout(module, sharding, servers, what)
-    batches = embedding_batches(generator, lookers, lambda i: (torch.int32, torch.int64)[i % 2])
+    batches = embedding_batches(generator, lookers, dtype,
+                                lambda i: (torch.int32, torch.int64)[i % 2])
     looked_up = set(torch.cat([b[1][0] for b in batches]).tolist())
     check(len(looked_up) < 2 * ROWS // 3, f"{what}: the skewed ids should leave many rows "
                                           f"absent, {len(looked_up)} of {ROWS} looked up")
@@ -178,6 +179,8 @@ def adam(params):
 
 
 embedding_case("SGD block", sgd, sparse=True, sharding="block")
+embedding_case("SparseAdam cyclic float32", sparse_adam, sparse=True, sharding="cyclic",
+               dtype=torch.float32)
 embedding_case("Adagrad cyclic", adagrad, sparse=True, sharding="cyclic")
 embedding_case("SparseAdam block padding", sparse_adam, sparse=True, sharding="block",
                padding_idx=HOTTEST)
