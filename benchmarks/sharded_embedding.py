@@ -139,8 +139,9 @@ def main():
     if args.worker:
         args.out = args.result
         return worker(args.worker, args)
-    env = dict(os.environ, OMP_NUM_THREADS="1", HOROVOD_SHM_DISABLE="1",
-               PYTHONPATH=jobs_pythonpath())
+    # The caller's HOROVOD_* settings are dropped: none changes a figure unseen.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_")}
+    env.update(OMP_NUM_THREADS="1", HOROVOD_SHM_DISABLE="1", PYTHONPATH=jobs_pythonpath())
     report = {"command": ["python", *sys.argv], "commit": _git("rev-parse", "HEAD"),
               "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
               "cores": os.cpu_count(), "rows": args.rows, "dim": args.dim,
