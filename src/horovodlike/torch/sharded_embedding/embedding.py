@@ -8,9 +8,10 @@ class ShardedEmbedding(ShardedTable):
     of ``process_set``: each rank's ``weight`` holds only its own rows (``shard_ids`` says
     which), and a lookup fetches the rows of the ids it is given from wherever they live.
 
-    Arguments as nn.Embedding's (``padding_idx``, ``max_norm``/``norm_type``, ``sparse``,
+    Arguments as nn.Embedding's (``padding_idx``, ``max_norm``/``norm_type``,
+    ``scale_grad_by_freq``: frequencies counted over every rank's batch, ``sparse``,
     ``_weight``: the whole table, of which each rank keeps its rows, ``_freeze``, ``device``,
-    ``dtype``; ``scale_grad_by_freq`` is refused), and:
+    ``dtype``), and:
 
     - ``process_set``: the ranks sharing the table (the global set by default);
     - ``sharding``: ``"block"`` (contiguous blocks of rows, the first ``num_embeddings % n``

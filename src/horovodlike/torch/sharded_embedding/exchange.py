@@ -18,23 +18,27 @@ def _alltoall(tensor, splits, name, process_set):
 
 
 class PullRows(torch.autograd.Function):
-    """``PullRows.apply(shard, table, unique_ids)``: the rows of ``unique_ids`` (distinct,
-    int64, on the exchange device), whoever holds them. Collective over ``table.process_set``:
-    every rank calls it, and later its backward, in the same order."""
+    """``PullRows.apply(shard, table, unique_ids, counts)``: the rows of ``unique_ids``
+    (distinct, int64, on the exchange device), whoever holds them; ``counts`` (how often each
+    id occurs here, for scale_grad_by_freq) travel with the ids, or are None. Collective over
+    ``table.process_set``: every rank calls it, and later its backward, in the same order."""
 
     @staticmethod
-    def forward(ctx, shard, table, unique_ids):
+    def forward(ctx, shard, table, unique_ids, counts):
         owners = table.layout.owner(unique_ids)
         order = torch.argsort(owners, stable=True)
         splits = torch.bincount(owners, minlength=table.layout.set_size).tolist()
-        asked, asked_splits = _alltoall(unique_ids[order], splits, f"{table.name}.ids",
+        message = unique_ids if counts is None else torch.stack([unique_ids, counts], dim=1)
+        asked, asked_splits = _alltoall(message[order], splits, f"{table.name}.ids",
                                         table.process_set)
+        asked, asked_counts = (asked, None) if counts is None else (asked[:, 0], asked[:, 1])
         local = table.layout.local_index(asked)
         rows = table.rows_for(shard, local)
         returned, _ = _alltoall(rows, asked_splits, f"{table.name}.rows", table.process_set)
         pulled = torch.empty_like(returned)
         pulled[order] = returned
         ctx.table, ctx.order, ctx.splits = table, order, splits
+        ctx.asked_counts = asked_counts
         ctx.save_for_backward(asked, local)
         ctx.shard_shape = shard.shape
         return pulled
@@ -45,4 +49,5 @@ class PullRows(torch.autograd.Function):
         table = ctx.table
         received, _ = _alltoall(grad_pulled[ctx.order], ctx.splits, f"{table.name}.grads",
                                 table.process_set)
-        return table.shard_gradient(asked, local, received, ctx.shard_shape), None, None
+        return (table.shard_gradient(asked, local, received, ctx.shard_shape, ctx.asked_counts),
+                None, None, None)

@@ -43,7 +43,7 @@ class RowSharding:
 
     def _holder_index(self, ids):
         if self.scheme == "block":
-            return torch.bucketize(ids, self._starts[1:-1], right=True)
+            return torch.bucketize(ids.contiguous(), self._starts[1:-1], right=True)
         return ids % len(self.holders)
 
     def owner(self, ids):

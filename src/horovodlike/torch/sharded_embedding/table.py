@@ -52,15 +52,12 @@ class ShardedTable(torch.nn.Module):
                 raise ValueError(f"{kind}: padding_idx = {padding_idx} must be within "
                                  f"[-{num_embeddings}, {num_embeddings})")
             padding_idx %= num_embeddings
-        if scale_grad_by_freq:
-            raise NotImplementedError(f"{kind}: scale_grad_by_freq is not supported (the "
-                                      "frequencies would have to be counted over every rank)")
         if op not in (Average, Sum):
             raise ValueError(f"{kind}: op must be hvd.Average or hvd.Sum")
         holders = _check_servers(servers, ranks, kind)
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
         self.padding_idx, self.max_norm, self.norm_type = padding_idx, max_norm, norm_type
-        self.scale_grad_by_freq, self.sparse, self.op = False, sparse, op
+        self.scale_grad_by_freq, self.sparse, self.op = scale_grad_by_freq, sparse, op
         self.process_set, self.sharding = process_set, sharding
         self.servers = None if servers is None else [ranks[p] for p in holders]
         self.position = ranks.index(basics.rank())
@@ -77,7 +74,8 @@ class ShardedTable(torch.nn.Module):
         """One exchange at construction: every rank must describe the same table."""
         mine = {"num_embeddings": self.num_embeddings, "embedding_dim": self.embedding_dim,
                 "padding_idx": self.padding_idx, "max_norm": self.max_norm,
-                "norm_type": self.norm_type, "sparse": self.sparse, "sharding": self.sharding,
+                "norm_type": self.norm_type, "scale_grad_by_freq": self.scale_grad_by_freq,
+                "sparse": self.sparse, "sharding": self.sharding,
                 "servers": self.servers, "op": str(self.op),
                 "dtype": str(dtype or torch.get_default_dtype()), **(extra or {})}
         everyone = allgather_object(mine, name=f"{self.name}.arguments",
@@ -142,17 +140,19 @@ class ShardedTable(torch.nn.Module):
             raise ValueError(f"{type(self).__name__}: rank {basics.rank()} is a server of this "
                              f"table (servers = {self.servers}): call serve() there, not the "
                              "module")
-        unique, inverse = torch.unique(ids, return_inverse=True)
+        unique, inverse, counts = torch.unique(ids, return_inverse=True, return_counts=True)
         device = self.weight.device
-        pulled = PullRows.apply(self.weight, self, unique.to(device))
+        counts = counts.to(device) if self.scale_grad_by_freq else None
+        pulled = PullRows.apply(self.weight, self, unique.to(device), counts)
         return pulled[inverse.to(device)]
 
     def serve(self, backward=True):
         """Takes part in one lookup without ids of its own (a server's turn; any rank with
         nothing to look up may call it), and in its gradient push when ``backward``: every rank
         of the set makes the same sequence of lookups and backward passes."""
-        pulled = PullRows.apply(self.weight, self,
-                                torch.empty(0, dtype=torch.int64, device=self.weight.device))
+        nothing = torch.empty(0, dtype=torch.int64, device=self.weight.device)
+        pulled = PullRows.apply(self.weight, self, nothing,
+                                nothing if self.scale_grad_by_freq else None)
         if backward and pulled.requires_grad:
             pulled.sum().backward()
 
@@ -163,10 +163,14 @@ class ShardedTable(torch.nn.Module):
                 torch.embedding_renorm_(shard, local, self.max_norm, self.norm_type)
             return shard.detach()[local]
 
-    def shard_gradient(self, asked, local, received, shape):
+    def shard_gradient(self, asked, local, received, shape, counts=None):
         """The gradient of this rank's shard from every rank's gradient rows (``received``, for
-        the global ids ``asked``, held at ``local``)."""
+        the global ids ``asked``, held at ``local``), each divided by its id's count over every
+        rank's batch when ``counts`` (each rank's count of each id) are given."""
         grads = received / self.lookup_ranks if self.op == Average else received
+        if counts is not None:
+            totals = grads.new_zeros(shape[0]).index_add_(0, local, counts.to(grads.dtype))
+            grads = grads / totals[local].unsqueeze(1)
         if self.padding_idx is not None:
             keep = asked != self.padding_idx
             local, grads = local[keep], grads[keep]
