@@ -51,8 +51,8 @@ def expected_shard_ids(sharding, holders):
     return np.arange(k, ROWS, h)
 
 
-def check_layout(module, sharding, servers, what):
-    holders = servers if servers else list(range(size))
+def check_layout(module, sharding, servers, what, members):
+    holders = servers if servers else members
     expected = expected_shard_ids(sharding, holders)
     check(tuple(module.weight.shape) == (len(expected), DIM),
           f"{what}: rank {rank} holds a shard of shape {tuple(module.weight.shape)}, expected "
@@ -60,7 +60,7 @@ def check_layout(module, sharding, servers, what):
     check(module.shard_ids.tolist() == expected.tolist(),
           f"{what}: shard ids {module.shard_ids.tolist()} vs {expected.tolist()}")
     total = hvd.allreduce(torch.tensor([module.weight.shape[0]]), op=hvd.Sum,
-                          name=f"{what}.rows".replace(" ", "_"))
+                          name=f"{what}.rows".replace(" ", "_"), process_set=module.process_set)
     check(int(total) == ROWS, f"{what}: the shards hold {int(total)} rows, not {ROWS}")
 
 
@@ -105,15 +105,18 @@ def embedding_batches(generator, lookers, dtype, dtype_of):
 
 
 def embedding_case(what, make_optimizer, sparse, sharding, servers=None, dtype=torch.float64,
-                   **options):
+                   process_set=hvd.global_process_set, members=tuple(range(size)), **options):
+    """``members``: the ranks of ``process_set``."""
     generator = torch.Generator().manual_seed(len(what))
     full = torch.randn(ROWS, DIM, generator=generator, dtype=dtype)
-    lookers = [r for r in range(size) if not servers or r not in servers]
+    members = list(members)
+    lookers = [r for r in members if not servers or r not in servers]
     module = hvd.ShardedEmbedding(ROWS, DIM, sparse=sparse, _weight=full, dtype=dtype,
-                                  sharding=sharding, servers=servers, **options)
+                                  sharding=sharding, servers=servers, process_set=process_set,
+                                  **options)
     reference = torch.nn.Embedding(ROWS, DIM, sparse=sparse, _weight=full.clone(), dtype=dtype,
                                    **options)
-    check_layout(module, sharding, servers, what)
+    check_layout(module, sharding, servers, what, members)
     batches = embedding_batches(generator, lookers, dtype,
                                 lambda i: (torch.int32, torch.int64)[i % 2])
     looked_up = set(torch.cat([b[1][0] for b in batches]).tolist())
@@ -178,7 +181,7 @@ def bag_case(what, mode, make_optimizer, sharding, two_d, sparse=True, **options
     else:
         reference = torch.nn.EmbeddingBag(ROWS, DIM, mode=mode, sparse=sparse,
                                           _weight=full.clone(), dtype=torch.float64, **options)
-    check_layout(module, sharding, None, what)
+    check_layout(module, sharding, None, what, list(range(size)))
     train(what, module, reference, make_optimizer, bag_batches(generator, two_d),
           list(range(size)))
 
@@ -211,6 +214,10 @@ embedding_case("dense Adam cyclic max_norm by frequency", adam, sparse=False, sh
 servers = list(range(size // 2, size))
 embedding_case("SparseAdam servers", sparse_adam, sparse=True, sharding="cyclic",
                servers=servers)
+# A table per line of a mesh: {0}, {1} on 2 ranks; {0, 1}, {2, 3} on 4.
+mesh = hvd.ProcessMesh((2, size // 2), ("dp", "shard"))
+embedding_case("SGD per mesh line", sgd, sparse=True, sharding="block",
+               process_set=mesh.process_set("shard"), members=sorted(mesh.ranks_along("shard")))
 bag_case("bag sum weighted", "sum", adagrad, "block", two_d=False)
 bag_case("bag mean 2-D padding", "mean", sgd, "block", two_d=True, padding_idx=HOTTEST)
 bag_case("dense bag mean 2-D padding by frequency", "mean", sgd, "cyclic", two_d=True,
