@@ -2,18 +2,21 @@
 the ranks of a process set, each rank keeping only its own rows as its ``weight``, looked up
 and trained through the exchanges of exchange.py."""
 
+import collections
 import itertools
 
 import torch
 
 from horovodlike.common import basics
 from horovodlike.common.objects import allgather_object
-from horovodlike.common.process_sets import global_process_set, set_ranks
+from horovodlike.common.process_sets import global_process_set, set_id, set_ranks
 from horovodlike.torch.mpi_ops import Average, Sum
 from horovodlike.torch.sharded_embedding.exchange import PullRows
 from horovodlike.torch.sharded_embedding.layout import RowSharding
 
-_table_numbers = itertools.count()
+# Tables are numbered per process set (their collectives' names): the ranks of a set create
+# its tables in the same order, whatever other sets' ranks do meanwhile.
+_table_numbers = collections.defaultdict(itertools.count)
 _ID_DTYPES = (torch.int64, torch.int32)
 
 
@@ -65,10 +68,11 @@ class ShardedTable(torch.nn.Module):
         # Average divides by the ranks that look up: the servers only serve.
         self.lookup_ranks = len(ranks) - (len(holders) if servers is not None else 0)
         self.layout = RowSharding(num_embeddings, len(ranks), holders, sharding)
-        self.name = f"sharded_embedding.{next(_table_numbers)}"
-        self._check_same_everywhere(kind, ranks, dtype, _extra)
-        self.weight = torch.nn.Parameter(self._initial_shard(_weight, device, dtype),
-                                         requires_grad=not _freeze)
+        number = next(_table_numbers[set_id(process_set)])
+        self.name = f"sharded_embedding.{set_id(process_set)}.{number}"
+        shard = self._initial_shard(_weight, device, dtype)
+        self._check_same_everywhere(kind, ranks, shard.dtype, _extra)
+        self.weight = torch.nn.Parameter(shard, requires_grad=not _freeze)
 
     def _check_same_everywhere(self, kind, ranks, dtype, extra):
         """One exchange at construction: every rank must describe the same table."""
@@ -77,7 +81,7 @@ class ShardedTable(torch.nn.Module):
                 "norm_type": self.norm_type, "scale_grad_by_freq": self.scale_grad_by_freq,
                 "sparse": self.sparse, "sharding": self.sharding,
                 "servers": self.servers, "op": str(self.op),
-                "dtype": str(dtype or torch.get_default_dtype()), **(extra or {})}
+                "dtype": str(dtype), **(extra or {})}
         everyone = allgather_object(mine, name=f"{self.name}.arguments",
                                     process_set=self.process_set)
         differing = [k for k in mine if any(theirs.get(k) != mine[k] for theirs in everyone)]
