@@ -229,6 +229,11 @@ held = padded.shard_ids == HOTTEST
 check(bool((padded.weight[held] == 0).all()) and bool((padded.weight[~held] != 0).all()),
       f"rank {rank}: padding row {HOTTEST} not zero, or another row zero: {padded.weight}")
 
+full = torch.arange(ROWS * DIM, dtype=torch.float32).reshape(ROWS, DIM)
+pretrained = hvd.ShardedEmbedding.from_pretrained(full, sharding="cyclic")
+check(torch.equal(pretrained.weight, full[expected_shard_ids("cyclic", list(range(size)))])
+      and not pretrained.weight.requires_grad, f"from_pretrained: {pretrained.weight}")
+
 # Bad input, refused on every rank before anything is sent (nobody would answer otherwise).
 table = hvd.ShardedEmbedding(ROWS, DIM, sparse=True)
 raises(IndexError, lambda: table(torch.tensor([1, ROWS + rank])), f"rank {rank}",

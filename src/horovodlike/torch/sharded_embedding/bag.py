@@ -13,7 +13,9 @@ class ShardedEmbeddingBag(ShardedTable):
     1-D input and offsets, or a 2-D input of equal bags, sums or averages each bag's rows.
     Modes "sum" and "mean" ("max" is refused); ``per_sample_weights`` with "sum" only;
     ``padding_idx`` entries are left out of their bag (and of its count for "mean"); an empty
-    bag gives zeros."""
+    bag gives zeros. ``scale_grad_by_freq`` divides each id's gradient by its count over every
+    rank's input, as nn.Embedding's does (torch's own nn.EmbeddingBag 2.x divides some ids' by
+    another id's count)."""
 
     def __init__(self, num_embeddings, embedding_dim, max_norm=None, norm_type=2.0,
                  scale_grad_by_freq=False, mode="mean", sparse=False, _weight=None,

@@ -38,6 +38,19 @@ class ShardedEmbedding(ShardedTable):
                          scale_grad_by_freq, sparse, _weight, _freeze, device, dtype,
                          **sharding_options)
 
+    @classmethod
+    def from_pretrained(cls, embeddings, freeze=True, padding_idx=None, max_norm=None,
+                        norm_type=2.0, scale_grad_by_freq=False, sparse=False,
+                        **sharding_options):
+        """As nn.Embedding.from_pretrained: ``embeddings`` is the whole table (on every rank),
+        of which each rank keeps its rows."""
+        if embeddings.dim() != 2:
+            raise ValueError(f"ShardedEmbedding.from_pretrained: embeddings must be 2-D, got "
+                             f"shape {tuple(embeddings.shape)}")
+        rows, dim = embeddings.shape
+        return cls(rows, dim, padding_idx, max_norm, norm_type, scale_grad_by_freq, sparse,
+                   _weight=embeddings, _freeze=freeze, **sharding_options)
+
     def forward(self, input):
         ids = self.check_ids(input)
         rows = self.lookup(ids.reshape(-1))
