@@ -125,9 +125,10 @@ def embedding_case(what, make_optimizer, sparse, sharding, servers=None, dtype=t
     train(what, module, reference, make_optimizer, batches, lookers)
 
 
-def bag_batches(generator, two_d):
+def bag_batches(generator, two_d, last_offset):
     """Per step: every rank's (input, offsets, per_sample_weights), the reference's
-    concatenation of them, and targets. 1-D bags of uneven sizes, one empty."""
+    concatenation of them, and targets. 1-D bags of uneven sizes, one empty; ``last_offset``:
+    the offsets end with the input's length (include_last_offset)."""
     steps = []
     for step in range(STEPS):
         calls, inputs, offsets, weights, bags = [], [], [], [], []
@@ -142,13 +143,15 @@ def bag_batches(generator, two_d):
             ids = zipf_ids(generator, (int(sizes.sum()),))
             starts = torch.cat([torch.tensor([0]), sizes.cumsum(0)[:-1]])
             w = torch.rand(ids.shape, generator=generator, dtype=torch.float64)
-            calls.append((ids, starts, w))
+            calls.append((ids, torch.cat([starts, sizes.sum(0, keepdim=True)]) if last_offset
+                          else starts, w))
             offsets.append(starts + sum(x.numel() for x in inputs))
             inputs.append(ids)
             weights.append(w)
             bags.append(len(sizes))
+        ends = [torch.tensor([sum(x.numel() for x in inputs)])] if last_offset else []
         reference_args = (torch.cat(inputs),) if two_d else \
-            (torch.cat(inputs), torch.cat(offsets), torch.cat(weights))
+            (torch.cat(inputs), torch.cat(offsets + ends), torch.cat(weights))
         targets = [torch.randn(b, DIM, generator=generator, dtype=torch.float64) for b in bags]
         steps.append((calls, reference_args, bags, targets))
     return steps
@@ -182,7 +185,8 @@ def bag_case(what, mode, make_optimizer, sharding, two_d, sparse=True, **options
         reference = torch.nn.EmbeddingBag(ROWS, DIM, mode=mode, sparse=sparse,
                                           _weight=full.clone(), dtype=torch.float64, **options)
     check_layout(module, sharding, None, what, list(range(size)))
-    train(what, module, reference, make_optimizer, bag_batches(generator, two_d),
+    batches = bag_batches(generator, two_d, options.get("include_last_offset", False))
+    train(what, module, reference, make_optimizer, batches,
           list(range(size)))
 
 
@@ -219,6 +223,8 @@ mesh = hvd.ProcessMesh((2, size // 2), ("dp", "shard"))
 embedding_case("SGD per mesh line", sgd, sparse=True, sharding="block",
                process_set=mesh.process_set("shard"), members=sorted(mesh.ranks_along("shard")))
 bag_case("bag sum weighted", "sum", adagrad, "block", two_d=False)
+bag_case("bag sum weighted last offset", "sum", sgd, "cyclic", two_d=False,
+         include_last_offset=True)
 bag_case("bag mean 2-D padding", "mean", sgd, "block", two_d=True, padding_idx=HOTTEST)
 bag_case("dense bag mean 2-D padding by frequency", "mean", sgd, "cyclic", two_d=True,
          sparse=False, padding_idx=HOTTEST, scale_grad_by_freq=True)
