@@ -235,6 +235,27 @@ held = padded.shard_ids == HOTTEST
 check(bool((padded.weight[held] == 0).all()) and bool((padded.weight[~held] != 0).all()),
       f"rank {rank}: padding row {HOTTEST} not zero, or another row zero: {padded.weight}")
 
+
+
+def two_lookups_summed():
+    """Two lookups of one table in one loss (both backward passes in one), op=hvd.Sum: the
+    shard's gradient is the sum of every rank's, not divided."""
+    generator = torch.Generator().manual_seed(11)
+    full = torch.randn(ROWS, DIM, generator=generator, dtype=torch.float64)
+    module = hvd.ShardedEmbedding(ROWS, DIM, _weight=full, dtype=torch.float64, op=hvd.Sum)
+    reference = torch.nn.Embedding(ROWS, DIM, _weight=full.clone(), dtype=torch.float64)
+    firsts = [zipf_ids(generator, (3 + r,)) for r in range(size)]
+    seconds = [zipf_ids(generator, (2, r)) for r in range(size)]
+    t1 = [torch.randn(*x.shape, DIM, generator=generator, dtype=torch.float64) for x in firsts]
+    t2 = [torch.randn(*x.shape, DIM, generator=generator, dtype=torch.float64) for x in seconds]
+    sum((reference(firsts[r]) * t1[r]).sum() + (reference(seconds[r]) ** 2 * t2[r]).sum()
+        for r in range(size)).backward()
+    ((module(firsts[rank]) * t1[rank]).sum()
+     + (module(seconds[rank]) ** 2 * t2[rank]).sum()).backward()
+    close(module.weight.grad, reference.weight.grad[module.shard_ids], "two lookups, hvd.Sum")
+
+
+two_lookups_summed()
 full = torch.arange(ROWS * DIM, dtype=torch.float32).reshape(ROWS, DIM)
 pretrained = hvd.ShardedEmbedding.from_pretrained(full, sharding="cyclic")
 check(torch.equal(pretrained.weight, full[expected_shard_ids("cyclic", list(range(size)))])
