@@ -12,10 +12,17 @@ faster). Libraries run in turns (--repeat rounds, each library once a round) and
 the rounds is reported, so that load from other processes on the machine hits all of them alike.
 MPI runs twice, its ranks bound to cores and unbound (`--bind-to none`); the "MPI" column is the
 better of the two at each size (both are printed; the JSON says which won where).
-"copy-floor" is the machine's memory-bandwidth floor measured in the same run: every rank copies
-a buffer of the size once, all ranks at once (an allreduce reads every input and writes every
-output at least once); its ratio to horovodlike's time is the fraction of the floor reached.
-mpi4py and matplotlib come with `pip install 'horovodlike[bench]'`.
+"mem-bound" is the time the machine's memory allows any in-place allreduce, measured in the same
+run: every rank must read its input and write its output once (must_traffic), and as many
+processes as ranks read and write a buffer of the size in place at once (a STREAM-style kernel)
+to measure the bandwidth that leaves them (shown from 1 MiB: below that, latency and caches
+decide). Every job's own median is kept: "--repeat
+20" makes 20 jobs of each library, run in turns, and a per-job table gives each one's worst
+and median job.
+MPI runs in every configuration --mpi-configs names ("bindings": bound and unbound; "tuned":
+also Open MPI's tuned allreduce algorithms and its shared-memory single-copy mechanism; or a
+JSON list of {"label", "mca": {name: value}, "bind"}), and the "MPI" column is the best of them
+at each size in each round. mpi4py and matplotlib come with `pip install 'horovodlike[bench]'`.
 
     python benchmarks/allreduce.py --np 2 --cuda
 
@@ -40,6 +47,7 @@ import tempfile
 import time
 
 from gpu_setup import bench_device, horovodlike_gpu_report, in_full, require_cuda, torch_peers
+from provenance import footer, header, record
 from source_tree import jobs_pythonpath
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -214,31 +222,47 @@ def worker_horovod(args):
     hvd.shutdown()
 
 
-def worker_copy(args):
-    """The memory-bandwidth floor: every rank copies a buffer of the size into another, all ranks
-    at once (they start together through marker files). An allreduce has to read every rank's
-    input and write every rank's output at least once: the same traffic as this copy."""
+def must_traffic(nbytes: int) -> int:
+    """Bytes of memory traffic every rank of any in-place allreduce must cause: read its input
+    and write its output, once each (the other ranks' data can come through the shared cache,
+    as horovodlike's shared-memory algorithm brings them, in chunks)."""
+    return 2 * nbytes
+
+
+def worker_stream(args):
+    """The memory bound: every rank reads and writes a float32 buffer of the size in place
+    (a += 1, a STREAM-style kernel without the write-allocate reads of a copy into another
+    buffer), all ranks at once (they start together through marker files); the bound is
+    must_traffic over the bandwidth this measures, i.e. that kernel's time. STREAM's copy
+    (a = b) runs beside it, for the record: a copy into another buffer also reads the
+    destination before writing it, so it moves 3 bytes for the 2 STREAM counts."""
     import numpy as np
     rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     folder = os.path.dirname(args.out)
-    results = {}
-    for nbytes in args.sizes:
-        src = np.full(nbytes // 4, rank + 1, dtype=np.float32)
-        dst = np.zeros_like(src)
-        np.copyto(dst, src)
-        _check(float(dst[-1]), rank + 1, f"copy {nbytes} B")
+    results, copy_bw = {}, {}
+    for nbytes in [n for n in args.sizes if n >= 1 << 20]:
+        a = np.full(nbytes // 4, rank + 1, dtype=np.float32)
+        b = np.ones_like(a)
+        np.add(a, 1.0, out=a)
+        _check(float(a[-1]), rank + 2, f"stream {nbytes} B")
         marker = os.path.join(folder, f"ready.{nbytes}.{{}}")
         open(marker.format(rank), "w").close()
         while not all(os.path.exists(marker.format(r)) for r in range(size)):
             time.sleep(0.001)
         warmup, timed = iterations(nbytes, args.iter_scale)
-        results[nbytes] = _time_loop(lambda: np.copyto(dst, src), warmup, timed)
+        in_place = _time_loop(lambda: np.add(a, 1.0, out=a), warmup, timed)
+        copies = _time_loop(lambda: np.copyto(b, a), warmup, timed)
+        bandwidth = [must_traffic(nbytes) / t for t in in_place]
+        results[nbytes] = [must_traffic(nbytes) / bw for bw in bandwidth]
+        copy_bw[nbytes] = 2 * nbytes / statistics.median(copies) / 1e9
     if rank == 0:
-        _write(args.out, results, {"what": "each rank copies its buffer once, all at once"})
+        _write(args.out, results, {"what": "each rank reads and writes its buffer in place, all "
+                                           "ranks at once (a += 1)",
+                                   "stream_copy_GBps_per_rank": copy_bw})
 
 
 WORKERS = {"horovodlike": worker_horovodlike, "mpi": worker_mpi, "gloo": worker_gloo,
-           "nccl": worker_nccl, "copy": worker_copy,
+           "nccl": worker_nccl, "stream": worker_stream,
            "horovod": worker_horovod}
 
 
@@ -319,10 +343,37 @@ def cuda_libraries(np_: int, gpus: int, launch: list[str], me: str
     return found + [Library(label, backend, None) for label, backend in peers], skipped + notes
 
 
-def libraries(np_: int, wanted: set[str], gpus: int | None = None
-              ) -> tuple[list[Library], list[str]]:
+BIND_CORE = "core:overload-allowed"
+
+
+def mpi_configurations(choice: str) -> list[dict]:
+    """MPI's runs: "bindings" (ranks bound one to a core, which is MPI's usual best, and unbound,
+    which on a machine shared with other work can move to an idle core), "tuned" (also each of
+    Open MPI's tuned allreduce algorithms, and its shared-memory transport without the
+    single-copy mechanism), or a JSON file with a list of {"label", "bind", "mca"}. Labels
+    start with "MPI "; the "MPI" column is the best of them."""
+    bindings = [{"label": "MPI bound", "bind": BIND_CORE}, {"label": "MPI unbound", "bind": "none"}]
+    if choice == "bindings":
+        return bindings
+    if choice != "tuned":
+        with open(choice) as f:
+            return json.load(f)
+    # Open MPI 4's coll/tuned: 1 basic linear, 2 nonoverlapping (reduce + bcast), 3 recursive
+    # doubling, 4 ring, 5 segmented ring, 6 Rabenseifner (reduce-scatter + allgather).
+    tuned = [{"label": f"MPI alg{k} {where}", "bind": bind,
+              "mca": {"coll_tuned_use_dynamic_rules": 1, "coll_tuned_allreduce_algorithm": k}}
+             for k in range(1, 7) for where, bind in (("bound", BIND_CORE), ("unbound", "none"))]
+    copies = [{"label": f"MPI nosinglecopy {where}", "bind": bind,
+               "mca": {"btl_vader_single_copy_mechanism": "none"}}
+              for where, bind in (("bound", BIND_CORE), ("unbound", "none"))]
+    return bindings + tuned + copies
+
+
+def libraries(np_: int, wanted: set[str], gpus: int | None = None,
+              mpi_configs: list[dict] = ()) -> tuple[list[Library], list[str]]:
     """The libraries to run, and a note for each one skipped; `gpus` (--cuda): the GPUs visible,
-    and the CUDA set of libraries instead of the host's."""
+    and the CUDA set of libraries instead of the host's; `mpi_configs`: MPI's runs
+    (mpi_configurations)."""
     py = sys.executable
     me = os.path.abspath(__file__)
     launch = [py, "-m", "horovodlike.runner.launch", "-np", str(np_)]
@@ -345,11 +396,12 @@ def libraries(np_: int, wanted: set[str], gpus: int | None = None
                                      launch + [f"--{backend}", py, me]))
     mpirun = shutil.which("mpirun")
     if mpirun and _module_available("mpi4py"):
-        # Both bindings: one rank per core is MPI's usual best, but on a machine shared with other
-        # work an unbound rank can move to an idle core; the better one per size is reported.
-        for label, binding in (("MPI bound", "core:overload-allowed"), ("MPI unbound", "none")):
-            found.append(Library(label, "mpi", [mpirun, "--allow-run-as-root", "--oversubscribe",
-                                                "--bind-to", binding, "-np", str(np_), py, me]))
+        for config in mpi_configs:
+            mca = [arg for name, value in config.get("mca", {}).items()
+                   for arg in ("--mca", name, str(value))]
+            found.append(Library(config["label"], "mpi",
+                                 [mpirun, "--allow-run-as-root", "--oversubscribe", "--bind-to",
+                                  config.get("bind", "none"), *mca, "-np", str(np_), py, me]))
     else:
         skipped.append("MPI: needs mpirun and mpi4py (pip install 'horovodlike[bench]')")
     if _module_available("torch.distributed"):
@@ -357,7 +409,7 @@ def libraries(np_: int, wanted: set[str], gpus: int | None = None
     else:
         skipped.append("torch.distributed Gloo: torch is not installed")
     # Started as torch-gloo's ranks are (RANK, WORLD_SIZE), but needs only NumPy.
-    found.append(Library("copy-floor", "copy", None))
+    found.append(Library("mem-bound", "stream", None))
     if _module_available("horovod.torch") and shutil.which("horovodrun"):
         found.append(Library("Horovod", "horovod",
                              [shutil.which("horovodrun"), "-np", str(np_), py, me]))
@@ -430,6 +482,12 @@ def main():
     parser.add_argument("--cuda", action="store_true",
                         help="allreduce CUDA tensors (rank r on GPU r mod the GPUs visible), "
                         "beside torch.distributed over NCCL and over Gloo")
+    parser.add_argument("--mpi-configs", default="bindings",
+                        help='MPI\'s runs: "bindings" (bound and unbound, the default), "tuned" '
+                        "(also Open MPI's tuned allreduce algorithms and no single-copy), or a "
+                        "JSON file of {label, bind, mca} entries")
+    parser.add_argument("--alternate", action="store_true",
+                        help="reverse the order of the libraries every other round")
     parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -441,9 +499,11 @@ def main():
         WORKERS[args.worker](args)
         return
 
+    print(header(), flush=True)
+    provenance = record()
     gpus = require_cuda(parser, _base_env()) if args.cuda else None
     wanted = {w.strip() for w in args.only.split(",") if w.strip()}
-    libs, skipped = libraries(args.np, wanted, gpus)
+    libs, skipped = libraries(args.np, wanted, gpus, mpi_configurations(args.mpi_configs))
     for note in skipped:
         print(f"skipped: {note}", flush=True)
     if args.cuda:
@@ -456,7 +516,7 @@ def main():
     medians = {lib.label: {n: [] for n in sizes} for lib in libs}
     infos = {}
     for round_ in range(args.repeat):
-        for lib in libs:
+        for lib in (libs[::-1] if args.alternate and round_ % 2 else libs):
             start = time.time()
             try:
                 result = run_job(lib, args.np, worker_args, args.timeout, settings)
@@ -472,42 +532,67 @@ def main():
                 print(f"note: {lib.label} ran CUDA tensors as {result['info']['gpu_mode']}",
                       flush=True)
             for n in sizes:
-                medians[lib.label][n].append(statistics.median(result["samples"][str(n)]))
+                if str(n) in result["samples"]:
+                    medians[lib.label][n].append(statistics.median(result["samples"][str(n)]))
             print(f"round {round_ + 1}/{args.repeat}: {lib.label} done in "
                   f"{time.time() - start:.1f} s", flush=True)
     table = {label: {n: statistics.median(v) for n, v in per.items() if v}
              for label, per in medians.items()}
-    mpi_choice = best_binding(table, medians, sizes)
+    mpi_choice = best_mpi(table, medians, sizes)
     if mpi_choice:
-        print("MPI: the better binding per size (median over rounds): " + ", ".join(
+        print("MPI: the configuration that was fastest in most rounds, per size: " + ", ".join(
             f"{format_size(n)} {mpi_choice[n]}" for n in sizes if n in mpi_choice), flush=True)
     print_table(table, sizes, args.np, " of CUDA tensors" if args.cuda else "")
     print_round_ratios(medians, sizes)
+    print_jobs(medians, sizes)
+    print(footer(), flush=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"np": args.np, "cuda": args.cuda, "median_seconds": table,
-                       "per_round": medians, "mpi_binding": mpi_choice,
+            json.dump({**provenance, "np": args.np, "cuda": args.cuda, "median_seconds": table,
+                       "per_round": medians, "mpi_choice": mpi_choice,
                        "load_average": os.getloadavg(), "settings": settings, "info": infos},
                       f, indent=1, default=str)
 
 
-def best_binding(table: dict, medians: dict, sizes: list[int]) -> dict:
-    """Adds an "MPI" column with the faster of "MPI bound" and "MPI unbound" per size (their
-    own columns stay); returns which one won at each size."""
-    runs = [label for label in ("MPI bound", "MPI unbound") if table.get(label)]
+def best_mpi(table: dict, medians: dict, sizes: list[int]) -> dict:
+    """Adds an "MPI" column: in each round, the fastest of MPI's configurations at each size
+    (their own columns stay); returns, per size, the configuration that won most rounds."""
+    runs = [label for label in table if label.startswith("MPI ") and table[label]]
     if not runs:
         return {}
     choice, best, rounds = {}, {}, {}
     for n in sizes:
-        timed = [label for label in runs if n in table[label]]
-        if not timed:
-            continue
-        choice[n] = min(timed, key=lambda label: table[label][n])
-        best[n] = table[choice[n]][n]
-        rounds[n] = medians[choice[n]][n]
+        per_round = zip(*[medians[label][n] for label in runs if len(medians[label][n])])
+        winners = []
+        for times in per_round:
+            fastest = min(range(len(times)), key=times.__getitem__)
+            winners.append(runs[fastest])
+            rounds.setdefault(n, []).append(times[fastest])
+        if winners:
+            choice[n] = max(set(winners), key=winners.count)
+            best[n] = statistics.median(rounds[n])
     table["MPI"] = best
     medians["MPI"] = rounds
     return choice
+
+
+def print_jobs(medians: dict, sizes: list[int]) -> None:
+    """Every job's median, per library and size, with the worst job over the median job (for
+    times: the slowest over the median)."""
+    print()
+    print("every job's median per call (one job per round), the median job, the worst job, "
+          "and worst / median")
+    for label, per in medians.items():
+        if label.startswith("MPI ") or not any(per.values()):
+            continue
+        for n in sizes:
+            jobs = per.get(n) or []
+            if not jobs:
+                continue
+            mid = statistics.median(jobs)
+            print(f"{label:>12} {format_size(n):>8}: median {_fmt_time(mid)}, worst "
+                  f"{_fmt_time(max(jobs))} ({max(jobs) / mid:.2f}x); jobs: "
+                  + " ".join(_fmt_time(t) for t in jobs))
 
 
 def print_round_ratios(medians: dict, sizes: list[int]) -> None:

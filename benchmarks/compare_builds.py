@@ -28,6 +28,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import allreduce as bench  # noqa: E402
+from provenance import footer, header  # noqa: E402
 
 CORE_LINKS = {"shm": {}, "tcp": {"HOROVOD_SHM_DISABLE": "1"},
               "gloo": {"HOROVOD_CPU_OPERATIONS": "gloo"}}
@@ -126,10 +127,36 @@ def print_table(title, per_round, sizes):
               f"{statistics.median(paired):9.2f}x | {faster:>12} |")
 
 
+def describe_tree(where: str) -> str:
+    """A build's tree as the raw output names it: the commit of the checkout it is in (and
+    whether it differs from it), else the folder's name; never the machine's path."""
+    git = ["git", "-C", where]
+    head = subprocess.run(git + ["rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True)
+    if head.returncode != 0:
+        return os.path.basename(where.rstrip(os.sep))
+    dirty = subprocess.run(git + ["status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True).stdout.strip()
+    return f"the checkout at {head.stdout.strip()}{' (modified)' if dirty else ''}"
+
+
 def print_build(build, where, settings):
     """`before: TREE with NAME=VALUE`: which build ran, and with what settings."""
     extra = bench.format_settings(settings)
     print(f"{build + ':':7} {where}{' with ' + extra if extra else ''}")
+
+
+def print_jobs(title, per_build, sizes):
+    """Every job's median, per build and size, and the worst job over the median job."""
+    print(f"\n{title}: every job (one per round), the worst over the median job")
+    for build, per_size in per_build.items():
+        for n in sizes:
+            jobs = per_size[n]
+            if not jobs:
+                continue
+            mid = statistics.median(jobs)
+            print(f"{build:>6} {bench.format_size(n):>8}: worst/median {max(jobs) / mid:.2f}x; "
+                  + " ".join(bench._fmt_time(t) for t in jobs))
 
 
 def report(path):
@@ -186,6 +213,7 @@ def main():
             for label in filter(None, args.only.split(","))]
     jobs += [(f"core alone over {link}", core_job, link)
              for link in filter(None, args.core.split(","))]
+    print(header(), flush=True)
     builds = {"before": os.path.abspath(args.before), "after": os.path.abspath(args.after)}
     settings = {"before": bench.env_settings(parser, args.before_env),
                 "after": bench.env_settings(parser, args.after_env)}
@@ -200,10 +228,13 @@ def main():
                 print(f"round {round_ + 1}/{args.rounds}: {title}, {build} done "
                       f"(load {os.getloadavg()[0]:.1f})", flush=True)
     print()
+    builds = {b: describe_tree(where) for b, where in builds.items()}
     for build in builds:
         print_build(build, builds[build], settings[build])
     for title, _, _ in jobs:
         print_table(title, results[title], sizes)
+        print_jobs(title, results[title], sizes)
+    print(footer(), flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"builds": builds, "settings": settings, "rounds": args.rounds,

@@ -34,12 +34,14 @@ import sys
 import tempfile
 import time
 
+from provenance import footer, header, record
 from source_tree import jobs_pythonpath
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WIDTHS = [512, 1024, 1536, 1024, 2048, 1024, 1536, 768, 1024, 2048, 1024, 512, 1024, 1536, 1024,
           2048, 512]
 CLASSES = 10
+CPU_MS_PER_STEP: list[float] = []  # time_windows' measurement, for _write
 
 
 def build_model():
@@ -84,6 +86,7 @@ def time_windows(args, step, world, finish=None):
         step()
     finish()
     rates = []
+    cpu_start = time.process_time()
     for _ in range(args.windows):
         start = time.perf_counter()
         for _ in range(args.steps):
@@ -91,6 +94,9 @@ def time_windows(args, step, world, finish=None):
         finish()
         elapsed = time.perf_counter() - start
         rates.append(args.batch_size * world * args.steps / elapsed)
+    # CPU time of every thread of this process (the training's, the runtime's, a spinner's),
+    # per step: what the exchange takes from a machine that has other work to do.
+    CPU_MS_PER_STEP.append(1e3 * (time.process_time() - cpu_start) / (args.windows * args.steps))
     return rates
 
 
@@ -206,6 +212,7 @@ def _write(path, rates, model, settings=None):
     params = list(model.parameters())
     with open(path, "w") as f:
         json.dump({"rates": rates, "tensors": len(params),
+                   "cpu_ms_per_step": CPU_MS_PER_STEP[-1] if CPU_MS_PER_STEP else None,
                    "parameters": sum(p.numel() for p in params), "settings": settings}, f)
 
 
@@ -320,16 +327,24 @@ def main():
     worker_args = ["--batch-size", str(args.batch_size), "--steps", str(args.steps),
                    "--windows", str(args.windows), "--warmup", str(args.warmup)]
     worker_args += ["--cuda"] if args.cuda else []
+    print(header(), flush=True)
+    provenance = record()
     per_round = {k: [] for k in kinds}
+    cpu = {k: [] for k in kinds}
     model_info = {}
     for round_ in range(args.repeat):
-        for kind in kinds:
+        # Every other round in the opposite order: a job that always follows the same one
+        # inherits its aftermath (caches, the scheduler's placement, a machine warming up).
+        for kind in (kinds[::-1] if round_ % 2 else kinds):
             start = time.time()
             result = run_job(kind, args, worker_args)
             per_round[kind].append(statistics.median(result["rates"]))
+            cpu[kind].append(result.get("cpu_ms_per_step"))
             model_info = {"tensors": result["tensors"], "parameters": result["parameters"]}
             print(f"round {round_ + 1}/{args.repeat}: {LABELS[kind]}: "
-                  f"{per_round[kind][-1]:.1f} samples/s ({time.time() - start:.0f} s)", flush=True)
+                  f"{per_round[kind][-1]:.1f} samples/s, rank 0 CPU "
+                  f"{cpu[kind][-1] or 0:.1f} ms per step ({time.time() - start:.0f} s)",
+                  flush=True)
 
     table = {k: statistics.median(v) for k, v in per_round.items() if v}
     print()
@@ -338,12 +353,14 @@ def main():
           f"{model_info.get('parameters', 0) / 1e6:.1f}M parameters in "
           f"{model_info.get('tensors', 0)} tensors, SGD with momentum, median of "
           f"{args.repeat} rounds")
-    rows = [["job", "samples/s", "vs DDP", "vs ceiling"]]
+    rows = [["job", "samples/s", "vs DDP", "vs ceiling", "CPU ms/step (rank 0)"]]
     for kind, rate in table.items():
         if kind == "exchange":
             continue
         ratios = [f"{rate / table[k]:.2f}x" if k in table else "-" for k in ("ddp", "nosync")]
-        rows.append([LABELS[kind], f"{rate:.1f}", *ratios])
+        cpu_ms = [c for c in cpu[kind] if c is not None]
+        rows.append([LABELS[kind], f"{rate:.1f}", *ratios,
+                     f"{statistics.median(cpu_ms):.1f}" if cpu_ms else "-"])
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for i, row in enumerate(rows):
         print("| " + " | ".join(c.ljust(w) if j == 0 else c.rjust(w)
@@ -362,10 +379,27 @@ def main():
             print(f"ceiling step {ceiling_ms:.1f} ms; with no core free for the exchange a step "
                   f"takes at least {ceiling_ms + best_ms:.1f} ms: at most "
                   f"{ceiling_ms / (ceiling_ms + best_ms):.2f}x of the ceiling")
+    print_bound_per_round(per_round, samples_per_step)
+    print(footer(), flush=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"np": args.np, "samples_per_s": table, "per_round": per_round,
-                       **model_info}, f, indent=1)
+            json.dump({**provenance, "np": args.np, "samples_per_s": table,
+                       "per_round": per_round, "cpu_ms_per_step": cpu, **model_info}, f,
+                      indent=1)
+
+
+def print_bound_per_round(per_round: dict, samples_per_step: int) -> None:
+    """Each round's horovodlike step against that round's bound (its ceiling step plus its
+    exchange alone): every round, not only the medians."""
+    if not all(per_round.get(k) for k in ("horovodlike", "nosync", "exchange")):
+        return
+    print("\nper round: horovodlike step / (ceiling step + exchange alone) of the same round")
+    for i, (ours, ceiling, exchange) in enumerate(zip(per_round["horovodlike"],
+                                                      per_round["nosync"],
+                                                      per_round["exchange"])):
+        step, bound = samples_per_step / ours, samples_per_step / ceiling + \
+            samples_per_step / exchange
+        print(f"round {i + 1}: {1e3 * step:.1f} ms / {1e3 * bound:.1f} ms = {step / bound:.3f}")
 
 
 if __name__ == "__main__":

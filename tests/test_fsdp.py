@@ -13,3 +13,12 @@ from conftest import assert_all_ranks, launch
 def test_fully_shard(mode, np):
     result = launch(np, "fsdp_worker.py", mode, env={"HOROVOD_DYNAMIC_PROCESS_SETS": "1"})
     assert_all_ranks(result, np, f"fsdp {mode} OK")
+
+
+@pytest.mark.parametrize("mode,np", [("two", 2), ("four", 4)])
+def test_fully_shard_features(mode, np):
+    """Implicit prefetching, FSDP2's setters, shard_placement_fn, init_device_mesh and a
+    torch.distributed DeviceMesh (tests/workers/fsdp_features_worker.py)."""
+    result = launch(np, "fsdp_features_worker.py", mode,
+                    env={"HOROVOD_DYNAMIC_PROCESS_SETS": "1"})
+    assert_all_ranks(result, np, f"fsdp features {mode} OK")

@@ -323,3 +323,14 @@ def test_cpu_operations_horovod_accepts_but_we_lack_fail_clearly():
     assert result.returncode != 0
     assert "HOROVOD_CPU_OPERATIONS=ccl: horovodlike has no oneCCL support; use mpi, gloo or " \
            "tcp" in result.stdout + result.stderr, result.stdout + result.stderr
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to pin ranks apart")
+@pytest.mark.parametrize("mode, cores, spins", [("own", 2, True), ("shared", 1, False)])
+def test_ranks_pinned_to_cores_count_the_cores_they_share(mode, cores, spins):
+    # A rank pinned to one core may still spin while its peer has a core of its own: the host's
+    # ranks count the union of their masks, not each its own (which would make every pinned
+    # job sleep and wake through the kernel on each wait). Pinned to one core together, they
+    # must not spin.
+    result = launch(2, "pinned_worker.py", mode, transport="tcp")
+    assert_all_ranks(result, 2, f"spins={spins} host_cores={cores} ")

@@ -72,6 +72,8 @@ class Runtime {
   // The link point-to-point messages travel over ("shm", "shm+tcp", "tcp"); nullptr when
   // this job has none.
   const char* PointToPointLinkName() const { return p2p_->link_name(); }
+  // The shared-memory link among this host's ranks, or nullptr.
+  const ShmLink* shared_memory() const { return transport_->shared_memory(); }
   Executor::Stats stats() { return process_sets_.TotalStats(); }
   // Ranks of a process set; throws InvalidArgument when it does not exist.
   std::vector<int> ProcessSetRanks(int id);

@@ -16,6 +16,7 @@
 #include "../collectives/provider_table.h"
 #include "../cuda/nccl_api.h"
 #include "../links/connect.h"
+#include "../links/shm/shm_link.h"
 #include "gpu.h"
 #include "testing.h"
 #include "../common/backend_names.h"
@@ -292,6 +293,12 @@ py::dict Stats() {
   const Runtime::RoundCounts rounds = runtime->round_counts();
   d["loop_rounds"] = rounds.loop;
   d["caller_rounds"] = rounds.caller;
+  // How the ranks of this host wait for each other (links/shm/shm_link.h); absent without one.
+  if (const ShmLink* shm = runtime->shared_memory()) {
+    d["shm_spins"] = shm->spins();
+    d["shm_host_cores"] = shm->host_cores();
+    d["shm_cpu_moves"] = shm->cpu_moves();
+  }
   return d;
 }
 

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 import horovodlike.torch as hvd
-from horovodlike.torch.fsdp import (CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy,
+from horovodlike.torch.fsdp import (CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, Shard,
                                     full_state_dict, fully_shard, load_full_state_dict)
 from common import check, raises
 
@@ -252,8 +252,10 @@ def errors():
     raises(TypeError, lambda: fully_shard(Net(1), mp_policy=MixedPrecisionPolicy(torch.int8)),
            "param_dtype")
     raises(TypeError, lambda: fully_shard(Net(1), offload_policy=True), "CPUOffloadPolicy")
-    raises(NotImplementedError, lambda: fully_shard(Net(1), shard_placement_fn=len),
-           "shard_placement_fn")
+    raises(TypeError, lambda: fully_shard(Net(1), shard_placement_fn=len), "returned 11",
+           "Shard(dim)")
+    raises(ValueError, lambda: fully_shard(Net(1), shard_placement_fn=lambda p: Shard(2)),
+           "Shard(2)", "out of range")
     top_down = fully_shard(Net(1))
     raises(ValueError, lambda: fully_shard(top_down.blocks[0]), "bottom-up")
     tied = Net(1)
@@ -348,7 +350,7 @@ def offloaded():
     check(all(torch.equal(runs[0][k], runs[1][k]) for k in runs[1]), "offloading changed results")
 
 
-if mode == "train":
+if __name__ == "__main__" and mode == "train":
     for reshard in (True, False):
         train_and_compare(torch.optim.SGD, {"lr": 0.2, "momentum": 0.9}, reshard)
     reference, net = train_and_compare(torch.optim.Adam, {"lr": 0.01}, True)
@@ -361,7 +363,7 @@ if mode == "train":
     mixed_precision()
     offloaded()
     print(f"rank {rank}: fsdp train OK", flush=True)
-elif mode == "four":
+elif __name__ == "__main__" and mode == "four":
     # Over a 1-D mesh of the whole job (ProcessMesh): the same as over the global set.
     train_and_compare(torch.optim.Adam, {"lr": 0.01}, True, mesh=hvd.ProcessMesh((4,), ("dp",)))
     # HSDP: each module sharded over 2 ranks (1/2 of it each), replicated over the other 2.

@@ -15,11 +15,13 @@
 namespace horovodlike {
 namespace shm {
 
-constexpr uint64_t kMagic = 0x31484d534c445648ULL;  // "HVDLSMH1"
+constexpr uint64_t kMagic = 0x32484d534c445648ULL;  // "HVDLSMH2"
 constexpr size_t kPage = 4096;
 constexpr size_t kLine = 64;
 // Larger groups use TCP: the channels grow with the square of the ranks.
 constexpr size_t kMaxRanks = 256;
+// CPUs a rank's affinity mask is recorded for (kCpuWords x 64).
+constexpr size_t kCpuWords = 16;
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "needs lock-free 64-bit atomics");
 static_assert(std::atomic<uint32_t>::is_always_lock_free, "needs lock-free 32-bit atomics");
@@ -49,6 +51,12 @@ struct alignas(kLine) RankControl {
   std::atomic<uint32_t> aborted;                  // set when this rank's transport stopped
   int32_t pid;                                    // for liveness checks through /proc
   uint64_t start_time;                            // /proc/<pid>/stat field 22, against pid reuse
+  // The owner writes: the CPU its latest spinning thread ran on (-1 before any), so that a
+  // peer spinning on the same CPU gives way instead of spinning out its time slice.
+  alignas(kLine) std::atomic<int32_t> cpu;
+  // Written once, before the segment is agreed on: the CPUs the owner's process may run on
+  // (a bit per CPU), so that every rank counts the cores the host's ranks share.
+  uint64_t cpus_allowed[kCpuWords];
 };
 
 struct ChannelControl {

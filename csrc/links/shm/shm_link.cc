@@ -35,6 +35,10 @@ using Clock = std::chrono::steady_clock;
 // When a spinner (see WaitUntil) checks whether other threads wait for a core.
 constexpr auto kFirstLoadCheck = std::chrono::microseconds(2);
 constexpr auto kLoadCheckInterval = std::chrono::microseconds(50);
+// A spinner that finds the peer it waits for on its own CPU this many times, each within
+// kSharedCpuForgetNs of the last, moves to another CPU (GiveWayOnSharedCpu).
+constexpr int kSharedCpuMeetingsBeforeMove = 8;
+constexpr int64_t kSharedCpuForgetNs = 20 * 1000 * 1000;
 
 size_t FloorPowerOfTwo(size_t n) {
   size_t p = 1;
@@ -100,7 +104,8 @@ void FutexWakeAll(std::atomic<uint32_t>* word) {
             0);
 }
 
-int UsableCpus() {
+// This thread's CPUs (its affinity mask), at most CPU_SETSIZE.
+int ThreadCpus() {
   cpu_set_t set;
   CPU_ZERO(&set);
   if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
@@ -135,13 +140,25 @@ Geometry FitGeometry(const ShmLink::Options& options, size_t ranks) {
   return g;
 }
 
-// This process's pid and start time, which peers check it by, into its control block.
+// This process's pid and start time, which peers check it by, and the CPUs it may run on, into
+// its control block.
 void RecordThisProcess(shm::RankControl* control) {
   char state;
   uint64_t start_time = 0;
   ReadProcessStat(::getpid(), &state, &start_time);
   control->pid = ::getpid();
   control->start_time = start_time;
+  control->cpu.store(-1, std::memory_order_relaxed);
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  // The process's mask (its main thread's), not this thread's: the runtime's own threads may
+  // be pinned (HOROVOD_THREAD_AFFINITY) while the training runs anywhere.
+  const bool known = sched_getaffinity(::getpid(), sizeof(set), &set) == 0;
+  for (size_t c = 0; c < shm::kCpuWords * 64; ++c) {
+    if (!known || (c < CPU_SETSIZE && CPU_ISSET(c, &set))) {
+      control->cpus_allowed[c / 64] |= uint64_t{1} << (c % 64);
+    }
+  }
 }
 
 // Leader: creates and initialises the segment; returns the offer for the members (ok = 0 when
@@ -281,13 +298,22 @@ ShmLink::ShmLink(ShmSegment segment, std::vector<int> members, int index,
   small_bytes_ = header->small_bytes;
   slice_bytes_ = std::max<size_t>(4096, channel_bytes_ / 8);
   layout_ = shm::Layout(members_.size(), channel_bytes_, chunk_bytes_);
+  // The cores the host's ranks may use between them: each rank's mask, recorded before the
+  // segment was agreed on. Ranks pinned one to a core (`--bind-to core`, a scheduler's cgroups)
+  // count as many cores as ranks, not one.
+  uint64_t shared[shm::kCpuWords] = {};
+  for (int r = 0; r < size(); ++r) {
+    for (size_t w = 0; w < shm::kCpuWords; ++w) shared[w] |= control(r).cpus_allowed[w];
+  }
+  int cores = 0;
+  for (uint64_t word : shared) cores += __builtin_popcountll(word);
+  cpus_ = std::max(1, std::min(cores, static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN))));
   // Spinning only pays while every rank of the host has a core to itself; with more ranks than
   // cores a spinner would steal the time of the rank it waits for.
-  const bool oversubscribed = static_cast<int>(members_.size()) > UsableCpus();
+  const bool oversubscribed = size() > cpus_;
   max_spin_ns_ = oversubscribed && !options.spin_given ? 0 : 1000 * options.spin_us;
   // Runnable threads on the machine, for WaitUntil.
   loadavg_fd_ = ::open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
-  cpus_ = UsableCpus();
 }
 
 ShmLink::~ShmLink() {
@@ -388,7 +414,8 @@ void ShmLink::WaitUntil(const Ready& ready, const Culprit& culprit) {
       if (now >= spin_end) break;
       if (now >= next_check) {
         if (CpusOversubscribed()) break;
-        next_check = now + kLoadCheckInterval;
+        GiveWay(culprit());
+        next_check = Clock::now() + kLoadCheckInterval;
       }
     }
   }
@@ -438,6 +465,67 @@ void ShmLink::WaitUntil(const Ready& ready, const Culprit& culprit) {
                  TransportError::Cause::kPeerTimeout);
       }
     }
+  }
+}
+
+bool ShmLink::SharesCpuWith(int peer) {
+  const int cpu = sched_getcpu();
+  if (cpu < 0) return false;
+  std::atomic<int32_t>& mine = control(index_).cpu;
+  if (mine.load(std::memory_order_relaxed) != cpu) mine.store(cpu, std::memory_order_relaxed);
+  if (peer == index_ || control(peer).cpu.load(std::memory_order_relaxed) != cpu) return false;
+  // The peer this waits for last spun on this CPU and has not moved on since: most likely it
+  // now waits for this very CPU. If the two keep meeting there (the scheduler rarely parts two
+  // threads that keep the CPU busy in turns, and two spinners on one core are several times
+  // slower than two sleepers), move this thread to a CPU no rank of the host spins on, within
+  // its own affinity mask, which is left as it was. Sleepers are left where they are: the
+  // scheduler places a woken thread beside its waker on purpose, and would undo a move at the
+  // next wake-up.
+  const int64_t now_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+      Clock::now().time_since_epoch()).count();
+  const int64_t last = last_shared_cpu_ns_.exchange(now_ns, std::memory_order_relaxed);
+  if (now_ns - last > kSharedCpuForgetNs) {
+    shared_cpu_meetings_.store(1, std::memory_order_relaxed);
+  } else if (shared_cpu_meetings_.fetch_add(1, std::memory_order_relaxed) + 1 >=
+             kSharedCpuMeetingsBeforeMove) {
+    shared_cpu_meetings_.store(0, std::memory_order_relaxed);
+    MoveToFreeCpu(cpu);
+  }
+  return true;
+}
+
+void ShmLink::GiveWay(int peer) {
+  // A thread pinned to one core shares it with this rank's other threads (the loop, the
+  // training's own): it lets them run between looks rather than after a whole time slice.
+  thread_local const int thread_cpus = ThreadCpus();
+  if (SharesCpuWith(peer) || thread_cpus == 1) sched_yield();
+}
+
+void ShmLink::MoveToFreeCpu(int cpu) {
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return;
+  auto taken = [&](int c) {
+    for (int r = 0; r < size(); ++r) {
+      if (control(r).cpu.load(std::memory_order_relaxed) == c) return true;
+    }
+    return false;
+  };
+  for (int i = 1; i < CPU_SETSIZE; ++i) {
+    const int c = (cpu + i) % CPU_SETSIZE;
+    if (!CPU_ISSET(c, &allowed) || taken(c)) continue;
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(c, &one);
+    // Restricting the mask moves the thread at once; restoring it keeps it where it now is.
+    if (sched_setaffinity(0, sizeof(one), &one) == 0) {
+      sched_setaffinity(0, sizeof(allowed), &allowed);
+      control(index_).cpu.store(c, std::memory_order_relaxed);
+      ++moves_;
+      HVDL_LOG(kDebug, "shm: rank " << members_[index_] << " kept meeting a peer on CPU " << cpu
+                       << "; moved its waiting thread to CPU " << c);
+    }
+    return;
   }
 }
 

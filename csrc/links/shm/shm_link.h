@@ -6,7 +6,10 @@
 //     the peers' data in place uses (the shared-memory allreduce, collectives/shm/);
 //   - waiting: spin (bounded, and only while no thread on the machine waits for a core),
 //     then sleep on a futex in the segment (the "doorbell") that the other side rings only when
-//     this rank is asleep; no spinning at all with more ranks on the host than cores.
+//     this rank is asleep; no spinning at all with more ranks on the host than the cores their
+//     affinity masks allow between them. A spinner that finds the peer it waits for on its own
+//     CPU yields to it, and moves to a free CPU if they keep meeting there (two spinners on one
+//     core are several times slower than anything else, and the scheduler rarely parts them).
 // A peer that dies cannot close anything here, so every sleep is cut into short slices and
 // between them the peers' processes are checked through /proc (pid + start time, against pid
 // reuse), as is the "aborted" flag a peer sets when its runtime stops: a dead peer, or one that
@@ -82,6 +85,11 @@ class ShmLink : public Link {
   void WaitForPeers(Progress progress, uint64_t step);
   // Throws TransportError once abort() was called.
   void CheckUsable() const;
+  // How this rank waits (_core.stats()): whether it spins before sleeping, the cores the host's
+  // ranks may use between them, and how often a spinner moved off a peer's CPU.
+  bool spins() const { return max_spin_ns_ > 0; }
+  int host_cores() const { return cpus_; }
+  int cpu_moves() const { return moves_.load(std::memory_order_relaxed); }
 
  private:
   ShmLink(ShmSegment segment, std::vector<int> members, int index, const Options& options);
@@ -107,6 +115,12 @@ class ShmLink : public Link {
   // Whether more threads are runnable on this machine than this process may use cores
   // (/proc/loadavg, read at the moment).
   bool CpusOversubscribed() const;
+  // Publishes this thread's CPU, and says whether `peer` last waited on the same one; moves
+  // this thread to a free CPU when that keeps happening.
+  bool SharesCpuWith(int peer);
+  // Called now and then while spinning for `peer`: yields the CPU when the peer may need it.
+  void GiveWay(int peer);
+  void MoveToFreeCpu(int cpu);
   [[noreturn]] void FailPeer(int peer, const std::string& what, TransportError::Cause cause);
 
   ShmSegment segment_;
@@ -119,7 +133,10 @@ class ShmLink : public Link {
   shm::Layout layout_;
   int64_t max_spin_ns_;  // HOROVOD_SHM_SPIN_US; 0 with more ranks on this host than cores
   int loadavg_fd_ = -1;
-  int cpus_ = 1;
+  int cpus_ = 1;  // the cores the host's ranks may use between them (their masks' union)
+  std::atomic<int64_t> last_shared_cpu_ns_{0};
+  std::atomic<int> shared_cpu_meetings_{0};
+  std::atomic<int> moves_{0};
   std::chrono::milliseconds peer_timeout_;
   bool per_peer_waits_ = false;
   int sleep_slice_ms_ = 10;

@@ -35,6 +35,7 @@ from horovodlike.torch.optimizer import DistributedOptimizer
 from horovodlike.torch.sync_batch_norm import SyncBatchNorm
 from horovodlike.torch.process_mesh import ProcessMesh
 from horovodlike.torch.zero_redundancy_optimizer import ZeroRedundancyOptimizer
+from horovodlike.torch.sharded_embedding import ShardedEmbedding, ShardedEmbeddingBag
 from horovodlike.torch.planner import calibrate, plan
 from horovodlike.torch import elastic
 from horovodlike.torch.p2p import (send, recv, isend, irecv, irecv_any, send_async, recv_async,

@@ -14,6 +14,7 @@ buffer; after it, free the buffer (reshard_after_forward) and register, on the o
 that gathers again when the backward reaches the module; when the backward has accumulated the
 module's gradient, start its reduce-scatter, free the buffer, and add the result to
 ``_flat_shard.grad`` when the whole backward is done (the rest of the backward runs meanwhile).
+Each forward and backward also starts the gather of the module expected next (prefetch.py).
 """
 
 import itertools
@@ -26,8 +27,10 @@ from torch.utils._pytree import tree_flatten
 
 from horovodlike.common import basics
 from horovodlike.torch.fsdp.mesh import check_reshard, reshard_set, resolve_mesh
+from horovodlike.torch.fsdp import prefetch
 from horovodlike.torch.fsdp.param_group import ShardedParamGroup
 from horovodlike.torch.fsdp.policy import cast_floats, check_policies
+from horovodlike.torch.fsdp.shard_layout import placement_dim
 
 FLAT_SHARD = "_flat_shard"
 
@@ -81,12 +84,39 @@ class FSDPModule:
             group.hide()
             group.free()
 
+    def reset_iter_state(self):
+        """After a forward or backward that raised, on the root: waits for the gathers and
+        gradient reductions under way and discards them, with the gradients accumulated
+        without sync or kept from HSDP's all-reduce (restart an accumulation), reshards every
+        wrapped module under this one and forgets the unfinished iteration. Collective: every
+        rank calls it (the failure happened on all of them)."""
+        prefetch.reset()
+        for module in _wrapped(self, True):
+            if module._fsdp_group is not None:
+                module._fsdp_group.reset()
+                _unfinished.pop(module._fsdp_group.name, None)
+                module.reshard()
+
     def set_requires_gradient_sync(self, requires_gradient_sync, *, recurse=True):
         """Off: backward sums the full gradients locally (gradient accumulation without
-        communication); the first backward with it on again reduce-scatters the sum."""
+        communication); the first backward with it on again reduce-scatters the sum (and, with
+        HSDP, all-reduces it: this switch covers both)."""
+        _set_sync(self, recurse, requires_gradient_sync=bool(requires_gradient_sync),
+                  requires_all_reduce=bool(requires_gradient_sync))
         for module in _wrapped(self, recurse):
-            if module._fsdp_group is not None:
-                module._fsdp_group.requires_gradient_sync = bool(requires_gradient_sync)
+            module._fsdp_requires_gradient_sync = bool(requires_gradient_sync)
+
+    def get_requires_gradient_sync(self):
+        """Whether this module's next backward reduces its gradients (what
+        ``set_requires_gradient_sync`` last set on it; True at first)."""
+        return self._fsdp_requires_gradient_sync
+
+    def set_requires_all_reduce(self, requires_all_reduce, *, recurse=True):
+        """HSDP: off, each backward still reduce-scatters inside the shard set but keeps the
+        result apart instead of all-reducing it over the replicate set (the shards' ``.grad``
+        stays untouched); the first backward with it on adds them up and all-reduces once.
+        Without a replicate dimension it changes nothing."""
+        _set_sync(self, recurse, requires_all_reduce=bool(requires_all_reduce))
 
     def set_reshard_after_forward(self, reshard_after_forward, *, recurse=True):
         """True frees the gathered parameters after the forward and gathers them again in the
@@ -96,21 +126,64 @@ class FSDPModule:
         for module in _wrapped(self, recurse):
             _set_reshard(module, reshard_after_forward)
 
+    def set_reshard_after_backward(self, reshard_after_backward, *, recurse=True):
+        """False keeps the gathered parameters after the backward, so that the next forward
+        (another micro-batch of an accumulation, with no optimizer step between) needs no
+        gather; a step or a loaded state dict still makes the next forward gather again."""
+        _set_sync(self, recurse, reshard_after_backward=bool(reshard_after_backward))
+
+    def set_unshard_in_backward(self, unshard_in_backward):
+        """False: the backward does not gather this module's parameters, for modules whose
+        backward does not read them (an embedding: its gradient needs only the indices).
+        Only for those: any other module computes with freed parameters."""
+        _set_sync(self, False, unshard_in_backward=bool(unshard_in_backward))
+
+    def set_is_last_backward(self, is_last_backward):
+        """False: the backwards that follow return without waiting for the gradient
+        reductions they started (they go on under the next micro-batch's forward and
+        backward); the next backward while it is True, or the next optimizer ``step()``,
+        waits for them all and adds them to the shards' ``.grad``."""
+        _set_sync(self, True, is_last_backward=bool(is_last_backward))
+
+    def set_gradient_divide_factor(self, factor):
+        """The gradients are summed over every data-parallel rank (both dimensions with HSDP)
+        and divided by ``factor``, instead of averaged over them."""
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or factor <= 0:
+            raise ValueError(f"set_gradient_divide_factor: factor must be a positive number, "
+                             f"got {factor!r}")
+        _set_sync(self, False, divide_factor=float(factor))
+
+    def set_reduce_scatter_divide_factor(self, factor):
+        """FSDP2's older name of ``set_gradient_divide_factor``."""
+        self.set_gradient_divide_factor(factor)
+
+    def set_post_optim_event(self, event):
+        """FSDP2 makes the next gathers wait for this CUDA event; here the gathers start from
+        the shards' values when they are issued, after the optimizer step in program order,
+        so there is no event to wait for."""
+        raise NotImplementedError(
+            "set_post_optim_event: horovodlike's gathers are ordered after the optimizer "
+            "step by the program itself (they copy the shards when issued); there is no "
+            "stream to make wait: leave the call out")
+
     def set_modules_to_forward_prefetch(self, modules):
         """Wrapped modules whose gather starts right after this module's, before its forward
-        (typically the next block): their gather overlaps this module's computation."""
+        (typically the next block): their gather overlaps this module's computation. Replaces
+        the implicit choice (the module that ran next last time); ``[]`` prefetches none."""
         self._fsdp_forward_prefetch = _check_prefetch(modules, "forward")
 
     def set_modules_to_backward_prefetch(self, modules):
         """Wrapped modules whose gather starts when the backward reaches this module (typically
-        the block before it)."""
+        the block before it). Replaces the implicit choice (the module whose forward ended
+        before this one's); ``[]`` prefetches none."""
         self._fsdp_backward_prefetch = _check_prefetch(modules, "backward")
 
     # ------------------------------------------------------------------------------ hooks
 
     def _fsdp_pre_forward(self, module, args, kwargs):
+        prefetch.forward_started(self, self._fsdp_group is not None)
         self.unshard()
-        _prefetch(self._fsdp_forward_prefetch)
+        _prefetch(prefetch.forward_targets(self))
         policy = self._fsdp_mp_policy
         if policy.cast_forward_inputs and policy.param_dtype is not None:
             return cast_floats(policy.param_dtype, (args, kwargs))
@@ -119,6 +192,7 @@ class FSDPModule:
     def _fsdp_post_forward(self, module, args, output):
         group = self._fsdp_group
         output = cast_floats(self._fsdp_mp_policy.output_dtype, output)
+        prefetch.forward_ended(self, group is not None)
         if group is None:               # a module without parameters of its own: casts only
             return output
         keep = self._fsdp_reshard_after_forward
@@ -136,15 +210,41 @@ class FSDPModule:
         return output
 
     def _fsdp_pre_backward(self, grad):
-        self._fsdp_group.gather()
-        _prefetch(self._fsdp_backward_prefetch)
+        group = self._fsdp_group
+        if group.sync.unshard_in_backward:
+            group.gather()
+        _prefetch(prefetch.backward_targets(self))
 
     def _fsdp_on_grad_ready(self, leaf):
         grad, leaf.grad = leaf.grad, None
-        if self._fsdp_group.reduce_gradient(grad):
-            # The shard's gradient is complete when the whole backward is: wait there.
-            Variable._execution_engine.queue_callback(self._fsdp_group.finish_gradient)
-        self.reshard()
+        group = self._fsdp_group
+        if group.reduce_gradient(grad):
+            _unfinished[group.name] = group
+            if group.sync.is_last_backward:
+                # The shard's gradient is complete when the whole backward is: wait there.
+                Variable._execution_engine.queue_callback(finish_gradients)
+        if group.sync.reshard_after_backward:
+            self.reshard()
+        elif group.gathered:            # unsharded, as after unshard(): the views are set
+            group.expose(self._fsdp_on_grad_ready)
+
+
+# Groups whose reduce-scatters are under way, by name (the same on every rank).
+_unfinished = {}
+
+
+def finish_gradients():
+    """Waits for every gradient reduction under way and adds it to its shard's ``.grad``, in
+    the groups' creation order (the same on every rank: HSDP's all-reduce is collective)."""
+    for name in sorted(_unfinished, key=lambda n: int(n.rsplit(".", 1)[1])):
+        _unfinished.pop(name).finish_gradient()
+
+
+def _set_sync(module, recurse, **values):
+    for wrapped in _wrapped(module, recurse):
+        if wrapped._fsdp_group is not None:
+            for field, value in values.items():
+                setattr(wrapped._fsdp_group.sync, field, value)
 
 
 def _check_prefetch(modules, which):
@@ -219,7 +319,9 @@ def _own_parameters(module, ignored):
 
 def _check_optimizer(optimizer, args, kwargs):
     """Before any optimizer step: an optimizer built before fully_shard holds the parameters it
-    replaced, which no longer get gradients; say so instead of silently not training."""
+    replaced, which no longer get gradients; say so instead of silently not training. The
+    reductions left under way by backwards that were not the last end here."""
+    finish_gradients()
     for group in optimizer.param_groups:
         for param in group["params"]:
             owner = _taken_params.get(param)
@@ -239,25 +341,31 @@ def _subclass(cls):
     return _subclasses[cls]
 
 
-def _check_unsupported(options):
-    given = [name for name, value in options.items() if value is not None]
-    if given:
-        raise NotImplementedError(
-            f"fully_shard: {', '.join(given)} not supported yet (each wrapped module's "
-            "parameters are sharded evenly on one flat vector); leave it out")
+def _placements(shard_placement_fn, params, locations):
+    """The Shard dimension of each parameter (None: the default), from shard_placement_fn."""
+    if shard_placement_fn is None:
+        return None
+    if not callable(shard_placement_fn):
+        raise TypeError(f"fully_shard: shard_placement_fn must be a callable taking a "
+                        f"parameter, got {type(shard_placement_fn).__name__}")
+    return [placement_dim(shard_placement_fn(p),
+                          f"{type(places[0][0]).__name__}.{places[0][1]}", p.shape)
+            for p, places in zip(params, locations)]
 
 
 def fully_shard(module, *, mesh=None, reshard_after_forward=True, ignored_params=None,
                 shard_placement_fn=None, mp_policy=None, offload_policy=None):
-    """Shards ``module``'s own parameters over ``mesh`` (a ProcessSet, a 1-D ProcessMesh, or a
-    2-D one whose last dimension shards and first replicates (HSDP); the whole job by default)
-    and returns the module, now also an FSDPModule.
+    """Shards ``module``'s own parameters over ``mesh`` (a ProcessSet; a 1-D ProcessMesh or
+    DeviceMesh; or a 2-D one whose last dimension shards and first replicates (HSDP); the whole
+    job by default) and returns the module, now also an FSDPModule.
 
     Apply it to the blocks first, then the root. Every rank of the mesh calls it with the same
     module (same parameter values: build it from one seed or broadcast it first). Parameters in
-    ``ignored_params`` stay as they are, neither sharded nor averaged. FSDP2's
-    ``shard_placement_fn`` is refused for now. ``mp_policy`` (a MixedPrecisionPolicy) and
-    ``offload_policy`` (CPUOffloadPolicy) are FSDP2's (horovodlike.torch.fsdp.policy)."""
+    ``ignored_params`` stay as they are, neither sharded nor averaged. ``shard_placement_fn``
+    maps a parameter to ``Shard(dim)`` (each rank holds ``ceil(size / n)`` consecutive
+    entries along ``dim``, the last ones padded) or None (the default). ``mp_policy`` (a
+    MixedPrecisionPolicy) and ``offload_policy`` (CPUOffloadPolicy) are FSDP2's
+    (horovodlike.torch.fsdp.policy)."""
     if not basics.is_initialized():
         raise ValueError("fully_shard needs horovodlike.init() first")
     if not isinstance(module, torch.nn.Module):
@@ -265,14 +373,14 @@ def fully_shard(module, *, mesh=None, reshard_after_forward=True, ignored_params
     if isinstance(module, FSDPModule):
         raise ValueError(f"fully_shard: {type(module).__name__} is already wrapped by "
                          "fully_shard; wrap each module once")
-    _check_unsupported({"shard_placement_fn": shard_placement_fn})
     mp_policy, offload_policy = check_policies(mp_policy, offload_policy)
     layout = resolve_mesh(mesh)
     check_reshard(reshard_after_forward, layout)
     params, locations = _own_parameters(module, {id(p) for p in ignored_params or ()})
+    dims = _placements(shard_placement_fn, params, locations)
     name = f"fsdp.{next(_instances)}"
     owner = f"{type(module).__name__} ({name})"
-    group = (ShardedParamGroup(params, locations, layout, name, mp_policy, offload_policy)
+    group = (ShardedParamGroup(params, locations, layout, name, mp_policy, offload_policy, dims)
              if params else None)
     for param, places in zip(params, locations):
         _taken_params.add(param, owner)
@@ -286,7 +394,10 @@ def fully_shard(module, *, mesh=None, reshard_after_forward=True, ignored_params
     module._fsdp_layout, module._fsdp_mp_policy = layout, mp_policy
     _set_reshard(module, reshard_after_forward)
     module._fsdp_process_set = layout.process_set
-    module._fsdp_forward_prefetch, module._fsdp_backward_prefetch = [], []
+    # Prefetching: None until set by hand (then the implicit order of prefetch.py is used).
+    module._fsdp_forward_prefetch, module._fsdp_backward_prefetch = None, None
+    module._fsdp_next_forward, module._fsdp_next_backward = None, None
+    module._fsdp_requires_gradient_sync = True
     module.register_forward_pre_hook(module._fsdp_pre_forward, with_kwargs=True)
     module.register_forward_hook(module._fsdp_post_forward)
     if not _optimizer_check:

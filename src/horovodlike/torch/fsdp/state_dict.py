@@ -48,6 +48,18 @@ def full_state_dict(module, *, rank0_only=False):
     return {} if rank0_only and basics.rank() != 0 else state
 
 
+def local_shards(module):
+    """{name: this rank's part of that parameter}, views of the shards (no communication): a
+    parameter placed with ``Shard(dim)`` as its chunk along ``dim`` (``ceil(size / n)`` entries,
+    the last rank's padded with zeros), any other as the 1-D run of its elements this rank
+    holds in the flat shard (possibly empty). Parameters fully_shard did not take are left out."""
+    shards = {}
+    for group, names in _groups_with_names(module):
+        for tensor, places in zip(group.local_shards(), names):
+            shards[places[0]] = tensor
+    return shards
+
+
 def load_full_state_dict(module, state_dict, strict=True):
     """Loads a full (unsharded) state dict, such as ``full_state_dict`` or a plain model's
     ``state_dict()`` gives, into a wrapped ``module``: each rank keeps its shard (no

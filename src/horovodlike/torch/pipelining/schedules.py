@@ -211,9 +211,8 @@ def _accumulating(module):
     """A backward inside it adds the gradients of ``module`` up locally: a DistributedOptimizer
     does not exchange them (no_sync) and fully_shard's modules do not reduce-scatter them
     (their gradient sync is off, then back to what it was)."""
-    sharded = [m for m in module.modules()
-               if isinstance(m, FSDPModule) and m._fsdp_group is not None]
-    was = [m._fsdp_group.requires_gradient_sync for m in sharded]
+    sharded = [m for m in module.modules() if isinstance(m, FSDPModule)]
+    was = [m.get_requires_gradient_sync() for m in sharded]
     for m in sharded:
         m.set_requires_gradient_sync(False, recurse=False)
     try:
