@@ -19,7 +19,6 @@ import argparse
 import dataclasses
 import json
 import os
-import shlex
 import signal
 import subprocess
 import sys
@@ -27,10 +26,11 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from planner_models import MODELS, build_model, measure, median  # noqa: E402
+from provenance import footer, header, record  # noqa: E402
 from source_tree import jobs_pythonpath  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SETUPS = ("one-host", "two-hosts")
+SETUPS = ("one-host", "two-hosts", "one-host-tcp")   # the last: HOROVOD_SHM_DISABLE=1
 
 
 def worker(args):
@@ -67,9 +67,12 @@ def worker(args):
 def run_job(worker_argv, setup, rate, timeout, ranks=4, slots=2):
     """Runs ``worker_argv`` (python arguments) as a job of ``ranks`` ranks: on this machine,
     or on emulated hosts of ``slots`` ranks joined by links shaped to ``rate``."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=jobs_pythonpath())
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_")}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=jobs_pythonpath())
+    if setup == "one-host-tcp":
+        env["HOROVOD_SHM_DISABLE"] = "1"
     launch = [sys.executable, "-m", "horovodlike.runner.launch", "-np", str(ranks)]
-    if setup == "one-host":
+    if setup in ("one-host", "one-host-tcp"):
         subprocess.run(launch + [sys.executable] + worker_argv, env=env, check=True, cwd=REPO,
                        timeout=timeout)
         return None
@@ -136,7 +139,8 @@ def report(setup, name, result):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="mlp,transformer")
-    parser.add_argument("--setups", default=",".join(SETUPS))
+    parser.add_argument("--setups", default="one-host,two-hosts",
+                        help=f"of {', '.join(SETUPS)} (default one-host,two-hosts)")
     parser.add_argument("--rate", default="1gbit", help="the two-hosts link (tc rate)")
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--timeout", type=float, default=1200, help="seconds per job")
@@ -146,12 +150,8 @@ def main():
     args = parser.parse_args()
     if args.worker:
         return worker(args)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
-                            capture_output=True, text=True).stdout.strip()
-    command = "python benchmarks/planner.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    print(f"{command}\ncommit {commit}; {os.cpu_count()} cores; one thread per rank",
-          flush=True)
-    raw = {"command": command, "commit": commit, "cores": os.cpu_count(), "setups": {}}
+    print(header(), flush=True)
+    raw = {**record(), "setups": {}}
     verdicts = []
     for setup in args.setups.split(","):
         with tempfile.TemporaryDirectory() as tmp:
@@ -176,6 +176,8 @@ def main():
     for setup, name, worst, top_two in verdicts:
         print(f"  {setup:<10} {name:<12} largest error {worst:>5.0%}  "
               f"best measured in the top two: {'yes' if top_two else 'no'}")
+    print(footer())
+    raw["load_after"] = list(os.getloadavg())
     if args.json:
         with open(args.json, "w") as f:
             json.dump(raw, f, indent=1)

@@ -18,15 +18,14 @@ import argparse
 import dataclasses
 import json
 import os
-import shlex
-import subprocess
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from multihost import IFACE  # noqa: E402
-from planner import REPO, run_job  # noqa: E402
+from planner import run_job  # noqa: E402
 from planner_models import MODELS, build_model, measure, median  # noqa: E402
+from provenance import footer, header, record  # noqa: E402
 
 MODEL = "bert-small"
 DATA_PARALLEL, PIPELINE = "pp=1 dp=4 tp=1", "pp=2 dp=2 tp=1"
@@ -111,9 +110,8 @@ def main():
     args = parser.parse_args()
     if args.worker:
         return worker(args)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
-                            capture_output=True, text=True).stdout.strip()
-    command = "python benchmarks/whale.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    print(header(), flush=True)
+    provenance = record()
     before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "whale.json")
@@ -122,9 +120,10 @@ def main():
         with open(out) as f:
             result = json.load(f)
     after = os.getloadavg()
-    result.update(command=command, commit=commit, rate=args.rate, qdisc=qdisc,
-                  load_before=before, load_after=after, seed=SEED, cores=os.cpu_count())
+    result.update(provenance, rate=args.rate, qdisc=qdisc, load_before=before,
+                  load_after=after, seed=SEED, cores=os.cpu_count())
     print_report(result)
+    print(footer())
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
@@ -135,8 +134,8 @@ def print_report(result):
                       f"{v['bus_bytes_per_s'] / 1e6:.1f} MB/s bus" for k, v in
                       result["links"].items())
     params = sum(p["parameter_bytes"] for p in result["layers"])
-    print(f"{result['command']}\ncommit {result['commit']}; {result['cores']} cores; load "
-          f"average before {result['load_before'][0]:.1f}, after {result['load_after'][0]:.1f}")
+    print(f"load average before {result['load_before'][0]:.1f}, after "
+          f"{result['load_after'][0]:.1f}; {result['cores']} cores")
     print(f"2 emulated hosts x 2 ranks, {result['rate']} between them ({result['qdisc']})")
     print(f"model: {MODELS[MODEL][0]}, global batch {MODELS[MODEL][1]}: "
           f"{params / 1e6:.1f} MB of gradients per step; links calibrated: {links}\n")
