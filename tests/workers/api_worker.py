@@ -123,6 +123,14 @@ if size >= 2:
     want = float(sum(mine.ranks))
     for h in handles:
         check(torch.all(hvd.synchronize(h) == want).item(), "disjoint set allreduce wrong")
+    # Unnamed collectives are numbered per process set: the evens make more of them than the
+    # odds, and a global unnamed allreduce after that still pairs up (with one count for all
+    # sets, the evens would name it allreduce.noname.3 and the odds allreduce.noname.1).
+    for _ in range(3 if mine is evens else 1):
+        check(hvd.allreduce(torch.ones(3), op=hvd.Sum, process_set=mine)[0].item() ==
+              len(mine.ranks), "unnamed allreduce in a set wrong")
+    check(hvd.allreduce(torch.ones(3), op=hvd.Sum)[0].item() == size,
+          "unnamed global allreduce after unnamed ones in sets wrong")
     # Removing a set: later use is refused with a clear error, on every member.
     check(hvd.remove_process_set(odds), "remove_process_set returned False")
     expect(ValueError, lambda: hvd.allreduce(torch.ones(1), name="removed", process_set=odds),

@@ -43,12 +43,16 @@ def _restart():
 basics.register_init_hook(_restart)
 
 
-def auto_name(prefix):
+def auto_name(prefix, process_set=None):
     """A name for an unnamed collective: the same on every rank that makes the same calls in the
-    same order."""
+    same order. Counted per process set: the ranks of one set agree on the names of its
+    collectives whatever other sets this rank also takes part in (a pipeline stage's
+    tensor-parallel group, say, which its other stages never see)."""
+    set_id = getattr(process_set, "process_set_id", None) or 0
     with _lock:
-        counter = _name_counters.setdefault(prefix, itertools.count())
-        return f"{prefix}.noname.{next(counter)}"
+        counter = _name_counters.setdefault((prefix, set_id), itertools.count())
+        number = next(counter)
+    return f"{prefix}.noname.{number}" if not set_id else f"{prefix}.set{set_id}.noname.{number}"
 
 
 def new_group(count):

@@ -30,7 +30,7 @@ from horovodlike.torch._queue import (  # noqa: F401 (_auto_name: sparse_ops.py'
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                     postscale_factor=1.0, process_set=global_process_set, _group=(0, 0)):
     """Starts an allreduce of ``tensor`` into a new tensor; returns a handle for synchronize()."""
-    name = name or _auto_name("allreduce")
+    name = name or _auto_name("allreduce", process_set)
     _check_tensor(tensor, "allreduce", name)
     op = _resolve_op(average, op, "allreduce", name)
     source = tensor.detach().contiguous()
@@ -43,7 +43,7 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                      postscale_factor=1.0, process_set=global_process_set, _group=(0, 0)):
     """Starts an in-place allreduce of ``tensor``; returns a handle for synchronize()."""
-    name = name or _auto_name("allreduce")
+    name = name or _auto_name("allreduce", process_set)
     _check_tensor(tensor, "allreduce", name)
     _check_inplace(tensor, "allreduce", name)
     op = _resolve_op(average, op, "allreduce", name)
@@ -57,7 +57,7 @@ class _AllreduceFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, op, prescale_factor, postscale_factor, process_set):
         ctx.args = (op, prescale_factor, postscale_factor, process_set)
-        name = name or _auto_name("allreduce")
+        name = name or _auto_name("allreduce", process_set)
         _check_tensor(tensor, "allreduce", name)
         source = tensor.detach().contiguous()
         output = torch.empty_like(source, memory_format=torch.contiguous_format)
@@ -87,7 +87,7 @@ def allreduce(tensor, average=None, name=None, compression=None, op=None, presca
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                postscale_factor=1.0, process_set=global_process_set):
     """Reduces ``tensor`` over all ranks in place and returns it."""
-    name = name or _auto_name("allreduce")
+    name = name or _auto_name("allreduce", process_set)
     _check_tensor(tensor, "allreduce", name)
     _check_inplace(tensor, "allreduce", name)
     op = _resolve_op(average, op, "allreduce", name)
@@ -118,7 +118,7 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
                             postscale_factor=1.0, process_set=global_process_set):
     """Starts one fused allreduce of all ``tensors``; synchronize() returns the list."""
     group = _new_group(tensors, "grouped_allreduce", name)
-    name = name or _auto_name("grouped_allreduce")
+    name = name or _auto_name("grouped_allreduce", process_set)
     return _GroupHandle([allreduce_async(t, average, f"{name}.{i}", op, prescale_factor,
                                          postscale_factor, process_set, _group=group)
                          for i, t in enumerate(tensors)])
@@ -127,7 +127,7 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0, process_set=global_process_set):
     group = _new_group(tensors, "grouped_allreduce_", name)
-    name = name or _auto_name("grouped_allreduce")
+    name = name or _auto_name("grouped_allreduce", process_set)
     return _GroupHandle([allreduce_async_(t, average, f"{name}.{i}", op, prescale_factor,
                                           postscale_factor, process_set, _group=group)
                          for i, t in enumerate(tensors)])
@@ -171,7 +171,7 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
 
 def allgather_async(tensor, name=None, process_set=global_process_set, _group=(0, 0)):
     """Starts an allgather along the first dimension (which may differ across ranks)."""
-    name = name or _auto_name("allgather")
+    name = name or _auto_name("allgather", process_set)
     _check_tensor(tensor, "allgather", name)
     if tensor.dim() == 0:
         raise ValueError(f"allgather '{name}': a scalar cannot be gathered; "
@@ -210,7 +210,7 @@ def allgather(tensor, name=None, process_set=global_process_set):
 
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
     group = _new_group(tensors, "grouped_allgather", name)
-    name = name or _auto_name("grouped_allgather")
+    name = name or _auto_name("grouped_allgather", process_set)
     return _GroupHandle([allgather_async(t, f"{name}.{i}", process_set, _group=group)
                          for i, t in enumerate(tensors)])
 
@@ -251,7 +251,7 @@ def _relative_root(root_rank, name, process_set):
 
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
     """Starts a broadcast of root_rank's ``tensor`` into a new tensor on every rank."""
-    name = name or _auto_name("broadcast")
+    name = name or _auto_name("broadcast", process_set)
     _check_tensor(tensor, "broadcast", name)
     root = _relative_root(root_rank, name, process_set)
     source = tensor.detach().contiguous()
@@ -262,7 +262,7 @@ def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
     """Starts an in-place broadcast of root_rank's ``tensor``."""
-    name = name or _auto_name("broadcast")
+    name = name or _auto_name("broadcast", process_set)
     _check_tensor(tensor, "broadcast", name)
     _check_inplace(tensor, "broadcast", name)
     root = _relative_root(root_rank, name, process_set)
@@ -302,7 +302,7 @@ def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
     """Starts an alltoall: rows splits[j] of ``tensor`` go to rank j of the set (equal parts
     when splits is None). synchronize() returns (output, received_splits)."""
-    name = name or _auto_name("alltoall")
+    name = name or _auto_name("alltoall", process_set)
     _check_tensor(tensor, "alltoall", name)
     if tensor.dim() == 0:
         raise ValueError(f"alltoall '{name}': a scalar cannot be split; give it a dimension")
@@ -366,7 +366,7 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
                         prescale_factor=1.0, postscale_factor=1.0, _group=(0, 0)):
     """Starts a reduce-scatter: the reduction over ranks, split along the first dimension (the
     first ranks get one more row when it does not divide evenly)."""
-    name = name or _auto_name("reducescatter")
+    name = name or _auto_name("reducescatter", process_set)
     _check_tensor(tensor, "reducescatter", name)
     if tensor.dim() == 0:
         raise ValueError(f"reducescatter '{name}': a scalar cannot be scattered")
@@ -412,7 +412,7 @@ def reducescatter(tensor, name=None, compression=None, op=Average,
 def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
                                 prescale_factor=1.0, postscale_factor=1.0):
     group = _new_group(tensors, "grouped_reducescatter", name)
-    name = name or _auto_name("grouped_reducescatter")
+    name = name or _auto_name("grouped_reducescatter", process_set)
     return _GroupHandle([reducescatter_async(t, f"{name}.{i}", op, process_set, prescale_factor,
                                              postscale_factor, _group=group)
                          for i, t in enumerate(tensors)])

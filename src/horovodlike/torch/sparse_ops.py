@@ -27,7 +27,7 @@ class _SparseHandle:
 def sparse_allreduce_async(tensor, name=None, op=Average, process_set=global_process_set):
     """Starts the reduction of a sparse COO tensor (only hvd.Sum and hvd.Average);
     synchronize(handle) or handle() returns the coalesced sparse result."""
-    name = name or _auto_name("sparse_allreduce")
+    name = name or _auto_name("sparse_allreduce", process_set)
     if not isinstance(tensor, torch.Tensor) or not tensor.is_sparse:
         raise TypeError(f"sparse_allreduce '{name}': expected a sparse COO tensor")
     if op not in (Average, Sum):
