@@ -23,10 +23,17 @@ run $R/autotune.txt $PY benchmarks/autotune.py --np 2 --thresholds 1,16,64 --cyc
     --steps 5 --windows 3 --steps-per-sample 3 --max-samples 8 --repeat 2 --json $R/autotune.json
 run $R/allreduce-np2-mpi-bindings.txt $PY benchmarks/allreduce.py --np 2 --sizes 4K,64K,1M,64M \
     --repeat 2 --only hvdl-shm,MPI,torch-gloo --json $R/allreduce-np2-mpi-bindings.json
+# 20 jobs of each library, in turns (the order reversed every other round): every job's figure,
+# the worst job against the median one, and the memory bound measured in the same run.
 for np in 2 4; do
-  run $R/allreduce-np$np-64M-floor.txt $PY benchmarks/allreduce.py --np $np --sizes 64M --repeat 3 \
-      --only hvdl-shm,MPI,copy-floor --json $R/allreduce-np$np-64M-floor.json
+  run $R/allreduce-np$np-jobs.txt $PY benchmarks/allreduce.py --np $np --sizes 4K,64K,1M,64M \
+      --repeat 20 --iter-scale 0.3 --alternate --only hvdl-shm,MPI,mem-bound \
+      --json $R/allreduce-np$np-jobs.json
 done
+# MPI at its best: each of Open MPI's tuned allreduce algorithms, bound and unbound, and without
+# its single-copy mechanism; beside horovodlike over shared memory and over MPI's point-to-point.
+run $R/allreduce-np2-mpi-tuned.txt $PY benchmarks/allreduce.py --np 2 --sizes 4K,64K,1M,64M \
+    --repeat 3 --mpi-configs tuned --only hvdl-shm,hvdl-mpi,MPI --json $R/allreduce-np2-mpi-tuned.json
 mkdir -p $R/train_step-trace
 run $R/train_step-np2.txt $PY benchmarks/train_step.py --np 2 --only horovodlike,nosync --windows 3 \
     --repeat 3 --trace-dir $R/train_step-trace --json $R/train_step-np2.json
