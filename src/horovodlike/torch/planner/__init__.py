@@ -22,9 +22,12 @@ from horovodlike.torch.planner.cost_model import (Candidate, factorisations,
                                                   links_by_dimension, predict, why_not)
 from horovodlike.torch.planner.profiling import (LayerProfile, LinkProfile, measure_link,
                                                  profile_layers)
+from horovodlike.torch.planner.search import (LayerChoice, LayerPlan, LayerSpec,
+                                              describe_layers, search_layers)
 from horovodlike.torch.process_mesh import ProcessMesh
 
-__all__ = ["plan", "Plan", "LayerProfile", "LinkProfile", "measure_link", "profile_layers"]
+__all__ = ["plan", "Plan", "LayerProfile", "LinkProfile", "measure_link", "profile_layers",
+           "search_layers", "describe_layers", "LayerSpec", "LayerPlan", "LayerChoice"]
 
 
 @dataclasses.dataclass
