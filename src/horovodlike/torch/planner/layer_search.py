@@ -85,75 +85,73 @@ class _Affine:
 
 
 class _Table:
-    """One layer's options, padded to (target state, k): index -1 is an impossible option."""
+    """One layer's options as 6 x 6 matrices (source state, target state) for one Setting:
+    the option each pair takes (per pair the best does not depend on the path, the ranking
+    being additive) and, stacked as FIELDS, its two ranking keys, time, parameters and kept
+    activations."""
 
-    def __init__(self, options):
-        per_target = [[i for i, o in enumerate(options) if o.target == t] for t in range(STATES)]
-        width = max(1, max(len(p) for p in per_target))
-        index = np.full((STATES, width), len(options))
-        for target, found in enumerate(per_target):
-            index[target, :len(found)] = found
-        pad = lambda values, fill: np.append(np.array(values, dtype=float), fill)[index]
+    FIELDS = ("cost", "memory", "time", "parameters", "kept")
+
+    def __init__(self, options, setting, memory_first):
+        source = np.array([o.source for o in options])
+        target = np.array([o.target for o in options])
+        time = np.array([o.time_s for o in options])
+        parameters = np.array([o.parameter_bytes for o in options], dtype=float)
+        kept = np.array([o.kept_bytes for o in options], dtype=float)
+        cost = setting.slots / setting.micro_batches * time + _Affine(setting).slope * parameters
+        memory = parameters * setting.state_bytes_per_parameter_byte() + \
+            kept * setting.in_flight
+        pair = source * STATES + target
+        order = np.lexsort((cost, memory, pair) if memory_first else (memory, cost, pair))
+        _, first = np.unique(pair[order], return_index=True)
+        chosen = order[first]
         self.options = options
-        self.index = index
-        self.source = np.append([o.source for o in options], 0)[index]
-        self.time = pad([o.time_s for o in options], INF)
-        self.parameters = pad([o.parameter_bytes for o in options], 0.0)
-        self.kept = pad([o.kept_bytes for o in options], 0.0)
+        self.index = np.full((STATES, STATES), -1)
+        self.index[source[chosen], target[chosen]] = chosen
+        self.values = np.full((len(self.FIELDS), STATES, STATES), INF)
+        self.values[3:] = 0.0
+        for row, column in enumerate((cost, memory, time, parameters, kept)):
+            self.values[row, source[chosen], target[chosen]] = column[chosen]
 
 
 class _Paths:
     """For every stage start j and entry layout e, the best path to each state so far:
-    its time, parameters, largest layer's parameters and kept activations, (n, 3, 6)."""
+    _Table.FIELDS stacked in ``values`` (5, n, 3, 6) and its largest layer's parameters."""
 
-    def __init__(self):
-        self.time = np.zeros((0, 3, STATES))
-        self.parameters = np.zeros((0, 3, STATES))
+    def __init__(self, memory_first):
+        self.memory_first = memory_first
+        self.values = np.zeros((len(_Table.FIELDS), 0, 3, STATES))
         self.largest = np.zeros((0, 3, STATES))
-        self.kept = np.zeros((0, 3, STATES))
 
-    def start_here(self):
-        row = np.full((1, 3, STATES), INF)
-        row[0, range(3), range(3)] = 0.0
-        zero = np.zeros((1, 3, STATES))
-        self.time = np.concatenate([self.time, row])
-        self.parameters = np.concatenate([self.parameters, zero])
-        self.largest = np.concatenate([self.largest, zero])
-        self.kept = np.concatenate([self.kept, zero])
+    def start_here(self, entries=range(3)):
+        row = np.zeros((len(_Table.FIELDS), 1, 3, STATES))
+        row[:3] = INF
+        row[:3, 0, list(entries), list(entries)] = 0.0
+        self.values = np.concatenate([self.values, row], axis=1)
+        self.largest = np.concatenate([self.largest, np.zeros((1, 3, STATES))])
 
-    def extend(self, table, key):
-        """Runs one more layer; ``key(time, parameters, kept)`` ranks the candidates. Returns
-        the chosen column (into table.index) for every (j, e, target)."""
-        time = self.time[:, :, table.source] + table.time
-        parameters = self.parameters[:, :, table.source] + table.parameters
-        largest = np.maximum(self.largest[:, :, table.source], table.parameters)
-        kept = self.kept[:, :, table.source] + table.kept
-        choice = np.argmin(key(time, parameters, kept), axis=3)[..., None]
-        pick = lambda values: np.take_along_axis(values, choice, axis=3)[..., 0]
-        self.time, self.parameters = pick(time), pick(parameters)
-        self.largest, self.kept = pick(largest), pick(kept)
-        return choice[..., 0]
-
-
-def _keys(setting, sync):
-    """The two rankings of a stage's paths: step cost, and memory (ties to step cost)."""
-    weight = setting.slots / setting.micro_batches
-    by_cost = lambda time, parameters, kept: weight * time + sync.slope * parameters
-    per_byte = setting.state_bytes_per_parameter_byte()
-
-    def by_memory(time, parameters, kept):
-        memory = np.where(np.isfinite(time),
-                          parameters * per_byte + kept * setting.in_flight, INF)
-        least = memory.min(axis=3, keepdims=True)
-        return np.where(memory <= least * (1 + 1e-12), by_cost(time, parameters, kept), INF)
-    return by_cost, by_memory
+    def extend(self, table):
+        """Runs one more layer; returns the chosen source state per (j, e, target)."""
+        cost = self.values[0, ..., None] + table.values[0]          # (n, 3, source, target)
+        if self.memory_first:
+            memory = self.values[1, ..., None] + table.values[1]
+            least = memory.min(axis=2, keepdims=True)
+            cost = np.where(memory <= least * (1 + 1e-12), cost, INF)
+        source = np.argmin(cost, axis=2)                             # (n, 3, target)
+        n = source.shape[0]
+        rows, entries = np.arange(n)[:, None, None], np.arange(3)[None, :, None]
+        target = np.arange(STATES)
+        self.values = self.values[:, rows, entries, source] + table.values[:, source, target]
+        self.largest = np.maximum(self.largest[rows, entries, source],
+                                  table.values[3, source, target])
+        return source
 
 
 def _stage_costs(paths, setting, sync, sends, last):
     """(cost, memory) of stages ending at this layer, for every (j, e, exit state)."""
     send = 0.0 if last else sends
-    cost = setting.slots * (paths.time / setting.micro_batches + send) + sync(paths.parameters)
-    memory = setting.memory_bytes(paths.parameters, paths.largest, paths.kept)
+    cost = setting.slots * (paths.values[2] / setting.micro_batches + send) + sync(paths.values[3])
+    memory = setting.memory_bytes(paths.values[3], paths.largest, paths.values[4])
     if last:   # the model's output is whole
         cost = np.where(np.isin(np.arange(STATES), (R, R + TAGGED)), cost, INF)
     return cost, memory
@@ -173,34 +171,61 @@ def _best_stage(evaluated, limit):
     return np.where(use2, fits2, fits), use2.astype(int)
 
 
-def cut_search(tables, sends, setting):
-    """The DP over (layer, stage count). Returns (step cost, stages) with stages as
-    [(first, end, entry layout, exit state, ranking)], or (inf, None)."""
-    count, stages = len(tables), setting.pp
+def _rows_to_drop(paths, bound, limit):
+    """How many of the oldest stage starts can go: a path only grows in cost and memory, so
+    a start whose cheapest path already costs more than ``bound`` (a plan found before), or
+    whose leanest path already needs more than ``limit``, never makes a better stage."""
+    cheapest = paths[0].values[0].min(axis=(1, 2))
+    dead = cheapest > bound
+    if limit is not None:
+        dead |= paths[-1].values[1].min(axis=(1, 2)) > limit
+    alive = np.flatnonzero(~dead)
+    return len(dead) if alive.size == 0 else int(alive[0])
+
+
+def _cut(best, back, cost, ranking, i, first_row, stages):
+    """best[k, i + 1] for every stage count k: the last stage ends at layer i."""
+    top = min(stages, i + 1)
+    total = np.maximum(best[:top, first_row:i + 1, :, None], cost)   # (k-1, j, e, exit)
+    merged = np.stack([total[..., :3], total[..., TAGGED:]], axis=-1)  # (.., layout, tagged)
+    merged = np.moveaxis(merged, 3, 1).reshape(top, 3, -1)          # (k-1, layout, j e tag)
+    flat = np.argmin(merged, axis=2)
+    values = np.take_along_axis(merged, flat[..., None], axis=2)[..., 0]
+    best[1:top + 1, i + 1] = values
+    for k, layout in zip(*np.nonzero(np.isfinite(values))):
+        j, entry, tagged = np.unravel_index(flat[k, layout], (i + 1 - first_row, 3, 2))
+        exit_state = layout + TAGGED * int(tagged)
+        back[k + 1, i + 1, layout] = (int(j) + first_row, int(entry), exit_state,
+                                      int(ranking[j, entry, exit_state]))
+
+
+def cut_search(options, sends, setting, bound=INF):
+    """The DP over (layer, stage count) for layers with ``options`` (Option lists). Returns
+    (step cost, stages) with stages as [(first, end, entry layout, exit state, ranking)], or
+    (inf, None). Stages costing more than ``bound`` are not considered."""
+    count, stages = len(options), setting.pp
     sync = _Affine(setting)
-    keys = _keys(setting, sync)[:1 if setting.memory_limit is None else 2]
-    paths = [_Paths() for _ in keys]
+    rankings = (False,) if setting.memory_limit is None else (False, True)
+    paths = [_Paths(first) for first in rankings]
     best = np.full((stages + 1, count + 1, 3), INF)
     best[0, 0, R] = 0.0
-    back = {}
-    for i, table in enumerate(tables):
+    back, first_row = {}, 0
+    for i in range(count):
         evaluated = []
-        for path, key in zip(paths, keys):
-            path.start_here()
-            path.extend(table, key)
+        for path, memory_first in zip(paths, rankings):
+            if i == 0 or stages > 1:
+                path.start_here()
+            path.extend(_Table(options[i], setting, memory_first))
             evaluated.append(_stage_costs(path, setting, sync, sends[i], i == count - 1))
         cost, ranking = _best_stage(evaluated, setting.memory_limit)
-        for k in range(1, min(stages, i + 1) + 1):
-            total = np.maximum(best[k - 1, :i + 1, :, None], cost)      # (j, e, exit)
-            for layout in range(3):
-                pair = total[:, :, [layout, layout + TAGGED]]
-                flat = int(np.argmin(pair))
-                j, entry, tagged = np.unravel_index(flat, pair.shape)
-                if pair.flat[flat] < best[k, i + 1, layout]:
-                    best[k, i + 1, layout] = pair.flat[flat]
-                    exit_state = layout + TAGGED * int(tagged)
-                    back[k, i + 1, layout] = (int(j), int(entry), exit_state,
-                                              int(ranking[j, entry, exit_state]))
+        _cut(best, back, cost, ranking, i, first_row, stages)
+        drop = _rows_to_drop(paths, bound, setting.memory_limit)
+        if drop:
+            for path in paths:
+                path.values, path.largest = path.values[:, drop:], path.largest[drop:]
+            first_row += drop
+        if stages == 1 and first_row > 0:
+            break   # the one start there is went over the bound or the limit
     if not np.isfinite(best[stages, count, R]):
         return INF, None
     found, end, layout = [], count, R
@@ -211,18 +236,16 @@ def cut_search(tables, sends, setting):
     return float(best[stages, count, R]), found[::-1]
 
 
-def stage_options(tables, first, end, entry, exit_state, ranking, setting):
-    """The options the sweep chose for one stage: its run again from one start, backwards."""
-    key = _keys(setting, _Affine(setting))[ranking]
-    path = _Paths()
-    path.start_here()
-    path.time[0] = np.where(np.arange(3)[:, None] == entry, path.time[0], INF)
-    choices = [path.extend(table, key)[0, entry] for table in tables[first:end]]
+def stage_options(options, first, end, entry, exit_state, ranking, setting):
+    """The Options the sweep chose for one stage: its run again from one start, backwards."""
+    tables = [_Table(o, setting, bool(ranking)) for o in options[first:end]]
+    path = _Paths(bool(ranking))
+    path.start_here((entry,))
+    sources = [path.extend(table)[0, entry] for table in tables]
     chosen, state = [], exit_state
-    for table, choice in zip(tables[first:end][::-1], choices[::-1]):
-        option = table.options[table.index[state, choice[state]]]
-        chosen.append(option)
-        state = option.source
+    for table, source in zip(tables[::-1], sources[::-1]):
+        chosen.append(table.options[table.index[source[state], state]])
+        state = source[state]
     if state != entry:
         raise AssertionError(f"stage {first}-{end - 1}: the path found starts in {state}, "
                              f"not {entry}")

@@ -21,8 +21,8 @@ from horovodlike.common.objects import broadcast_object
 from horovodlike.torch.planner.cost_model import factorisations, links_by_dimension
 from horovodlike.torch.planner.layer_options import (LAYOUT_NAMES, R, STATES, TAGGED,
                                                      LayerSpec, layer_options)
-from horovodlike.torch.planner.layer_search import (INF, ZERO_LEVELS, Setting, _Table,
-                                                    cut_search, stage_options)
+from horovodlike.torch.planner.layer_search import (INF, ZERO_LEVELS, Setting, cut_search,
+                                                    stage_options)
 from horovodlike.torch.planner.plan_output import LayerChoice, LayerPlan
 from horovodlike.torch.planner.profiling import measure_link, profile_layers
 
@@ -129,8 +129,8 @@ def _check_arguments(specs, world_size, batch, layouts):
     return layouts
 
 
-def _search_one(specs, setting, tables):
-    cost, stages = cut_search(tables, _sends(specs, setting), setting)
+def _search_one(specs, setting, tables, bound):
+    cost, stages = cut_search(tables, _sends(specs, setting), setting, bound)
     if stages is None:
         return None
     options = []
@@ -196,12 +196,14 @@ def search_layers(model=None, sample_input=None, world_size=None, *, layers=None
         micro_batches=micro_batches, zero_levels=zero_levels, memory_limit=memory_limit,
         optimizer_state_factor=optimizer_state_factor))
     tables, candidates, best = {}, [], None
-    for setting in settings:
+    # Layouts without a pipeline are searched first (in O(layers)): the best plan so far
+    # bounds the stages the pipelined searches consider.
+    for setting in sorted(settings, key=lambda s: s.pp):
         key = (setting.dp, setting.tp, id(setting.links["tp"]))
         if key not in tables:
-            tables[key] = [_Table(layer_options(spec, setting.tp, setting.dp,
-                                                setting.links["tp"])) for spec in specs]
-        found = _search_one(specs, setting, tables[key])
+            tables[key] = [layer_options(spec, setting.tp, setting.dp, setting.links["tp"])
+                           for spec in specs]
+        found = _search_one(specs, setting, tables[key], INF if best is None else best[1][0])
         candidates.append((setting, None if found is None else found[:2]))
         if found is not None and (best is None or found[:2] < best[1][:2]):
             best = (setting, found)
