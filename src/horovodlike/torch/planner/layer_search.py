@@ -115,35 +115,49 @@ class _Table:
 
 
 class _Paths:
-    """For every stage start j and entry layout e, the best path to each state so far:
-    _Table.FIELDS stacked in ``values`` (5, n, 3, 6) and its largest layer's parameters."""
+    """For every stage start j still considered and entry layout e, the best path to each
+    state so far: _Table.FIELDS stacked in ``values`` (5, n, 3, 6) and its largest layer's
+    parameters in ``largest`` (n, 3, 6); rows are stage starts, oldest first."""
 
-    def __init__(self, memory_first):
+    def __init__(self, memory_first, capacity):
         self.memory_first = memory_first
-        self.values = np.zeros((len(_Table.FIELDS), 0, 3, STATES))
-        self.largest = np.zeros((0, 3, STATES))
+        self._values = np.zeros((len(_Table.FIELDS), capacity, 3, STATES))
+        self._largest = np.zeros((capacity, 3, STATES))
+        self.first = self.end = 0
+
+    @property
+    def values(self):
+        return self._values[:, self.first:self.end]
+
+    @property
+    def largest(self):
+        return self._largest[self.first:self.end]
 
     def start_here(self, entries=range(3)):
-        row = np.zeros((len(_Table.FIELDS), 1, 3, STATES))
-        row[:3] = INF
-        row[:3, 0, list(entries), list(entries)] = 0.0
-        self.values = np.concatenate([self.values, row], axis=1)
-        self.largest = np.concatenate([self.largest, np.zeros((1, 3, STATES))])
+        row = self._values[:, self.end]
+        row[:3], row[3:] = INF, 0.0
+        row[:3, list(entries), list(entries)] = 0.0
+        self._largest[self.end] = 0.0
+        self.end += 1
+
+    def drop(self, count):
+        self.first += count
 
     def extend(self, table):
         """Runs one more layer; returns the chosen source state per (j, e, target)."""
-        cost = self.values[0, ..., None] + table.values[0]          # (n, 3, source, target)
+        values = self.values
+        cost = values[0, ..., None] + table.values[0]                # (n, 3, source, target)
         if self.memory_first:
-            memory = self.values[1, ..., None] + table.values[1]
+            memory = values[1, ..., None] + table.values[1]
             least = memory.min(axis=2, keepdims=True)
             cost = np.where(memory <= least * (1 + 1e-12), cost, INF)
         source = np.argmin(cost, axis=2)                             # (n, 3, target)
-        n = source.shape[0]
-        rows, entries = np.arange(n)[:, None, None], np.arange(3)[None, :, None]
-        target = np.arange(STATES)
-        self.values = self.values[:, rows, entries, source] + table.values[:, source, target]
-        self.largest = np.maximum(self.largest[rows, entries, source],
-                                  table.values[3, source, target])
+        rows = np.arange(source.shape[0])[:, None, None]
+        entries, target = np.arange(3)[None, :, None], np.arange(STATES)
+        self._values[:, self.first:self.end] = values[:, rows, entries, source] + \
+            table.values[:, source, target]
+        self._largest[self.first:self.end] = np.maximum(
+            self.largest[rows, entries, source], table.values[3, source, target])
         return source
 
 
@@ -206,7 +220,7 @@ def cut_search(options, sends, setting, bound=INF):
     count, stages = len(options), setting.pp
     sync = _Affine(setting)
     rankings = (False,) if setting.memory_limit is None else (False, True)
-    paths = [_Paths(first) for first in rankings]
+    paths = [_Paths(first, count if stages > 1 else 1) for first in rankings]
     best = np.full((stages + 1, count + 1, 3), INF)
     best[0, 0, R] = 0.0
     back, first_row = {}, 0
@@ -222,7 +236,7 @@ def cut_search(options, sends, setting, bound=INF):
         drop = _rows_to_drop(paths, bound, setting.memory_limit)
         if drop:
             for path in paths:
-                path.values, path.largest = path.values[:, drop:], path.largest[drop:]
+                path.drop(drop)
             first_row += drop
         if stages == 1 and first_row > 0:
             break   # the one start there is went over the bound or the limit
@@ -239,7 +253,7 @@ def cut_search(options, sends, setting, bound=INF):
 def stage_options(options, first, end, entry, exit_state, ranking, setting):
     """The Options the sweep chose for one stage: its run again from one start, backwards."""
     tables = [_Table(o, setting, bool(ranking)) for o in options[first:end]]
-    path = _Paths(bool(ranking))
+    path = _Paths(bool(ranking), 1)
     path.start_here((entry,))
     sources = [path.extend(table)[0, entry] for table in tables]
     chosen, state = [], exit_state

@@ -113,7 +113,7 @@ class LayerPlan:
         for pp, dp, tp, level, step, memory in sorted(
                 self.candidates, key=lambda c: (c[4] is None, c[4] or 0.0)):
             label = f"pp={pp} {ZERO_NAMES[level]}={dp} tp={tp}"
-            lines.append(f"  {label:<22} " + ("no plan within the memory limit beats the one chosen"
+            lines.append(f"  {label:<22} " + ("none faster than the plan chosen (that fits)"
                                                if step is None
                                                else f"{step * 1e3:9.3f} ms "
                                                     f"{memory / (1 << 20):10.2f} MiB"))
