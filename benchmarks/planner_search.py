@@ -58,7 +58,8 @@ def run_case(layers, world_size, memory_limit, rounds):
     for choice in found.layers:
         styles[choice.style] = styles.get(choice.style, 0) + 1
     return {"layers": layers, "world_size": world_size, "memory_limit": memory_limit,
-            "seconds": times, "cpu_seconds": cpu_times, "layout": found.layout, "balance": found.balance,
+            "seconds": times, "cpu_seconds": cpu_times, "layout": found.layout,
+            "balance": found.balance,
             "styles": styles, "step_s": found.step_s, "memory_bytes": found.memory_bytes,
             "settings_searched": len(found.candidates)}
 

@@ -198,16 +198,17 @@ def _rows_to_drop(paths, bound, limit):
 
 
 def _cut(best, back, cost, ranking, i, first_row, stages):
-    """best[k, i + 1] for every stage count k: the last stage ends at layer i."""
-    top = min(stages, i + 1)
-    total = np.maximum(best[:top, first_row:i + 1, :, None], cost)   # (k-1, j, e, exit)
+    """best[k, i + 1] for every stage count k: the last stage ends at layer i and starts at
+    one of the rows of ``cost``, first_row onwards."""
+    top, rows = min(stages, i + 1), cost.shape[0]
+    total = np.maximum(best[:top, first_row:first_row + rows, :, None], cost)  # (k-1, j, e, exit)
     merged = np.stack([total[..., :3], total[..., TAGGED:]], axis=-1)  # (.., layout, tagged)
     merged = np.moveaxis(merged, 3, 1).reshape(top, 3, -1)          # (k-1, layout, j e tag)
     flat = np.argmin(merged, axis=2)
     values = np.take_along_axis(merged, flat[..., None], axis=2)[..., 0]
     best[1:top + 1, i + 1] = values
     for k, layout in zip(*np.nonzero(np.isfinite(values))):
-        j, entry, tagged = np.unravel_index(flat[k, layout], (i + 1 - first_row, 3, 2))
+        j, entry, tagged = np.unravel_index(flat[k, layout], (rows, 3, 2))
         exit_state = layout + TAGGED * int(tagged)
         back[k + 1, i + 1, layout] = (int(j) + first_row, int(entry), exit_state,
                                       int(ranking[j, entry, exit_state]))

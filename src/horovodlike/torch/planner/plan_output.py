@@ -32,7 +32,8 @@ class LayerPlan:
     pp: int
     dp: int
     tp: int
-    zero_level: int               # 0: DistributedOptimizer, 1: ZeroRedundancyOptimizer, 3: fully_shard
+    zero_level: int               # 0: DistributedOptimizer, 1: ZeroRedundancyOptimizer,
+    #                               3: fully_shard
     micro_batches: int
     stages: list                  # [(first layer, last layer + 1)]
     layers: list                  # LayerChoice per layer
