@@ -35,6 +35,17 @@ def sample():
     return torch.randn(BATCH, SEQUENCE, WIDTH, generator=torch.Generator().manual_seed(3))
 
 
+def build_embedding_model():
+    torch.manual_seed(8)
+    return torch.nn.Sequential(
+        torch.nn.Embedding(32, WIDTH), torch.nn.LayerNorm(WIDTH), torch.nn.Linear(WIDTH, 32),
+        torch.nn.GELU(), torch.nn.Linear(32, WIDTH))
+
+
+def token_ids():
+    return torch.randint(0, 32, (BATCH, SEQUENCE), generator=torch.Generator().manual_seed(4))
+
+
 def distinct_plans(model, x, tries=40):
     """The different tp=2 plans the search picks for random layer times and link latencies."""
     base = describe_layers(model, x, repeats=1)
@@ -49,28 +60,28 @@ def distinct_plans(model, x, tries=40):
     return list(plans.values())
 
 
-def check_tensor_parallel():
-    reference = build_model()
-    x = sample().requires_grad_(True)
+def check_tensor_parallel(build, x):
+    """Every distinct plan against one process: the output, and the input's gradient when
+    the input is not token ids."""
+    reference = build()
+    x = x.requires_grad_(True) if x.is_floating_point() else x
     expected = reference(x)
     expected.square().sum().backward()
     plans = distinct_plans(reference, x.detach())
-    styles = {c.style for found in plans for c in found.layers}
-    check(len(plans) >= 8 and styles == {"replicate", "colwise", "rowwise", "sequence"},
-          f"{len(plans)} plans, styles {styles}")
     for found in plans:
         mesh = found.process_mesh()
-        model = parallelize_module(build_model(), mesh, found.parallelize_plan(),
-                                   mesh_dim="tp")
-        mine = x.detach().clone().requires_grad_(True)
+        model = parallelize_module(build(), mesh, found.parallelize_plan(), mesh_dim="tp")
+        mine = x.detach().clone().requires_grad_(x.is_floating_point())
         out = model(mine)
         out.square().sum().backward()
         what = [f"{c.style}:{c.input_layout}>{c.output_layout}" for c in found.layers]
         check(torch.allclose(out, expected, rtol=1e-5, atol=1e-8),
               f"{what}: output differs by {(out - expected).abs().max().item():.3g}")
-        check(torch.allclose(mine.grad, x.grad, rtol=1e-5, atol=1e-8),
-              f"{what}: input gradient differs by {(mine.grad - x.grad).abs().max().item():.3g}")
-    return len(plans)
+        if x.is_floating_point():
+            check(torch.allclose(mine.grad, x.grad, rtol=1e-5, atol=1e-8),
+                  f"{what}: input gradient differs by "
+                  f"{(mine.grad - x.grad).abs().max().item():.3g}")
+    return plans
 
 
 def check_pipeline():
@@ -105,7 +116,14 @@ def check_pipeline():
 
 
 hvd.init()
-count = check_tensor_parallel()
+plans = check_tensor_parallel(build_model, sample())
+styles = {c.style for found in plans for c in found.layers}
+check(len(plans) >= 8 and styles == {"replicate", "colwise", "rowwise", "sequence"},
+      f"{len(plans)} plans, styles {styles}")
+embedding_plans = check_tensor_parallel(build_embedding_model, token_ids())
+check({c.style for found in embedding_plans for c in found.layers[:1]} >=
+      {"colwise", "rowwise"}, "the embedding was split both ways")
 check_pipeline()
-print(f"rank {hvd.rank()}: search plans OK ({count} tensor-parallel plans)", flush=True)
+print(f"rank {hvd.rank()}: search plans OK ({len(plans)} + {len(embedding_plans)} "
+      "tensor-parallel plans)", flush=True)
 hvd.shutdown()
