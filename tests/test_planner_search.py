@@ -193,6 +193,8 @@ def test_bad_input():
         search_layers(layers=specs, world_size=2, link=LINK)
     with pytest.raises(ValueError, match=r"layouts must be \(pp, dp, tp\)"):
         search_layers(layers=specs, batch=8, layouts=[(2, 1)], link=LINK)
+    with pytest.raises(ValueError, match=r"layouts \[\(1, 1, 2\)\] do not have world_size=4"):
+        search_layers(layers=specs, batch=8, world_size=4, layouts=[(1, 1, 2)], link=LINK)
     with pytest.raises(ValueError, match="torch.nn.Sequential"):
         search_layers(torch.nn.Linear(2, 2), torch.zeros(4, 2), 2, link=LINK)
 

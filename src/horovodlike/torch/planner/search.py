@@ -26,6 +26,8 @@ from horovodlike.torch.planner.layer_search import (INF, ZERO_LEVELS, Setting, c
 from horovodlike.torch.planner.plan_output import LayerChoice, LayerPlan
 from horovodlike.torch.planner.profiling import measure_link, profile_layers
 
+MB = float(1 << 20)
+
 _NORMS = tuple(getattr(torch.nn, name) for name in ("LayerNorm", "RMSNorm")
                if hasattr(torch.nn, name))
 _ELEMENTWISE = (torch.nn.ReLU, torch.nn.GELU, torch.nn.SiLU, torch.nn.Tanh, torch.nn.Sigmoid,
@@ -126,11 +128,35 @@ def _check_arguments(specs, world_size, batch, layouts):
     if any(len(l) != 3 or any(not isinstance(n, int) or n < 1 for n in l) for l in layouts):
         raise ValueError(f"search_layers: layouts must be (pp, dp, tp) triples of positive "
                          f"ints, got {layouts!r}")
+    wrong = [l for l in layouts if world_size is not None and l[0] * l[1] * l[2] != world_size]
+    if wrong:
+        raise ValueError(f"search_layers: layouts {wrong} do not have world_size={world_size} "
+                         "ranks; drop world_size or give layouts of that many ranks")
     return layouts
 
 
+def _lower_bound(tables, setting):
+    """No plan of ``setting`` costs less: its dearest stage costs at least 1/pp of every
+    layer's cheapest option (transitions aside)."""
+    weight = setting.slots / setting.micro_batches
+    slope = (setting.sync_s(2.0 * MB) - setting.sync_s(1.0 * MB)) / MB
+    return sum(min(weight * o.time_s + slope * o.parameter_bytes for o in options)
+               for options in tables) / setting.pp
+
+
 def _search_one(specs, setting, tables, bound):
-    cost, stages = cut_search(tables, _sends(specs, setting), setting, bound)
+    """The best plan of one Setting. With a pipeline, a first try considers only stages
+    costing up to a guess a little above the lower bound: a plan found within the guess is
+    the optimum (no stage of the optimum was left out), else the guess grows, up to
+    ``bound`` (after six tries, ``bound`` itself). Most starts of a stage are then never
+    swept."""
+    sends = _sends(specs, setting)
+    guesses = [_lower_bound(tables, setting) * 1.1 * 1.3 ** n for n in range(6)] \
+        if setting.pp > 1 else []
+    for guess in [g for g in guesses if g < bound] + [bound]:
+        cost, stages = cut_search(tables, sends, setting, guess)
+        if stages is not None and cost <= guess:
+            break
     if stages is None:
         return None
     options = []
