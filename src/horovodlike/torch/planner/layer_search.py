@@ -189,12 +189,13 @@ def _rows_to_drop(paths, bound, limit):
     """How many of the oldest stage starts can go: a path only grows in cost and memory, so
     a start whose cheapest path already costs more than ``bound`` (a plan found before), or
     whose leanest path already needs more than ``limit``, never makes a better stage."""
-    cheapest = paths[0].values[0].min(axis=(1, 2))
-    dead = cheapest > bound
+    too_dear = paths[0].values[0].min(axis=(1, 2)) > bound
+    dead = too_dear.copy()
     if limit is not None:
         dead |= paths[-1].values[1].min(axis=(1, 2)) > limit
     alive = np.flatnonzero(~dead)
-    return len(dead) if alive.size == 0 else int(alive[0])
+    drop = len(dead) if alive.size == 0 else int(alive[0])
+    return drop, bool(too_dear[:drop].any())
 
 
 def _cut(best, back, cost, ranking, i, first_row, stages):
@@ -216,15 +217,16 @@ def _cut(best, back, cost, ranking, i, first_row, stages):
 
 def cut_search(options, sends, setting, bound=INF):
     """The DP over (layer, stage count) for layers with ``options`` (Option lists). Returns
-    (step cost, stages) with stages as [(first, end, entry layout, exit state, ranking)], or
-    (inf, None). Stages costing more than ``bound`` are not considered."""
+    (step cost, stages, bounded) with stages as [(first, end, entry layout, exit state,
+    ranking)], or (inf, None, bounded). Stages costing more than ``bound`` are not considered;
+    ``bounded`` says whether that left any out."""
     count, stages = len(options), setting.pp
     sync = _Affine(setting)
     rankings = (False,) if setting.memory_limit is None else (False, True)
     paths = [_Paths(first, count if stages > 1 else 1) for first in rankings]
     best = np.full((stages + 1, count + 1, 3), INF)
     best[0, 0, R] = 0.0
-    back, first_row = {}, 0
+    back, first_row, bounded = {}, 0, False
     for i in range(count):
         evaluated = []
         for path, memory_first in zip(paths, rankings):
@@ -234,7 +236,8 @@ def cut_search(options, sends, setting, bound=INF):
             evaluated.append(_stage_costs(path, setting, sync, sends[i], i == count - 1))
         cost, ranking = _best_stage(evaluated, setting.memory_limit)
         _cut(best, back, cost, ranking, i, first_row, stages)
-        drop = _rows_to_drop(paths, bound, setting.memory_limit)
+        drop, by_bound = _rows_to_drop(paths, bound, setting.memory_limit)
+        bounded |= by_bound
         if drop:
             for path in paths:
                 path.drop(drop)
@@ -242,13 +245,13 @@ def cut_search(options, sends, setting, bound=INF):
         if stages == 1 and first_row > 0:
             break   # the one start there is went over the bound or the limit
     if not np.isfinite(best[stages, count, R]):
-        return INF, None
+        return INF, None, bounded
     found, end, layout = [], count, R
     for k in range(stages, 0, -1):
         j, entry, exit_state, ranking = back[k, end, layout]
         found.append((j, end, entry, exit_state, ranking))
         end, layout = j, entry
-    return float(best[stages, count, R]), found[::-1]
+    return float(best[stages, count, R]), found[::-1], bounded
 
 
 def stage_options(options, first, end, entry, exit_state, ranking, setting):

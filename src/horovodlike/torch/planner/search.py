@@ -154,9 +154,9 @@ def _search_one(specs, setting, tables, bound):
     guesses = [_lower_bound(tables, setting) * 1.1 * 1.3 ** n for n in range(6)] \
         if setting.pp > 1 else []
     for guess in [g for g in guesses if g < bound] + [bound]:
-        cost, stages = cut_search(tables, sends, setting, guess)
-        if stages is not None and cost <= guess:
-            break
+        cost, stages, bounded = cut_search(tables, sends, setting, guess)
+        if not bounded or (stages is not None and cost <= guess):
+            break   # the guess left nothing out, or kept the optimum
     if stages is None:
         return None
     options = []
