@@ -6,8 +6,10 @@
 The chains are synthetic transformer blocks (LayerNorm, Linear 1024 -> 4096, GELU,
 Linear 4096 -> 1024: four layers each, 16 MiB of parameters a Linear, activations of 2 MiB and
 8 MiB, a sequence dimension of 512) over a 10 GB/s link. Every (pp, dp, tp) layout of the
-world size and every ZeRO level is searched, without a memory limit and with one that the
-fastest plan exceeds (the least of 1/2, 3/4 and 9/10 of its memory that some plan fits).
+world size and every ZeRO level is searched, without a memory limit and with one: the least
+of 1/2, 3/4 and 9/10 of the fastest plan's memory that some plan fits, else that memory itself
+(a limit the fastest plan just meets: the search then ranks paths by memory too, which is
+what a limit costs, without changing the plan).
 Each round is timed on its own, wall clock and this process's CPU time (the machine may be
 shared); the text and JSON outputs keep every round, the chosen plan, the command, the commit
 (and whether the tree had changes) and the load average before and after.
