@@ -46,6 +46,8 @@ run $R/train_step-np2-overlap-off.txt $PY benchmarks/train_step.py --np 2 --only
 mkdir -p $R/multi_copy-trace
 run $R/multi_copy.txt $PY benchmarks/multi_copy.py --json $R/multi_copy.json \
     --png $R/multi_copy_timeline.png --trace-dir $R/multi_copy-trace
+# Writes its own .txt (command, commit, load) and .json.
+$PY benchmarks/planner_search.py --out $R/planner_search
 # The documentation's Performance page shows the plots from its own folder (mkdocs serves only docs/).
 cp $R/multihost-busbw-1gbit.png $R/multihost-busbw-10gbit.png $R/model-busbw-1gbit.png \
     $R/model-busbw-10gbit.png $R/train_step_timeline.png $R/multi_copy_timeline.png docs/img/

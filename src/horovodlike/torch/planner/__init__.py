@@ -29,10 +29,13 @@ from horovodlike.torch.planner.cost_model import (Candidate, factorisations,
                                                   links_by_dimension, predict, why_not)
 from horovodlike.torch.planner.links import LinkProfile, fit_link, measure_link
 from horovodlike.torch.planner.profiling import LayerProfile, profile_layers
+from horovodlike.torch.planner.search import (LayerChoice, LayerPlan, LayerSpec,
+                                              describe_layers, search_layers)
 from horovodlike.torch.process_mesh import ProcessMesh
 
 __all__ = ["plan", "Plan", "calibrate", "Calibration", "LayerProfile", "LinkProfile",
-           "fit_link", "measure_link", "measure_links", "profile_layers"]
+           "fit_link", "measure_link", "measure_links", "profile_layers", "search_layers",
+           "describe_layers", "LayerSpec", "LayerPlan", "LayerChoice"]
 
 
 @dataclasses.dataclass
