@@ -5,6 +5,7 @@ import os
 import re
 
 from horovodlike import _core
+from horovodlike.common.backends import GLOO, MPI
 from horovodlike.common.exceptions import HorovodInternalError
 
 _atexit_registered = False
@@ -196,11 +197,11 @@ def build_info():
 
 
 def mpi_built():
-    return bool(_core.build_info()["mpi"])
+    return bool(_core.build_info()[MPI])
 
 
 def gloo_built():
-    return bool(_core.build_info()["gloo"])
+    return bool(_core.build_info()[GLOO])
 
 
 def _gpu_info():
@@ -256,12 +257,12 @@ def _cpu_operations():
 
 def mpi_enabled():
     """True when the running job communicates over MPI (a job started by mpirun)."""
-    return _cpu_operations() == "mpi"
+    return _cpu_operations() == MPI
 
 
 def gloo_enabled():
     """True when the running job communicates over Gloo (horovodlikerun --gloo)."""
-    return _cpu_operations() == "gloo"
+    return _cpu_operations() == GLOO
 
 
 def mpi_threads_supported():

@@ -13,10 +13,8 @@ from typing import Any, Callable
 
 from horovodlike.runner.environment import format_number
 
-# The CPU transports' names, in the order the core lists them (csrc/common/backend_names.h;
-# tests/test_settings.py checks that the core accepts exactly these).
-TRANSPORTS = ("tcp", "mpi", "gloo")
-TCP, MPI, GLOO = TRANSPORTS
+# The CPU transports' names (common/backends.py), re-exported for the runner's modules.
+from horovodlike.common.backends import GLOO, MPI, TCP, TRANSPORTS  # noqa: F401
 
 LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")
 DEFAULT_START_TIMEOUT_S = 30.0
