@@ -14,10 +14,7 @@
 #include "../links/connect.h"
 #include "../links/per_peer_link.h"
 #include "../links/rendezvous_client.h"
-#ifdef HOROVODLIKE_MPI_FOUND
-#include "../links/mpi/tcp_mesh_over_mpi.h"
-#include "../common/backend_names.h"
-#endif
+#include "../links/tcp/tcp_link.h"
 
 namespace horovodlike {
 namespace {
@@ -84,47 +81,40 @@ void Runtime::Init() {
       throw InvalidArgument(std::string("HOROVOD_TIMELINE: ") + e.what());
     }
   }
-  std::unique_ptr<Link> transport;
+  std::unique_ptr<Link> link;
   try {
-    transport = ConnectLink(config, generation);
+    link = ConnectLink(config, generation);
   } catch (const TransportError& e) {
     // A peer that died or vanished during set-up: tell the launcher which one it was.
     ReportFailureToLauncher(config, generation, {e.peer(), FailureKind(e.cause()), e.what()});
     throw;
   }
-  // Point-to-point gets links of its own (point_to_point.h): shared memory between the ranks
-  // of one host (unless HOROVOD_SHM_DISABLE=1) and a TCP mesh between hosts. They may stay idle
-  // for as long as a pipeline waits, so silence is never a failure there; a peer that dies
-  // still fails them. Without the launcher's rendezvous (mpirun started the job directly),
-  // the TCP mesh's addresses are exchanged over MPI and it carries every message.
-  std::unique_ptr<Link> p2p_links;
+  // Point-to-point rides the job's link (its tagged messages, point_to_point.h). A link
+  // without them gets a TCP mesh of its own for point-to-point alone, which may then stay idle
+  // for as long as a pipeline waits (silence is never a failure there; a peer that dies still
+  // fails it).
+  std::unique_ptr<Link> p2p_link;
   std::string p2p_unavailable;
+  // How long point-to-point's own mesh lets a peer stay silent once set up: for ever, in effect.
+  constexpr double kPointToPointIdleSeconds = 1e9;
   const bool has_rendezvous = !config.rendezvous_addr.empty() && config.rendezvous_port > 0;
-  const bool over_mpi = !has_rendezvous && config.launched_by_mpirun &&
-                        IsBackend(transport->name(), Backend::kMpi);
-  if (config.size > 1 && !has_rendezvous && !over_mpi) {
-    p2p_unavailable = "point-to-point needs the launcher's rendezvous server, or MPI in a job "
-                      "that mpirun started, and this job has neither; start it with "
-                      "horovodlikerun";
-  } else if (config.size > 1) {
+  if (config.size > 1 && !link->tagged() && !has_rendezvous) {
+    p2p_unavailable = "point-to-point needs the launcher's rendezvous server, or a link with "
+                      "tagged messages, and this job has neither; start it with horovodlikerun";
+  } else if (config.size > 1 && !link->tagged()) {
     try {
-#ifdef HOROVODLIKE_MPI_FOUND
-      if (over_mpi) {
-        Config links_config = config;
-        links_config.peer_timeout_seconds = kPointToPointIdleSeconds;
-        p2p_links = ConnectTcpMeshOverMpi(links_config, generation);
-      }
-#endif
-      // Set up under the peer timeout; idle for ever afterwards (per_peer_link.cc).
-      if (!over_mpi) p2p_links = PerPeerLink::ConnectPointToPoint(config, generation, "p2p");
+      // Set up under the peer timeout; idle for ever afterwards.
+      std::unique_ptr<TcpLink> tcp = TcpLink::Connect(config, generation, "p2p");
+      tcp->set_timeout_seconds(kPointToPointIdleSeconds);
+      p2p_link = std::move(tcp);
     } catch (const TransportError& e) {
       ReportFailureToLauncher(config, generation, {e.peer(), FailureKind(e.cause()), e.what()});
       throw;
     }
   }
-  std::shared_ptr<Runtime> runtime(new Runtime(std::move(config), std::move(transport),
+  std::shared_ptr<Runtime> runtime(new Runtime(std::move(config), std::move(link),
                                                generation, std::move(tuner), std::move(timeline),
-                                               std::move(p2p_links), std::move(p2p_unavailable)));
+                                               std::move(p2p_link), std::move(p2p_unavailable)));
   std::lock_guard<std::mutex> lock(g_mutex);
   g_runtime = std::move(runtime);
 }
@@ -153,19 +143,22 @@ std::shared_ptr<Runtime> Runtime::Get() {
   return g_runtime;
 }
 
-Runtime::Runtime(Config config, std::unique_ptr<Link> transport, int generation,
+Runtime::Runtime(Config config, std::unique_ptr<Link> link, int generation,
                  std::unique_ptr<ParameterManager> tuner, std::unique_ptr<Timeline> timeline,
-                 std::unique_ptr<Link> p2p_links, std::string p2p_unavailable)
-    : config_(std::move(config)), generation_(generation), transport_(std::move(transport)),
+                 std::unique_ptr<Link> p2p_link, std::string p2p_unavailable)
+    : config_(std::move(config)), generation_(generation), link_(std::move(link)),
       timeline_(std::move(timeline)),
       gpu_completions_(handles_, [this] { queue_.Notify(); }),
-      process_sets_(*transport_, config_, queue_, handles_, *timeline_,
+      process_sets_(*link_, config_, queue_, handles_, *timeline_,
                     [this](const Response& r) { return ChangeProcessSets(r); },
                     &gpu_completions_),
       tuner_(std::move(tuner)),
-      p2p_(std::make_unique<PointToPoint>(config_.rank, config_.size, std::move(p2p_links),
+      p2p_link_(std::move(p2p_link)),
+      p2p_(std::make_unique<PointToPoint>(config_.rank, config_.size,
+                                          p2p_link_ ? p2p_link_.get()
+                                          : link_->tagged() ? link_.get() : nullptr,
                                           handles_, std::move(p2p_unavailable))),
-      caller_rounds_(config_.caller_rounds && transport_->interruptible()),
+      caller_rounds_(config_.caller_rounds && link_->interruptible()),
       deferred_(!config_.overlap) {
   tuned_.parameters = process_sets_.Member(0)->controller->parameters();
   tuned_.parameters.tuning = config_.autotune;  // until rank 0's first round says otherwise
@@ -574,7 +567,7 @@ void Runtime::Stop(StatusCode code, const std::string& cause, int origin, const 
     FailEverything(code, report.reason);
     return;
   }
-  transport_->abort();
+  link_->abort();
   const std::string message = "horovodlike stopped on rank " + std::to_string(config_.rank) +
                               ": " + report.reason + ". Call shutdown() and init() to start again.";
   p2p_->Abort(Status::Error(code, message));

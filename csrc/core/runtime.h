@@ -1,5 +1,5 @@
 // The process-global state created by init() and torn down by shutdown(): configuration,
-// transport, tensor queue, handles, and the background thread that negotiates and executes.
+// link, tensor queue, handles, and the background thread that negotiates and executes.
 #pragma once
 
 #include <atomic>
@@ -95,9 +95,9 @@ class Runtime {
   ~Runtime();
 
  private:
-  Runtime(Config config, std::unique_ptr<Link> transport, int generation,
+  Runtime(Config config, std::unique_ptr<Link> link, int generation,
           std::unique_ptr<ParameterManager> tuner, std::unique_ptr<Timeline> timeline,
-          std::unique_ptr<Link> p2p_links, std::string p2p_unavailable);
+          std::unique_ptr<Link> p2p_link, std::string p2p_unavailable);
   void CheckPointToPoint(const PointToPoint::Message& message, const char* what);
   // What the loop keeps from round to round, with its storage, so that a round of tensors
   // seen before allocates nothing here (nor in the controller and executor).
@@ -131,7 +131,7 @@ class Runtime {
 
   Config config_;
   int generation_;  // which init() of this process; keys its rendezvous entries
-  std::unique_ptr<Link> transport_;
+  std::unique_ptr<Link> link_;
   TensorQueue queue_;
   HandleTable handles_;
   std::unique_ptr<Timeline> timeline_;  // before the executors, which record into it
@@ -144,6 +144,7 @@ class Runtime {
   std::atomic<bool> stopped_{false};
   std::mutex stop_mutex_;
   Status stop_status_;  // why the loop stopped; later work fails with it
+  std::unique_ptr<Link> p2p_link_;  // point-to-point's own mesh where link_ has no tags
   std::unique_ptr<PointToPoint> p2p_;
   std::mutex close_mutex_;
   // One round at a time, run by the loop or by a waiting caller (WaitDriving); guards the
@@ -151,7 +152,7 @@ class Runtime {
   std::mutex round_mutex_;
   RoundState round_state_;
   bool finished_ = false;
-  const bool caller_rounds_;  // HOROVOD_CALLER_ROUNDS and an interruptible transport
+  const bool caller_rounds_;  // HOROVOD_CALLER_ROUNDS and an interruptible link
   // When the last round ended, and the cycle time in force (read by the loop between rounds).
   std::atomic<int64_t> last_round_end_ns_{0};
   std::atomic<int64_t> cycle_time_us_{1000};
