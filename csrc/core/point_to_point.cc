@@ -28,9 +28,9 @@ std::string Offer(DataType dtype, const std::vector<int64_t>& shape) {
 
 }  // namespace
 
-// The fixed part of every frame header message; a data frame's header message follows it with
-// `ndim` int64 dimensions, and its payload is the next payload message (`body_bytes`, none when
-// 0); a rejection's or failure notice's header message follows it with `body_bytes` of text.
+// A frame is a header message of kHeaderBytes on kHeaderTag: this, then (a data frame) its
+// `ndim` int64 dimensions; and then, unless `body_bytes` is 0, a payload message of
+// `body_bytes` on kPayloadTag: the data, or a rejection's or failure notice's text.
 struct PointToPoint::Header {
   uint32_t magic = kFrameMagic;
   uint32_t kind = kData;
@@ -47,6 +47,9 @@ struct PointToPoint::PostedRecv {
   void* data = nullptr;  // null: allocate with the sender's dtype and shape
   std::shared_ptr<HandleState> state;
 };
+
+// Every header message is this long, so that a receive can be posted for it before it comes.
+constexpr size_t kHeaderBytes = sizeof(PointToPoint::Header) + kMaxDims * sizeof(int64_t);
 
 struct PointToPoint::PendingSend {
   int set_id = 0;
@@ -71,8 +74,10 @@ struct PointToPoint::Arrived {
 
 // A rejection or failure notice being written.
 struct PointToPoint::Notice {
-  std::vector<uint8_t> bytes;
-  std::unique_ptr<Link::Request> request;
+  std::vector<uint8_t> head;
+  std::string text;
+  std::unique_ptr<Link::Request> head_request;
+  std::unique_ptr<Link::Request> text_request;  // null without text
 };
 
 // The frame whose payload is being received from a peer.
@@ -84,6 +89,7 @@ struct PointToPoint::Incoming {
   Arrived arrived;
   std::string problem;  // the receive does not fit: the payload is read and dropped
   std::vector<uint8_t> scratch;
+  std::string text;  // a rejection's or failure notice's
   std::unique_ptr<Link::Request> request;  // null when the frame has no payload
 };
 
@@ -98,7 +104,8 @@ struct PointToPoint::Peer {
   // set id -> the peer's rejection of a message this rank sent, for the next operation with
   // the peer in that set when none was pending.
   std::map<int, std::string> rejections;
-  std::unique_ptr<Link::Request> header;  // the receive of the next frame header, always posted
+  std::vector<uint8_t> header_bytes = std::vector<uint8_t>(kHeaderBytes);
+  std::unique_ptr<Link::Request> header;  // the receive of the next header, always posted
   Incoming incoming;
 };
 
@@ -112,7 +119,8 @@ PointToPoint::PointToPoint(int rank, int size, Link* link, HandleTable& handles,
   for (int peer = 0; peer < size_; ++peer) {
     if (peer == rank_) continue;
     try {
-      peers_[peer].header = link_->irecv(peer, kHeaderTag, nullptr, 0);
+      peers_[peer].header = link_->irecv(peer, kHeaderTag, peers_[peer].header_bytes.data(),
+                                         kHeaderBytes);
     } catch (const TransportError& e) {
       LosePeerLocked(peer, e.what());
     }
@@ -190,7 +198,7 @@ int64_t PointToPoint::Send(const Message& message, const void* data) {
   auto send = std::make_shared<PendingSend>();
   send->set_id = message.set_id;
   send->state = state;
-  send->head.resize(sizeof(Header) + message.shape.size() * sizeof(int64_t));
+  send->head.resize(kHeaderBytes);
   std::memcpy(send->head.data(), &header, sizeof(Header));
   if (!message.shape.empty()) {
     std::memcpy(send->head.data() + sizeof(Header), message.shape.data(),
@@ -288,11 +296,15 @@ void PointToPoint::SendNoticeLocked(int peer_rank, uint32_t kind, int set_id, ui
   header.sequence = sequence;
   header.body_bytes = text.size();
   Notice notice;
-  notice.bytes.resize(sizeof(Header) + text.size());
-  std::memcpy(notice.bytes.data(), &header, sizeof(Header));
-  if (!text.empty()) std::memcpy(notice.bytes.data() + sizeof(Header), text.data(), text.size());
+  notice.head.resize(kHeaderBytes);
+  std::memcpy(notice.head.data(), &header, sizeof(Header));
+  notice.text = text;
   try {
-    notice.request = link_->isend(peer_rank, kHeaderTag, notice.bytes.data(), notice.bytes.size());
+    notice.head_request = link_->isend(peer_rank, kHeaderTag, notice.head.data(), kHeaderBytes);
+    if (!text.empty()) {
+      notice.text_request = link_->isend(peer_rank, kPayloadTag, notice.text.data(),
+                                         notice.text.size());
+    }
   } catch (const TransportError& e) {
     LosePeerLocked(peer_rank, e.what());
     return;
@@ -350,13 +362,17 @@ size_t PointToPoint::FailPeerLocked(int peer_rank, int set_id, const Status& sta
   return failed;
 }
 
+Status PointToPoint::LostStatus(int peer_rank, const std::string& what) const {
+  return Status::Error(StatusCode::kInternal,
+                       "point-to-point on rank " + std::to_string(rank_) +
+                           ": lost connection to rank " + std::to_string(peer_rank) +
+                           " (it exited, was killed or shut down): " + what);
+}
+
 void PointToPoint::LosePeerLocked(int peer_rank, const std::string& what) {
   Peer& peer = peers_[peer_rank];
   if (!stopped_.ok() || !peer.lost.ok()) return;  // already failed with that reason
-  peer.lost = Status::Error(StatusCode::kInternal,
-                            "point-to-point on rank " + std::to_string(rank_) +
-                                ": lost connection to rank " + std::to_string(peer_rank) +
-                                " (it exited, was killed or shut down): " + what);
+  peer.lost = LostStatus(peer_rank, what);
   peer.header.reset();
   peer.notices.clear();
   if (peer.incoming.active && peer.incoming.matched) {
@@ -407,11 +423,27 @@ void PointToPoint::StepLocked() {
   }
 }
 
-void PointToPoint::FinishSendsLocked(Peer& peer) {
+void PointToPoint::FinishSendsLocked(int peer_rank) {
+  Peer& peer = peers_[peer_rank];
+  // A send that fails fails alone: what the peer sent before it went may still be read.
+  auto written = [&](const std::unique_ptr<Link::Request>& request, Status* error) {
+    try {
+      return !request || request->test();
+    } catch (const TransportError& e) {
+      *error = LostStatus(peer_rank, e.what());
+      return true;
+    }
+  };
   for (auto it = peer.unsent.begin(); it != peer.unsent.end();) {
     PendingSend& send = *it->second;
-    if (!send.head_request->test() || (send.body_request && !send.body_request->test())) {
+    Status error;
+    if (!written(send.head_request, &error) || !written(send.body_request, &error)) {
       ++it;
+      continue;
+    }
+    if (!error.ok()) {
+      handles_.Complete(send.state, send.has_deferred ? send.deferred : error);
+      it = peer.unsent.erase(it);
       continue;
     }
     // Written: the caller may reuse the buffer (the receiver keeps the message until a receive
@@ -423,14 +455,16 @@ void PointToPoint::FinishSendsLocked(Peer& peer) {
     handles_.Complete(send.state, rejection ? send.deferred : Status::Ok());
     it = peer.unsent.erase(it);
   }
-  while (!peer.notices.empty() && peer.notices.front().request->test()) {
+  Status ignored;
+  while (!peer.notices.empty() && written(peer.notices.front().head_request, &ignored) &&
+         written(peer.notices.front().text_request, &ignored)) {
     peer.notices.pop_front();
   }
 }
 
 void PointToPoint::StepPeerLocked(int peer_rank) {
   Peer& peer = peers_[peer_rank];
-  FinishSendsLocked(peer);
+  FinishSendsLocked(peer_rank);
   // Frames in order: a header, then its payload; the next header only once that is in.
   while (peers_[peer_rank].lost.ok()) {
     if (peer.incoming.active) {
@@ -439,26 +473,25 @@ void PointToPoint::StepPeerLocked(int peer_rank) {
       continue;
     }
     if (!peer.header || !peer.header->test()) return;
-    std::vector<uint8_t> bytes = peer.header->take_message();
-    peer.header = link_->irecv(peer_rank, kHeaderTag, nullptr, 0);
-    OnHeaderLocked(peer_rank, std::move(bytes));
+    std::vector<uint8_t> bytes = peer.header_bytes;
+    peer.header = link_->irecv(peer_rank, kHeaderTag, peer.header_bytes.data(), kHeaderBytes);
+    OnHeaderLocked(peer_rank, bytes);
   }
 }
 
-void PointToPoint::OnHeaderLocked(int peer_rank, std::vector<uint8_t> bytes) {
+void PointToPoint::OnHeaderLocked(int peer_rank, const std::vector<uint8_t>& bytes) {
   const std::string from = "a point-to-point frame from rank " + std::to_string(peer_rank);
   Header header;
-  if (bytes.size() < sizeof(Header)) throw TransportError(from + " is truncated", peer_rank);
   std::memcpy(&header, bytes.data(), sizeof(Header));
   if (header.magic != kFrameMagic) throw TransportError(from + " is corrupt", peer_rank);
-  const size_t rest = bytes.size() - sizeof(Header);
   if (header.kind == kData) {
-    if (!IsValidDataType(header.dtype) || header.ndim < 0 || header.ndim > kMaxDims ||
-        rest != static_cast<size_t>(header.ndim) * sizeof(int64_t)) {
+    if (!IsValidDataType(header.dtype) || header.ndim < 0 || header.ndim > kMaxDims) {
       throw TransportError(from + " has a bad dtype or rank", peer_rank);
     }
     std::vector<int64_t> shape(header.ndim);
-    if (header.ndim > 0) std::memcpy(shape.data(), bytes.data() + sizeof(Header), rest);
+    if (header.ndim > 0) {
+      std::memcpy(shape.data(), bytes.data() + sizeof(Header), shape.size() * sizeof(int64_t));
+    }
     for (int64_t d : shape) {
       if (d < 0 || d > (int64_t{1} << 48)) throw TransportError(from + " has a bad shape");
     }
@@ -472,14 +505,19 @@ void PointToPoint::OnHeaderLocked(int peer_rank, std::vector<uint8_t> bytes) {
   if (header.kind != kReject && header.kind != kFailure) {
     throw TransportError(from + " is of an unknown kind", peer_rank);
   }
-  if (header.body_bytes != rest || rest > kMaxTextBytes) {
-    throw TransportError(from + " has a bad length", peer_rank);
+  if (header.body_bytes > kMaxTextBytes) throw TransportError(from + " is too long", peer_rank);
+  // The text follows as the payload.
+  Incoming& in = peers_[peer_rank].incoming;
+  in = Incoming();
+  in.active = true;
+  in.header = header;
+  in.text.resize(header.body_bytes);
+  if (!in.text.empty()) {
+    in.request = link_->irecv(peer_rank, kPayloadTag, in.text.data(), in.text.size());
   }
-  OnNoticeLocked(peer_rank, header,
-                 std::string(reinterpret_cast<const char*>(bytes.data()) + sizeof(Header), rest));
 }
 
-void PointToPoint::OnNoticeLocked(int peer_rank, const Header& header, std::string text) {
+void PointToPoint::OnNoticeLocked(int peer_rank, const Header& header, const std::string& text) {
   Peer& peer = peers_[peer_rank];
   if (header.kind == kFailure) {
     peer.failed_sets[header.set_id] = text;
@@ -552,6 +590,10 @@ void PointToPoint::FinishIncomingLocked(int peer_rank) {
   Peer& peer = peers_[peer_rank];
   Incoming in = std::move(peer.incoming);
   peer.incoming = Incoming();
+  if (in.header.kind != kData) {
+    OnNoticeLocked(peer_rank, in.header, in.text);
+    return;
+  }
   if (in.matched) {
     handles_.Complete(in.recv.state, in.problem.empty()
                                          ? Status::Ok()

@@ -31,6 +31,7 @@ namespace horovodlike {
 
 class PointToPoint {
  public:
+  struct Header;  // of a frame on the wire
   // What a send offers or a receive expects; `peer` is a rank of the job.
   struct Message {
     int set_id = 0;
@@ -56,14 +57,13 @@ class PointToPoint {
   void NotifyFailure(int set_id, const std::vector<int>& peers, const std::string& reason);
   // Fails everything pending and later with `status` (the runtime stopped).
   void Abort(const Status& status);
-  // What carries the messages ("shm", "shm+tcp", "tcp", ...), or nullptr without a link.
-  const char* link_name() const { return link_ ? link_->name() : nullptr; }
+  // What carries the messages ("tcp", "mpi"), or nullptr without a link.
+  const char* link_name() const { return link_ ? link_->tagged_name() : nullptr; }
   // Moves every peer's messages along, waiting at most `seconds` for something to happen
   // (a handle's waits and polls call it).
   void Progress(double seconds);
 
  private:
-  struct Header;
   struct PostedRecv;
   struct PendingSend;
   struct Arrived;
@@ -76,9 +76,9 @@ class PointToPoint {
   // One peer; throws TransportError when its connection is lost.
   void StepPeerLocked(int peer);
   // A frame header arrived from `peer`.
-  void OnHeaderLocked(int peer, std::vector<uint8_t> bytes);
+  void OnHeaderLocked(int peer, const std::vector<uint8_t>& bytes);
   void OnDataHeaderLocked(int peer, const Header& header, std::vector<int64_t> shape);
-  void OnNoticeLocked(int peer, const Header& header, std::string text);
+  void OnNoticeLocked(int peer, const Header& header, const std::string& text);
   // The payload of the frame in Incoming arrived (or the frame had none).
   void FinishIncomingLocked(int peer);
   // Hands an arrived message to a posted receive: copies it, completes the receive and answers
@@ -98,7 +98,8 @@ class PointToPoint {
   // The connection to `peer` broke (`what` says how): everything with it fails.
   void LosePeerLocked(int peer, const std::string& what);
   // Completes the sends written in full and forgets the notices written.
-  void FinishSendsLocked(Peer& peer);
+  void FinishSendsLocked(int peer);
+  Status LostStatus(int peer, const std::string& what) const;
   // A handle whose waits move the messages along.
   int64_t CreateHandleLocked(std::shared_ptr<HandleState>* state);
   // Throws InvalidArgument for bad input; returns the error an operation with this peer ends

@@ -15,6 +15,9 @@
 #include "../links/per_peer_link.h"
 #include "../links/rendezvous_client.h"
 #include "../links/tcp/tcp_link.h"
+#ifdef HOROVODLIKE_MPI_FOUND
+#include "../links/mpi/tcp_mesh_over_mpi.h"
+#endif
 
 namespace horovodlike {
 namespace {
@@ -36,6 +39,40 @@ const char* FailureKind(TransportError::Cause cause) {
   }
   return "error";
 }
+
+// Point-to-point rides the job's link, its tagged messages (point_to_point.h). A link without
+// them (MPI without MPI_THREAD_MULTIPLE) has point-to-point get a TCP mesh of its own, which may
+// then stay idle for as long as a pipeline waits: silence is never a failure there, and a peer
+// that dies still fails it. Returns that mesh, or null (*unavailable then says why when the job
+// cannot have point-to-point at all).
+std::unique_ptr<Link> ConnectPointToPointLink(const Config& config, int generation, Link& link,
+                                              std::string* unavailable) {
+  if (config.size == 1 || link.tagged()) return nullptr;
+  constexpr double kPointToPointIdleSeconds = 1e9;  // for ever, in effect
+  const bool has_rendezvous = !config.rendezvous_addr.empty() && config.rendezvous_port > 0;
+  try {
+    if (has_rendezvous) {
+      // Set up under the peer timeout; idle for ever afterwards.
+      std::unique_ptr<TcpLink> tcp = TcpLink::Connect(config, generation, "p2p");
+      tcp->set_timeout_seconds(kPointToPointIdleSeconds);
+      return tcp;
+    }
+#ifdef HOROVODLIKE_MPI_FOUND
+    if (link.mpi() != nullptr) {  // mpirun started the job: addresses travel over MPI
+      Config mesh_config = config;
+      mesh_config.peer_timeout_seconds = kPointToPointIdleSeconds;
+      return ConnectTcpMeshOverMpi(mesh_config, generation);
+    }
+#endif
+  } catch (const TransportError& e) {
+    ReportFailureToLauncher(config, generation, {e.peer(), FailureKind(e.cause()), e.what()});
+    throw;
+  }
+  *unavailable = "point-to-point needs the launcher's rendezvous server, or MPI in a job that "
+                 "mpirun started, and this job has neither; start it with horovodlikerun";
+  return nullptr;
+}
+
 }  // namespace
 
 void Runtime::Init() {
@@ -89,29 +126,9 @@ void Runtime::Init() {
     ReportFailureToLauncher(config, generation, {e.peer(), FailureKind(e.cause()), e.what()});
     throw;
   }
-  // Point-to-point rides the job's link (its tagged messages, point_to_point.h). A link
-  // without them gets a TCP mesh of its own for point-to-point alone, which may then stay idle
-  // for as long as a pipeline waits (silence is never a failure there; a peer that dies still
-  // fails it).
-  std::unique_ptr<Link> p2p_link;
   std::string p2p_unavailable;
-  // How long point-to-point's own mesh lets a peer stay silent once set up: for ever, in effect.
-  constexpr double kPointToPointIdleSeconds = 1e9;
-  const bool has_rendezvous = !config.rendezvous_addr.empty() && config.rendezvous_port > 0;
-  if (config.size > 1 && !link->tagged() && !has_rendezvous) {
-    p2p_unavailable = "point-to-point needs the launcher's rendezvous server, or a link with "
-                      "tagged messages, and this job has neither; start it with horovodlikerun";
-  } else if (config.size > 1 && !link->tagged()) {
-    try {
-      // Set up under the peer timeout; idle for ever afterwards.
-      std::unique_ptr<TcpLink> tcp = TcpLink::Connect(config, generation, "p2p");
-      tcp->set_timeout_seconds(kPointToPointIdleSeconds);
-      p2p_link = std::move(tcp);
-    } catch (const TransportError& e) {
-      ReportFailureToLauncher(config, generation, {e.peer(), FailureKind(e.cause()), e.what()});
-      throw;
-    }
-  }
+  std::unique_ptr<Link> p2p_link = ConnectPointToPointLink(config, generation, *link,
+                                                           &p2p_unavailable);
   std::shared_ptr<Runtime> runtime(new Runtime(std::move(config), std::move(link),
                                                generation, std::move(tuner), std::move(timeline),
                                                std::move(p2p_link), std::move(p2p_unavailable)));
@@ -154,10 +171,8 @@ Runtime::Runtime(Config config, std::unique_ptr<Link> link, int generation,
                     &gpu_completions_),
       tuner_(std::move(tuner)),
       p2p_link_(std::move(p2p_link)),
-      p2p_(std::make_unique<PointToPoint>(config_.rank, config_.size,
-                                          p2p_link_ ? p2p_link_.get()
-                                          : link_->tagged() ? link_.get() : nullptr,
-                                          handles_, std::move(p2p_unavailable))),
+      p2p_(std::make_unique<PointToPoint>(config_.rank, config_.size, TaggedLink(), handles_,
+                                          std::move(p2p_unavailable))),
       caller_rounds_(config_.caller_rounds && link_->interruptible()),
       deferred_(!config_.overlap) {
   tuned_.parameters = process_sets_.Member(0)->controller->parameters();

@@ -69,9 +69,13 @@ class Runtime {
   int64_t Recv(const PointToPoint::Message& message, void* data);
   // This rank failed while exchanging messages in process set `set_id`: tell its other ranks.
   void NotifyPointToPointFailure(int set_id, const std::string& reason);
-  // The link point-to-point messages travel over ("shm", "shm+tcp", "tcp"); nullptr when
-  // this job has none.
+  // What carries point-to-point messages ("tcp", "mpi"); nullptr when this job has none.
   const char* PointToPointLinkName() const { return p2p_->link_name(); }
+  // The link whose tagged messages point-to-point uses (null when there is none), for tests
+  // of the link API itself.
+  Link* TaggedLink() const {
+    return p2p_link_ ? p2p_link_.get() : link_->tagged() ? link_.get() : nullptr;
+  }
   Executor::Stats stats() { return process_sets_.TotalStats(); }
   // Ranks of a process set; throws InvalidArgument when it does not exist.
   std::vector<int> ProcessSetRanks(int id);

@@ -18,7 +18,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <vector>
 
 #include "../common/common.h"
 
@@ -42,8 +41,6 @@ class Link {
     // Blocks until complete. Interruptible (common/interrupt.h) and bounded by the peer timeout
     // like the stream's waits; throws TransportError as test() does.
     virtual void wait() = 0;
-    // A completed receive posted without a buffer: the message (moved out once).
-    virtual std::vector<uint8_t> take_message() = 0;
   };
 
   virtual ~Link() = default;
@@ -60,9 +57,8 @@ class Link {
 
   // Tagged messages (see above); tags are from 0 to 2**31 - 1. A send is written as far as the
   // connection takes at once; the rest goes when a request of this link is tested or waited
-  // for. A receive with `buf` null takes a message of any size (Request::take_message);
-  // otherwise the message must be exactly n bytes. Links without them (tagged() false) throw
-  // TransportError.
+  // for. A receive takes one message of exactly n bytes (a message of another size fails it).
+  // Links without them (tagged() false) throw TransportError.
   virtual bool tagged() const { return false; }
   virtual std::unique_ptr<Request> isend(int peer, int tag, const void* buf, size_t n);
   virtual std::unique_ptr<Request> irecv(int peer, int tag, void* buf, size_t n);
@@ -70,6 +66,8 @@ class Link {
   // `timeout_ms` for something to happen (0: no wait). Throws only when the link is aborted;
   // a lost peer fails its own requests.
   virtual void progress(int timeout_ms);
+  // What carries the tagged messages, named as name() names links ("tcp", "mpi").
+  virtual const char* tagged_name() const { return name(); }
 
   // Closes every connection; pending and later calls throw TransportError.
   virtual void abort() = 0;

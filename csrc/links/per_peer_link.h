@@ -45,6 +45,7 @@ class PerPeerLink : public Link {
   std::unique_ptr<Link::Request> isend(int peer, int tag, const void* buf, size_t n) override;
   std::unique_ptr<Link::Request> irecv(int peer, int tag, void* buf, size_t n) override;
   void progress(int timeout_ms) override { tcp_->progress(timeout_ms); }
+  const char* tagged_name() const override { return tcp_->name(); }
   void abort() override;
   const char* name() const override;
   bool interruptible() const override { return tcp_->interruptible(); }

@@ -3,7 +3,9 @@
 #include <dlfcn.h>
 #include <sched.h>
 
+#include <algorithm>
 #include <chrono>
+#include <limits>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
@@ -32,10 +34,10 @@ const int kAbortNoticePayload = 1;
 
 // --- MPI's lifetime in this process ---------------------------------------------------------
 // MPI can be initialized once per process and never again after MPI_Finalize, while
-// horovodlike's init() may follow shutdown(). So MPI starts with the first MPI transport and
+// horovodlike's init() may follow shutdown(). So MPI starts with the first MPI link and
 // ends at process exit. When something else (mpi4py) initialized MPI, it also finalizes it.
 std::mutex g_mpi_mutex;
-std::atomic<int> g_live_transports{0};
+std::atomic<int> g_live_links{0};
 // Transfers given up on after a failure, with the memory MPI may still write into; kept until
 // MPI reports them complete (a receive whose message lands late, a collective a peer finishes
 // late), then released. Guarded by g_mpi_mutex; process-wide, as they outlive their link.
@@ -60,9 +62,9 @@ void ReapAbandonedLocked() {
 void FinalizeAtExit() {
   int finalized = 0;
   MPI_Finalized(&finalized);
-  // A transport still alive here means exit without shutdown(); finalizing under its feet
+  // A link still alive here means exit without shutdown(); finalizing under its feet
   // would crash, and mpirun reports the missing MPI_Finalize instead.
-  if (!finalized && g_live_transports.load() == 0) MPI_Finalize();
+  if (!finalized && g_live_links.load() == 0) MPI_Finalize();
 }
 
 const char* ThreadLevelName(int level) {
@@ -91,7 +93,7 @@ bool EnsureMpiInitialized(bool threads_disabled) {
   MPI_Finalized(&finalized);
   if (finalized) {
     throw TransportError("MPI was already finalized in this process (by another library); the "
-                         "MPI transport cannot start again");
+                         "MPI link cannot start again");
   }
   if (!initialized) {
     MakeMpiSymbolsGlobal();
@@ -150,16 +152,19 @@ std::unique_ptr<MpiLink> MpiLink::Connect(Config& config) {
   const double timeout_seconds = config.peer_timeout_seconds;
   const bool threads_multiple = EnsureMpiInitialized(config.mpi_threads_disabled);
 
-  MPI_Comm comm = MPI_COMM_NULL;
-  if (MPI_Comm_dup(MPI_COMM_WORLD, &comm) != MPI_SUCCESS) {
+  MPI_Comm comm = MPI_COMM_NULL, tagged_comm = MPI_COMM_NULL;
+  if (MPI_Comm_dup(MPI_COMM_WORLD, &comm) != MPI_SUCCESS ||
+      MPI_Comm_dup(MPI_COMM_WORLD, &tagged_comm) != MPI_SUCCESS) {
     throw TransportError("MPI_Comm_dup(MPI_COMM_WORLD) failed");
   }
   MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+  MPI_Comm_set_errhandler(tagged_comm, MPI_ERRORS_RETURN);
   int rank = 0, size = 1;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &size);
   if (rank != config.rank || size != config.size) {
     MPI_Comm_free(&comm);
+    MPI_Comm_free(&tagged_comm);
     throw InvalidArgument("MPI says this is rank " + std::to_string(rank) + " of " +
                           std::to_string(size) + ", but the environment says rank " +
                           std::to_string(config.rank) + " of " + std::to_string(config.size) +
@@ -176,15 +181,20 @@ std::unique_ptr<MpiLink> MpiLink::Connect(Config& config) {
   MPI_Comm_free(&local);
   MPI_Comm_free(&cross);
 
-  std::unique_ptr<MpiLink> transport(new MpiLink(comm, rank, size, threads_multiple));
-  transport->timeout_ms_ = static_cast<int>(timeout_seconds * 1000);
-  return transport;
+  std::unique_ptr<MpiLink> link(new MpiLink(comm, tagged_comm, rank, size, threads_multiple));
+  link->timeout_ms_ = static_cast<int>(timeout_seconds * 1000);
+  int* tag_ub = nullptr;
+  int found = 0;
+  MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &tag_ub, &found);
+  if (found && tag_ub != nullptr) link->tag_ub_ = *tag_ub;
+  return link;
 }
 
-MpiLink::MpiLink(MPI_Comm comm, int rank, int size, bool threads_multiple)
-    : comm_(comm), rank_(rank), size_(size), threads_multiple_(threads_multiple),
+MpiLink::MpiLink(MPI_Comm comm, MPI_Comm tagged_comm, int rank, int size, bool threads_multiple)
+    : comm_(comm), tagged_comm_(tagged_comm), rank_(rank), size_(size),
+      threads_multiple_(threads_multiple),
       inbox_(static_cast<size_t>(size)) {
-  ++g_live_transports;
+  ++g_live_links;
   {
     std::lock_guard<std::mutex> lock(g_mpi_mutex);
     ReapAbandonedLocked();
@@ -202,8 +212,11 @@ MpiLink::~MpiLink() {
   // After a failure the communicator is kept: messages of the failed exchange may still be
   // in flight, and Open MPI would hand a freed communicator's id, with them, to the next
   // init()'s communicator.
-  if (!aborted_) MPI_Comm_free(&comm_);
-  --g_live_transports;
+  if (!aborted_) {
+    MPI_Comm_free(&comm_);
+    MPI_Comm_free(&tagged_comm_);
+  }
+  --g_live_links;
 }
 
 void MpiLink::Check(int mpi_error, const std::string& what) {
@@ -222,7 +235,7 @@ void MpiLink::Fail(const std::string& message, int peer, TransportError::Cause c
 void MpiLink::CheckUsable() {
   if (!aborted_) return;
   if (!peers_notified_) NotifyPeersOnce();
-  throw TransportError(failure_.empty() ? "the transport was shut down" : failure_);
+  throw TransportError(failure_.empty() ? "the link was shut down" : failure_);
 }
 
 void MpiLink::NotifyPeersOnce() {
@@ -289,7 +302,7 @@ void MpiLink::WhileWaiting(Clock::time_point last_progress, const char* what, in
     }
   }
   if (aborted_) {
-    GiveUp(failure_.empty() ? "the transport was shut down" : failure_, -1,
+    GiveUp(failure_.empty() ? "the link was shut down" : failure_, -1,
            TransportError::Cause::kOther, abandon);
   }
   const auto idle = Clock::now() - last_progress;
@@ -439,6 +452,151 @@ void MpiLink::AwaitCollective(MPI_Request& request, const char* what,
     }
     if (done) return;
     WhileWaiting(last_progress, what, -1, abandon);
+  }
+}
+
+// --- tagged messages ------------------------------------------------------------------------
+
+// One MPI request on the tagged communicator. Tested under the link's tagged_mutex_ only: MPI
+// forbids two threads testing one request at once, and progress() tests them all.
+class MpiLink::MpiRequest : public Link::Request {
+ public:
+  MpiRequest(MpiLink& link, int peer, size_t n) : link_(link), peer_(peer), n_(n) {}
+  ~MpiRequest() override {
+    std::lock_guard<std::mutex> lock(link_.tagged_mutex_);
+    auto& all = link_.in_flight_;
+    all.erase(std::remove(all.begin(), all.end(), this), all.end());
+    if (request_ != MPI_REQUEST_NULL) {
+      MPI_Cancel(&request_);  // an unfinished transfer given up on (its link was aborted)
+      MPI_Request_free(&request_);
+    }
+  }
+  bool test() override {
+    std::lock_guard<std::mutex> lock(link_.tagged_mutex_);
+    TestLocked();
+    return Check();
+  }
+  void wait() override {
+    auto since = Clock::now();
+    while (!test()) {
+      const auto idle = Clock::now() - since;
+      if (idle >= kInterruptAfter && InterruptRequested()) {
+        Fail(InterruptedWaitMessage(peer_), TransportError::Cause::kInterrupted);
+      }
+      if (idle > std::chrono::milliseconds(link_.timeout_ms_)) {
+        Fail("no progress from rank " + std::to_string(peer_) + " in a tagged message for " +
+                 std::to_string(link_.timeout_ms_ / 1000) +
+                 " s (HOROVOD_PEER_TIMEOUT_SECONDS); the peer is stopped or unreachable",
+             TransportError::Cause::kPeerTimeout);
+      }
+      Backoff(idle);
+    }
+  }
+  // Tests the MPI request; true when it finished just now.
+  bool TestLocked() {
+    if (done_ || !error_.empty()) return false;
+    if (link_.aborted_) {
+      error_ = link_.failure_.empty() ? "the link was shut down" : link_.failure_;
+      return true;
+    }
+    int flag = 0;
+    MPI_Status status;
+    const int rc = MPI_Test(&request_, &flag, &status);
+    if (rc != MPI_SUCCESS) {
+      int error_class = 0;
+      MPI_Error_class(rc, &error_class);
+      error_ = error_class == MPI_ERR_TRUNCATE && receive_
+                   ? "a tagged message from rank " + std::to_string(peer_) +
+                         " larger than the receive of " + std::to_string(n_) + " bytes"
+                   : "MPI error in a tagged message with rank " + std::to_string(peer_) + ": " +
+                         ErrorString(rc);
+      request_ = MPI_REQUEST_NULL;
+      return true;
+    }
+    if (!flag) return false;
+    int count = static_cast<int>(n_);
+    if (receive_) MPI_Get_count(&status, MPI_BYTE, &count);
+    if (static_cast<size_t>(count) != n_) {
+      error_ = "a tagged message of " + std::to_string(count) + " bytes from rank " +
+               std::to_string(peer_) + " for a receive of " + std::to_string(n_) + " bytes";
+    } else {
+      done_ = true;
+    }
+    return true;
+  }
+
+  MPI_Request request_ = MPI_REQUEST_NULL;
+  bool receive_ = false;
+
+ private:
+  bool Check() const {
+    if (!error_.empty()) throw TransportError(error_, peer_, TransportError::Cause::kPeerLost);
+    return done_;
+  }
+  [[noreturn]] void Fail(const std::string& what, TransportError::Cause cause) {
+    // Nothing of this request may land later in a buffer its owner frees: the link fails.
+    link_.aborted_ = true;
+    if (!link_.peers_notified_) link_.NotifyPeersOnce();
+    throw TransportError(what, peer_, cause);
+  }
+
+  MpiLink& link_;
+  const int peer_;
+  const size_t n_;
+  bool done_ = false;
+  std::string error_;
+};
+
+std::unique_ptr<Link::Request> MpiLink::Post(bool send, int peer, int tag, void* buf, size_t n) {
+  if (peer < 0 || peer >= size_ || peer == rank_) {
+    throw TransportError("no connection to rank " + std::to_string(peer));
+  }
+  if (tag < 0 || tag > tag_ub_) {
+    throw TransportError("tag " + std::to_string(tag) + " is beyond MPI's largest (" +
+                         std::to_string(tag_ub_) + ", MPI_TAG_UB)");
+  }
+  if (n > static_cast<size_t>(std::numeric_limits<int>::max())) {
+    throw TransportError("a tagged message over MPI is at most 2 GiB; this one is " +
+                         std::to_string(n) + " bytes");
+  }
+  auto request = std::make_unique<MpiRequest>(*this, peer, n);
+  request->receive_ = !send;
+  std::lock_guard<std::mutex> lock(tagged_mutex_);
+  if (!aborted_) {
+    const int count = static_cast<int>(n);
+    const int rc = send ? MPI_Isend(buf, count, MPI_BYTE, peer, tag, tagged_comm_,
+                                    &request->request_)
+                        : MPI_Irecv(buf, count, MPI_BYTE, peer, tag, tagged_comm_,
+                                    &request->request_);
+    if (rc != MPI_SUCCESS) {
+      throw TransportError(std::string("MPI error in ") + (send ? "MPI_Isend" : "MPI_Irecv") +
+                           ": " + ErrorString(rc), peer, TransportError::Cause::kPeerLost);
+    }
+  }
+  in_flight_.push_back(request.get());
+  return request;
+}
+
+std::unique_ptr<Link::Request> MpiLink::isend(int peer, int tag, const void* buf, size_t n) {
+  return Post(true, peer, tag, const_cast<void*>(buf), n);
+}
+
+std::unique_ptr<Link::Request> MpiLink::irecv(int peer, int tag, void* buf, size_t n) {
+  return Post(false, peer, tag, buf, n);
+}
+
+void MpiLink::progress(int timeout_ms) {
+  const auto start = Clock::now();
+  const auto deadline = start + std::chrono::milliseconds(timeout_ms);
+  while (true) {
+    if (aborted_) throw TransportError(failure_.empty() ? "the link was shut down" : failure_);
+    bool finished = false;
+    {
+      std::lock_guard<std::mutex> lock(tagged_mutex_);
+      for (MpiRequest* request : in_flight_) finished = request->TestLocked() || finished;
+    }
+    if (finished || Clock::now() >= deadline) return;
+    Backoff(Clock::now() - start);
   }
 }
 

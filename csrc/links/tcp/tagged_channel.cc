@@ -44,9 +44,8 @@ struct TaggedChannel::Op {
   int peer = -1;
   int tag = 0;
   const uint8_t* sbuf = nullptr;  // a send's payload
-  uint8_t* rbuf = nullptr;        // a receive's buffer; null: any size, into `owned`
+  uint8_t* rbuf = nullptr;        // a receive's buffer
   size_t n = 0;
-  std::vector<uint8_t> owned;
   FrameHeader header;   // a send's frame header
   size_t written = 0;   // a send's bytes written, header included
   bool done = false;
@@ -78,6 +77,7 @@ struct TaggedChannel::Peer {
   std::vector<uint8_t> stash;   // a frame no receive was posted for (or of the wrong size)
   uint8_t* dest = nullptr;
   bool lost = false;
+  bool write_broken = false;  // writing failed: sends fail, what arrived is still read
   std::string lost_why;
   TransportError::Cause lost_cause = TransportError::Cause::kPeerLost;
 };
@@ -92,11 +92,6 @@ class TaggedChannel::TcpRequest : public Link::Request {
     return Check();
   }
   void wait() override { channel_.Wait(*op_); }
-  std::vector<uint8_t> take_message() override {
-    std::lock_guard<std::mutex> lock(channel_.mutex_);
-    Check();
-    return std::move(op_->owned);
-  }
 
  private:
   bool Check() const {
@@ -138,7 +133,7 @@ std::unique_ptr<Link::Request> TaggedChannel::Send(int peer, int tag, const void
   op->header.bytes = n;
   std::lock_guard<std::mutex> lock(mutex_);
   Peer& p = peers_[peer];
-  if (p.lost) {
+  if (p.lost || p.write_broken) {
     op->Fail(p.lost_why, peer, p.lost_cause);
   } else {
     p.sends.push_back(op);
@@ -161,10 +156,7 @@ std::unique_ptr<Link::Request> TaggedChannel::Recv(int peer, int tag, void* buf,
     // Arrived already (also from a peer lost since: a closed socket's data is read first).
     std::vector<uint8_t> message = std::move(kept->second.front());
     kept->second.pop_front();
-    if (op->rbuf == nullptr) {
-      op->owned = std::move(message);
-      op->done = true;
-    } else if (message.size() != n) {
+    if (message.size() != n) {
       op->Fail("a tagged message of " + std::to_string(message.size()) + " bytes from rank " +
                std::to_string(peer) + " for a receive of " + std::to_string(n) + " bytes",
                peer, TransportError::Cause::kOther);
@@ -185,7 +177,7 @@ void TaggedChannel::FailPeerLocked(int peer, const std::string& what,
   Peer& p = peers_[peer];
   if (p.lost) return;
   p.lost = true;
-  p.lost_why = aborted_ ? std::string("the link was shut down")
+  if (!p.write_broken || aborted_) p.lost_why = aborted_ ? std::string("the link was shut down")
                         : "lost connection to rank " + std::to_string(peer) + ": " + what;
   p.lost_cause = cause;
   for (auto& op : p.sends) op->Fail(p.lost_why, peer, cause);
@@ -220,7 +212,15 @@ bool TaggedChannel::WriteLocked(int peer) {
     const ssize_t w = ::sendmsg(p.fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (w < 0) {
       if (WouldBlock(errno)) break;
-      FailPeerLocked(peer, std::strerror(errno), TransportError::Cause::kPeerLost);
+      // The peer is gone, but what it sent before may still be waiting to be read: only the
+      // sends fail now; the receives fail once reading reaches the end.
+      p.write_broken = true;
+      p.lost_why = aborted_ ? std::string("the link was shut down")
+                            : "lost connection to rank " + std::to_string(peer) + ": " +
+                                  std::strerror(errno);
+      p.lost_cause = TransportError::Cause::kPeerLost;
+      for (auto& failed : p.sends) failed->Fail(p.lost_why, peer, p.lost_cause);
+      p.sends.clear();
       return true;
     }
     op.written += static_cast<size_t>(w);
@@ -245,10 +245,7 @@ void TaggedChannel::StartFrameLocked(Peer& p) {
     posted->second.pop_front();
   }
   const size_t bytes = static_cast<size_t>(p.frame.bytes);
-  if (p.target && p.target->rbuf == nullptr) {
-    p.target->owned.resize(bytes);
-    p.dest = p.target->owned.data();
-  } else if (p.target && p.target->n == bytes) {
+  if (p.target && p.target->n == bytes) {
     p.dest = p.target->rbuf;
   } else {
     p.stash.assign(bytes, 0);  // kept for a later receive, or read to report a mismatch
@@ -263,7 +260,7 @@ void TaggedChannel::FinishFrameLocked(Peer& p) {
     p.stash = {};
     return;
   }
-  if (p.target->rbuf != nullptr && p.target->n != p.frame.bytes) {
+  if (p.target->n != p.frame.bytes) {
     p.target->Fail("a tagged message of " + std::to_string(p.frame.bytes) + " bytes from rank " +
                    std::to_string(p.target->peer) + " for a receive of " +
                    std::to_string(p.target->n) + " bytes", p.target->peer,
