@@ -450,6 +450,8 @@ std::shared_ptr<HandleState> Runtime::WaitDriving(int64_t handle, double seconds
   // that waits for a peer's work is better left to the loop's cycle.
   constexpr int kFruitlessRounds = 3;
   const std::shared_ptr<HandleState> state = handles_.Get(handle);
+  // A point-to-point message needs no round: the wait itself moves it (point_to_point.h).
+  if (state->progress) return handles_.WaitFor(state, seconds);
   if (caller_rounds_ && drive) {
     for (int fruitless = 0; fruitless < kFruitlessRounds && !handles_.Done(state);) {
       std::unique_lock<std::mutex> lock(round_mutex_, std::try_to_lock);

@@ -108,7 +108,7 @@ int UsableCpus() {
   return n > 0 ? static_cast<int>(n) : 1;
 }
 
-// Sent by the creator to every other member over the bootstrap transport.
+// Sent by the creator to every other member over the bootstrap link.
 struct Offer {
   uint32_t ok;
   uint32_t ranks;

@@ -96,7 +96,7 @@ class ShmLink : public Link {
   // Wakes `peer` if it sleeps (call after publishing what it may wait for).
   void Notify(int peer);
   void NotifyAll();
-  // Returns once ready() holds; throws TransportError when this transport is aborted, a peer
+  // Returns once ready() holds; throws TransportError when this link is aborted, a peer
   // stopped or died, or nothing happened for the peer timeout (then naming culprit(), the peer
   // it waits for).
   template <class Ready, class Culprit>
