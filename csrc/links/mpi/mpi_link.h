@@ -19,6 +19,11 @@ namespace horovodlike {
 
 struct Config;
 
+// MPI's text for an error code; a pause between the tests of a wait that made no progress for
+// `idle` (spin, then yield, then sleep). Shared by the link's files.
+std::string MpiErrorString(int code);
+void MpiBackoff(std::chrono::steady_clock::duration idle);
+
 class MpiLink : public Link {
  public:
   // Initializes MPI once per process (MPI_Finalize runs at process exit, so init() may follow
