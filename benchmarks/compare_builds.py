@@ -10,7 +10,11 @@ alike. Two kinds of job:
   hvdl-mpi): the whole stack, each build with its own Python layers;
 - with --core, the core alone over shared memory, TCP and Gloo: `_core.enqueue` +
   `_core.wait` on a NumPy buffer, the median per call, so the builds compare without their
-  framework layers.
+  framework layers;
+- with --p2p, point-to-point alone between ranks 0 and 1 of jobs over shared memory, TCP, Gloo
+  and MPI (what carries the collectives; the messages go where each build sends them): a
+  ping-pong of `_core.send`/`_core.recv` + `_core.wait` per size, the median of half a round
+  trip (latency for small sizes; the size over it is the bandwidth for large ones).
 The table gives, per size, each build's median over the rounds of the per-round medians and its
 best round, and the ratios after/before of both.
 """
@@ -32,6 +36,9 @@ from provenance import footer, header  # noqa: E402
 
 CORE_LINKS = {"shm": {}, "tcp": {"HOROVOD_SHM_DISABLE": "1"},
               "gloo": {"HOROVOD_CPU_OPERATIONS": "gloo"}}
+# The point-to-point jobs: settings and launcher flags.
+P2P_LINKS = {"shm": ({}, []), "tcp": ({"HOROVOD_SHM_DISABLE": "1"}, []),
+             "gloo": ({}, ["--gloo"]), "mpi": ({}, ["--mpi"])}
 
 
 def core_worker(args):
@@ -73,6 +80,57 @@ def core_worker(args):
     _core.shutdown()
 
 
+def p2p_worker(args):
+    """One rank of the point-to-point job: rank 0 sends each size to rank 1, which sends it
+    back; the median of half a round trip per size, from rank 0. Ranks above 1 only join."""
+    import time
+
+    import numpy as np
+    from horovodlike import _core
+    _core.init()
+    rank = _core.rank()
+    uint8 = 0  # the dtype code of uint8 since the first release
+    results = {}
+
+    def done(handle):
+        code, message = _core.wait(handle)
+        _core.release(handle)
+        if code != 0:
+            raise RuntimeError(message)
+
+    for nbytes in args.sizes:
+        if rank > 1:
+            break
+        out = np.full(nbytes, rank + 1, dtype=np.uint8)
+        into = np.zeros(nbytes, dtype=np.uint8)
+        peer = 1 - rank
+
+        def one():
+            if rank == 0:
+                done(_core.send(0, peer, 7, out.ctypes.data, uint8, [nbytes]))
+                done(_core.recv(0, peer, 7, into.ctypes.data, uint8, [nbytes]))
+            else:
+                done(_core.recv(0, peer, 7, into.ctypes.data, uint8, [nbytes]))
+                done(_core.send(0, peer, 7, into.ctypes.data, uint8, [nbytes]))
+
+        one()
+        # Both ranks end up with rank 0's bytes: rank 1 echoes what it received.
+        bench._check(float(into[-1]), 1.0, f"p2p ping-pong of {nbytes} B")
+        warmup, timed = bench.iterations(nbytes, args.iter_scale)
+        samples = []
+        for _ in range(warmup):
+            one()
+        for _ in range(timed):
+            start = time.perf_counter()
+            one()
+            samples.append((time.perf_counter() - start) / 2)
+        results[nbytes] = statistics.median(samples)
+    if rank == 0:
+        with open(args.out, "w") as f:
+            json.dump(results, f)
+    _core.shutdown()
+
+
 def run(build: str, command: list[str], env: dict, timeout: float) -> None:
     full = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_")}
     full.update(env, PYTHONPATH=build, OMP_NUM_THREADS="1")
@@ -101,6 +159,18 @@ def core_job(build, link, sizes, args, settings):
                     sys.executable, os.path.abspath(__file__), "--worker", "--out", out,
                     "--sizes", args.sizes, "--iter-scale", str(args.iter_scale)],
             {**settings, **CORE_LINKS[link]}, args.timeout)
+        with open(out) as f:
+            return {n: v for n, v in ((int(k), v) for k, v in json.load(f).items())}
+
+
+def p2p_job(build, link, sizes, args, settings):
+    env, flags = P2P_LINKS[link]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "out.json")
+        run(build, [sys.executable, "-m", "horovodlike.runner.launch", "-np", str(args.np),
+                    *flags, sys.executable, os.path.abspath(__file__), "--p2p-worker", "--out",
+                    out, "--sizes", args.sizes, "--iter-scale", str(args.iter_scale)],
+            {**settings, **env}, args.timeout)
         with open(out) as f:
             return {n: v for n, v in ((int(k), v) for k, v in json.load(f).items())}
 
@@ -184,6 +254,9 @@ def main():
                         help="allreduce.py labels to run (empty: none)")
     parser.add_argument("--core", default="",
                         help="links for the core-only job, from shm,tcp,gloo (default: none)")
+    parser.add_argument("--p2p", default="",
+                        help="jobs for the point-to-point ping-pong, from shm,tcp,gloo,mpi "
+                        "(default: none)")
     parser.add_argument("--before-env", action="append", default=[], metavar="NAME=VALUE",
                         help="a setting for the before build's horovodlike jobs (repeatable)")
     parser.add_argument("--after-env", action="append", default=[], metavar="NAME=VALUE",
@@ -194,12 +267,13 @@ def main():
                         help="print the tables of a run saved with --json again, and stop")
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--p2p-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     sizes = [bench.parse_size(s) for s in args.sizes.split(",") if s.strip()]
-    if args.worker:
+    if args.worker or args.p2p_worker:
         args.sizes = sizes
-        core_worker(args)
+        (core_worker if args.worker else p2p_worker)(args)
         return
     if args.report:
         report(args.report)
@@ -211,8 +285,13 @@ def main():
             parser.error(f"--core: {link!r} is not one of {', '.join(CORE_LINKS)}")
     jobs = [(f"allreduce.py {label}", allreduce_job, label)
             for label in filter(None, args.only.split(","))]
+    for link in filter(None, args.p2p.split(",")):
+        if link not in P2P_LINKS:
+            parser.error(f"--p2p: {link!r} is not one of {', '.join(P2P_LINKS)}")
     jobs += [(f"core alone over {link}", core_job, link)
              for link in filter(None, args.core.split(","))]
+    jobs += [(f"point-to-point, half a round trip, job over {link}", p2p_job, link)
+             for link in filter(None, args.p2p.split(","))]
     print(header(), flush=True)
     builds = {"before": os.path.abspath(args.before), "after": os.path.abspath(args.after)}
     settings = {"before": bench.env_settings(parser, args.before_env),

@@ -77,12 +77,12 @@ std::string AdasumAllreduce::CheckArguments(const std::string& tensor, DataType 
   return "";
 }
 
-void AdasumAllreduce::Run(Link& transport, void* buf, const size_t* counts,
+void AdasumAllreduce::Run(Link& link, void* buf, const size_t* counts,
                           size_t num_tensors, DataType dtype, const std::string& tensor) {
-  const int n = transport.size();
+  const int n = link.size();
   const std::string problem = CheckArguments(tensor, dtype, n, "the process set");
   if (!problem.empty()) throw InvalidArgument(problem);
-  const int rank = transport.rank();
+  const int rank = link.rank();
   const size_t elem = DataTypeSize(dtype);
   size_t total = 0;
   for (size_t t = 0; t < num_tensors; ++t) total += counts[t];
@@ -95,7 +95,7 @@ void AdasumAllreduce::Run(Link& transport, void* buf, const size_t* counts,
   // the last level every rank holds the same result.
   for (int distance = 1; distance < n; distance <<= 1) {
     const int partner = rank ^ distance;
-    transport.sendrecv(partner, mine, total * elem, partner, theirs, total * elem);
+    link.sendrecv(partner, mine, total * elem, partner, theirs, total * elem);
     const bool lower = rank < partner;
     const uint8_t* a = lower ? mine : theirs;
     const uint8_t* b = lower ? theirs : mine;

@@ -20,11 +20,11 @@ class AdasumAllreduce {
   static std::string CheckArguments(const std::string& tensor, DataType dtype, int ranks,
                                     const std::string& where);
 
-  // Combines `buf` in place across all ranks of `transport`: `counts` are the element counts
+  // Combines `buf` in place across all ranks of `link`: `counts` are the element counts
   // of the tensors laid end to end in it, each combined with its own dot products. Every rank
   // ends with identical bits. Throws InvalidArgument (nothing sent) for the cases above,
   // naming `tensor`.
-  void Run(Link& transport, void* buf, const size_t* counts, size_t num_tensors,
+  void Run(Link& link, void* buf, const size_t* counts, size_t num_tensors,
            DataType dtype, const std::string& tensor);
 
  private:

@@ -8,6 +8,6 @@
 
 namespace horovodlike {
 
-void ChainBroadcast(Link& transport, void* buf, size_t bytes, int root);
+void ChainBroadcast(Link& link, void* buf, size_t bytes, int root);
 
 }  // namespace horovodlike

@@ -5,11 +5,11 @@
 
 namespace horovodlike {
 
-void PairwiseAlltoall(Link& transport, const void* input,
+void PairwiseAlltoall(Link& link, const void* input,
                       const std::vector<size_t>& send_bytes, void* output,
                       const std::vector<size_t>& recv_bytes) {
-  const int n = transport.size();
-  const int rank = transport.rank();
+  const int n = link.size();
+  const int rank = link.rank();
   std::vector<size_t> send_offset(n + 1, 0), recv_offset(n + 1, 0);
   for (int r = 0; r < n; ++r) {
     send_offset[r + 1] = send_offset[r] + send_bytes[r];
@@ -23,7 +23,7 @@ void PairwiseAlltoall(Link& transport, const void* input,
   for (int step = 1; step < n; ++step) {
     const int to = (rank + step) % n;
     const int from = (rank - step + n) % n;
-    transport.sendrecv(to, in + send_offset[to], send_bytes[to], from, out + recv_offset[from],
+    link.sendrecv(to, in + send_offset[to], send_bytes[to], from, out + recv_offset[from],
                        recv_bytes[from]);
   }
 }

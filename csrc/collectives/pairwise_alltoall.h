@@ -11,7 +11,7 @@ namespace horovodlike {
 
 // send_bytes[j]: bytes of `input` (packed in rank order) destined to rank j;
 // recv_bytes[j]: bytes arriving from rank j, written to `output` packed in rank order.
-void PairwiseAlltoall(Link& transport, const void* input,
+void PairwiseAlltoall(Link& link, const void* input,
                       const std::vector<size_t>& send_bytes, void* output,
                       const std::vector<size_t>& recv_bytes);
 

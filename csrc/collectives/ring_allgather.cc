@@ -4,10 +4,10 @@
 
 namespace horovodlike {
 
-void RingAllgatherv(Link& transport, void* out, const std::vector<size_t>& block_bytes) {
-  const int n = transport.size();
+void RingAllgatherv(Link& link, void* out, const std::vector<size_t>& block_bytes) {
+  const int n = link.size();
   if (n == 1) return;
-  const int rank = transport.rank();
+  const int rank = link.rank();
   const int right = (rank + 1) % n;
   const int left = (rank - 1 + n) % n;
   // Kept by each thread from call to call: the hot path allocates nothing.
@@ -18,7 +18,7 @@ void RingAllgatherv(Link& transport, void* out, const std::vector<size_t>& block
   for (int step = 0; step < n - 1; ++step) {
     int send_block = (rank - step + n) % n;
     int recv_block = (rank - step - 1 + 2 * n) % n;
-    transport.sendrecv(right, data + offset[send_block], block_bytes[send_block], left,
+    link.sendrecv(right, data + offset[send_block], block_bytes[send_block], left,
                        data + offset[recv_block], block_bytes[recv_block]);
   }
 }

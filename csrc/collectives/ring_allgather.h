@@ -10,6 +10,6 @@ namespace horovodlike {
 
 // `out` holds every rank's block, in rank order; on entry this rank's block is already at its
 // offset. block_bytes[r] is the size of rank r's block.
-void RingAllgatherv(Link& transport, void* out, const std::vector<size_t>& block_bytes);
+void RingAllgatherv(Link& link, void* out, const std::vector<size_t>& block_bytes);
 
 }  // namespace horovodlike

@@ -11,11 +11,11 @@ namespace {
 constexpr size_t kSegmentBytes = 1 << 20;
 }  // namespace
 
-void RingAllreduce::Run(Link& transport, void* buf, size_t count, DataType dtype,
+void RingAllreduce::Run(Link& link, void* buf, size_t count, DataType dtype,
                         ReduceOp op) {
-  const int n = transport.size();
+  const int n = link.size();
   if (n == 1 || count == 0) return;
-  const int rank = transport.rank();
+  const int rank = link.rank();
   const int right = (rank + 1) % n;
   const int left = (rank - 1 + n) % n;
   const size_t elem = DataTypeSize(dtype);
@@ -51,7 +51,7 @@ void RingAllreduce::Run(Link& transport, void* buf, size_t count, DataType dtype
           ? send_len
           : std::min(send_len, received + r + lead_elems);
       const size_t s = target > sent ? target - sent : 0;
-      transport.sendrecv(right, send_base + sent * elem, s * elem, left, scratch_.data(),
+      link.sendrecv(right, send_base + sent * elem, s * elem, left, scratch_.data(),
                          r * elem);
       if (r > 0) ReduceInto(recv_base + received * elem, scratch_.data(), r, dtype, op);
       sent += s;
@@ -62,7 +62,7 @@ void RingAllreduce::Run(Link& transport, void* buf, size_t count, DataType dtype
   for (int step = 0; step < n - 1; ++step) {
     int send_chunk = (rank + 1 - step + n) % n;
     int recv_chunk = (rank - step + n) % n;
-    transport.sendrecv(right, data + begin(send_chunk) * elem, length(send_chunk) * elem, left,
+    link.sendrecv(right, data + begin(send_chunk) * elem, length(send_chunk) * elem, left,
                        data + begin(recv_chunk) * elem, length(recv_chunk) * elem);
   }
 }

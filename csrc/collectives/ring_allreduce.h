@@ -12,9 +12,9 @@ namespace horovodlike {
 
 class RingAllreduce {
  public:
-  // Reduces `count` elements of `buf` across all ranks of `transport`; every rank ends with the
+  // Reduces `count` elements of `buf` across all ranks of `link`; every rank ends with the
   // result. Average is reduced as Sum; the caller scales.
-  void Run(Link& transport, void* buf, size_t count, DataType dtype, ReduceOp op);
+  void Run(Link& link, void* buf, size_t count, DataType dtype, ReduceOp op);
 
  private:
   std::vector<uint8_t> scratch_;  // reused across calls: one incoming segment

@@ -9,12 +9,12 @@ namespace {
 constexpr size_t kSegmentBytes = 1 << 20;
 }
 
-void RingReducescatter::Run(Link& transport, void* buf,
+void RingReducescatter::Run(Link& link, void* buf,
                             const std::vector<size_t>& block_counts, DataType dtype,
                             ReduceOp op) {
-  const int n = transport.size();
+  const int n = link.size();
   if (n == 1) return;
-  const int rank = transport.rank();
+  const int rank = link.rank();
   const int right = (rank + 1) % n;
   const int left = (rank - 1 + n) % n;
   const size_t elem = DataTypeSize(dtype);
@@ -34,7 +34,7 @@ void RingReducescatter::Run(Link& transport, void* buf,
     while (sent < send_len || received < recv_len) {
       const size_t s = std::min(segment, send_len - sent);
       const size_t r = std::min(segment, recv_len - received);
-      transport.sendrecv(right, data + (begin[send_block] + sent) * elem, s * elem, left,
+      link.sendrecv(right, data + (begin[send_block] + sent) * elem, s * elem, left,
                          scratch_.data(), r * elem);
       if (r > 0) {
         ReduceInto(data + (begin[recv_block] + received) * elem, scratch_.data(), r, dtype, op);

@@ -14,7 +14,7 @@ class RingReducescatter {
  public:
   // `buf` holds the blocks in rank order, block_counts[r] elements each; it is used as work
   // space, and on return block `rank` of it is fully reduced (Average reduced as Sum).
-  void Run(Link& transport, void* buf, const std::vector<size_t>& block_counts,
+  void Run(Link& link, void* buf, const std::vector<size_t>& block_counts,
            DataType dtype, ReduceOp op);
 
  private:

@@ -27,33 +27,33 @@ std::vector<uint8_t> RecvMessage(Link& t, int peer) {
 }
 }  // namespace
 
-std::vector<std::vector<uint8_t>> GatherToRoot(Link& transport,
+std::vector<std::vector<uint8_t>> GatherToRoot(Link& link,
                                                const std::vector<uint8_t>& message, int root) {
   std::vector<std::vector<uint8_t>> all;
-  if (transport.rank() != root) {
-    SendMessage(transport, root, message);
+  if (link.rank() != root) {
+    SendMessage(link, root, message);
     return all;
   }
-  all.resize(transport.size());
-  for (int r = 0; r < transport.size(); ++r) {
-    all[r] = (r == root) ? message : RecvMessage(transport, r);
+  all.resize(link.size());
+  for (int r = 0; r < link.size(); ++r) {
+    all[r] = (r == root) ? message : RecvMessage(link, r);
   }
   return all;
 }
 
-void BroadcastFromRoot(Link& transport, std::vector<uint8_t>& message, int root) {
-  if (transport.rank() == root) {
-    for (int r = 0; r < transport.size(); ++r) {
-      if (r != root) SendMessage(transport, r, message);
+void BroadcastFromRoot(Link& link, std::vector<uint8_t>& message, int root) {
+  if (link.rank() == root) {
+    for (int r = 0; r < link.size(); ++r) {
+      if (r != root) SendMessage(link, r, message);
     }
   } else {
-    message = RecvMessage(transport, root);
+    message = RecvMessage(link, root);
   }
 }
 
-void BitwiseAndAllreduce(Link& transport, std::vector<uint64_t>& bits, int root,
+void BitwiseAndAllreduce(Link& link, std::vector<uint64_t>& bits, int root,
                          std::vector<uint64_t>& scratch) {
-  const int n = transport.size();
+  const int n = link.size();
   if (n == 1) return;
   const size_t bytes = bits.size() * sizeof(uint64_t);
   if ((n & (n - 1)) == 0) {
@@ -62,26 +62,26 @@ void BitwiseAndAllreduce(Link& transport, std::vector<uint64_t>& bits, int root,
     std::vector<uint64_t>& other = scratch;
     other.resize(bits.size());
     for (int distance = 1; distance < n; distance *= 2) {
-      const int partner = transport.rank() ^ distance;
-      transport.sendrecv(partner, bits.data(), bytes, partner, other.data(), bytes);
+      const int partner = link.rank() ^ distance;
+      link.sendrecv(partner, bits.data(), bytes, partner, other.data(), bytes);
       for (size_t i = 0; i < bits.size(); ++i) bits[i] &= other[i];
     }
     return;
   }
-  if (transport.rank() == root) {
+  if (link.rank() == root) {
     std::vector<uint64_t>& other = scratch;
     other.resize(bits.size());
-    for (int r = 0; r < transport.size(); ++r) {
+    for (int r = 0; r < link.size(); ++r) {
       if (r == root) continue;
-      transport.recv(r, other.data(), bytes);
+      link.recv(r, other.data(), bytes);
       for (size_t i = 0; i < bits.size(); ++i) bits[i] &= other[i];
     }
-    for (int r = 0; r < transport.size(); ++r) {
-      if (r != root) transport.send(r, bits.data(), bytes);
+    for (int r = 0; r < link.size(); ++r) {
+      if (r != root) link.send(r, bits.data(), bytes);
     }
   } else {
-    transport.send(root, bits.data(), bytes);
-    transport.recv(root, bits.data(), bytes);
+    link.send(root, bits.data(), bytes);
+    link.recv(root, bits.data(), bytes);
   }
 }
 

@@ -10,14 +10,14 @@
 namespace horovodlike {
 
 // On the root returns every rank's message in rank order; elsewhere returns nothing.
-std::vector<std::vector<uint8_t>> GatherToRoot(Link& transport,
+std::vector<std::vector<uint8_t>> GatherToRoot(Link& link,
                                                const std::vector<uint8_t>& message, int root);
 // The root's `message` replaces every other rank's.
-void BroadcastFromRoot(Link& transport, std::vector<uint8_t>& message, int root);
+void BroadcastFromRoot(Link& link, std::vector<uint8_t>& message, int root);
 // Every rank's `bits` becomes the AND of all ranks' (all have the same length): by recursive
 // doubling when the ranks are a power of two, else through the root. `scratch` is the receive
 // buffer, kept by the caller so that a round allocates nothing.
-void BitwiseAndAllreduce(Link& transport, std::vector<uint64_t>& bits, int root,
+void BitwiseAndAllreduce(Link& link, std::vector<uint64_t>& bits, int root,
                          std::vector<uint64_t>& scratch);
 
 }  // namespace horovodlike

@@ -66,7 +66,7 @@ enum class StatusCode : int32_t {
   kOk = 0,
   kInvalidArgument = 1,   // bad input found before anything was sent
   kMismatch = 2,          // ranks disagreed about a tensor; the job goes on
-  kInternal = 3,          // a peer broke or the transport failed; the runtime stopped
+  kInternal = 3,          // a peer broke or the link failed; the runtime stopped
   kShutdown = 4,          // shutdown() was called while the operation was pending
 };
 
@@ -79,7 +79,7 @@ struct Status {
   bool ok() const { return code == StatusCode::kOk; }
 };
 
-// Thrown for a broken transport or peer; turned into StatusCode::kInternal by the loop.
+// Thrown for a broken link or peer; turned into StatusCode::kInternal by the loop.
 // `peer` is the job rank that caused it when known (-1 otherwise), so that the launcher can
 // tell the rank that failed first from the ranks that failed because of it.
 class TransportError : public std::runtime_error {

@@ -36,8 +36,8 @@ Request RequestFromResponse(const Response& r) {
 
 }  // namespace
 
-Controller::Controller(Link& transport, const Config& config, bool carries_parameters)
-    : transport_(transport), config_(config), cache_(config.cache_capacity),
+Controller::Controller(Link& link, const Config& config, bool carries_parameters)
+    : link_(link), config_(config), cache_(config.cache_capacity),
       carries_parameters_(carries_parameters),
       stall_inspector_(config) {
   parameters_.fusion_threshold_bytes = config.fusion_threshold_bytes;
@@ -74,7 +74,7 @@ void Controller::ToUncached(int slot) {
   if (!ClearCachedReady(slot)) return;
   // A hit has the cached request's parameters: that is this rank's request.
   Request request = cache_.request(slot);
-  request.rank = transport_.rank();
+  request.rank = link_.rank();
   local_[request.name] = request;
   uncached_.push_back(std::move(request));
 }
@@ -99,7 +99,7 @@ void Controller::CommitPreviousRound() {
       const int slot = cache_.Put(response, request, &evicted);
       // The eviction took a slot this rank was waiting on: ask for that tensor the slow way.
       if (slot >= 0 && ClearCachedReady(slot)) {
-        evicted.rank = transport_.rank();
+        evicted.rank = link_.rank();
         local_[evicted.name] = evicted;
         uncached_.push_back(std::move(evicted));
       }
@@ -174,12 +174,12 @@ Controller::BitLayout Controller::WriteBits(bool shutdown_requested) {
   BitLayout layout;
   layout.slots = cache_.num_slots();
   layout.words = (static_cast<size_t>(layout.slots) + 63) / 64;
-  const size_t rank_words = (static_cast<size_t>(transport_.size()) + 63) / 64;
+  const size_t rank_words = (static_cast<size_t>(link_.size()) + 63) / 64;
   std::vector<uint64_t>& bits = bits_;
   bits.assign(1 + 2 * layout.words + rank_words, 0);
   bits[0] = (uncached_.empty() ? kFlagNoUncached : 0) |
             (shutdown_requested ? 0 : kFlagNoShutdown) |
-            (transport_.rank() == kCoordinator &&
+            (link_.rank() == kCoordinator &&
                      stall_inspector_.CheckDue(std::chrono::steady_clock::now())
                  ? 0
                  : kFlagNoStallCheck);
@@ -188,7 +188,7 @@ Controller::BitLayout Controller::WriteBits(bool shutdown_requested) {
   uint64_t* not_shutting_down = bits.data() + layout.not_shutting_down();
   for (size_t w = 0; w < rank_words; ++w) not_shutting_down[w] = ~0ULL;
   if (shutdown_requested) {
-    not_shutting_down[transport_.rank() / 64] &= ~(1ULL << (transport_.rank() % 64));
+    not_shutting_down[link_.rank() / 64] &= ~(1ULL << (link_.rank() % 64));
   }
   for (size_t w = 0; w < layout.words && w < cached_ready_.size(); ++w) ready[w] = cached_ready_[w];
   for (size_t w = 0; w < layout.words; ++w) not_stale[w] = ~0ULL;
@@ -219,13 +219,13 @@ void Controller::AgreeOnBits(const BitLayout& layout) {
   std::vector<uint64_t>& bits = bits_;
   const size_t parameter_words = bits.size();
   if (carries_parameters_) {
-    if (transport_.rank() == kCoordinator) {
+    if (link_.rank() == kCoordinator) {
       proposal_.AppendTo(bits);
     } else {
       TunedParameters::AppendIdentityTo(bits);
     }
   }
-  BitwiseAndAllreduce(transport_, bits, kCoordinator, bits_scratch_);
+  BitwiseAndAllreduce(link_, bits, kCoordinator, bits_scratch_);
   if (carries_parameters_) {
     const TunedParameters decided = TunedParameters::FromWords(bits.data() + parameter_words);
     if (decided != parameters_) {
@@ -244,7 +244,7 @@ uint64_t Controller::ReadRound(const BitLayout& layout) {
   round.ends.clear();
   round.shutdown_ranks.clear();
   round.shutdown = (bits[0] & kFlagNoShutdown) == 0;
-  for (int r = 0; round.shutdown && r < transport_.size(); ++r) {
+  for (int r = 0; round.shutdown && r < link_.size(); ++r) {
     if (!bit(layout.not_shutting_down(), r)) round.shutdown_ranks.push_back(r);
   }
   // Stale entries go on every rank; whoever had them ready asks again the slow way.
@@ -271,19 +271,19 @@ void Controller::ExchangeUncached() {
   WireWriter writer;
   EncodeRequests(uncached_, writer);
   uncached_.clear();
-  auto gathered = GatherToRoot(transport_, writer.bytes(), kCoordinator);
+  auto gathered = GatherToRoot(link_, writer.bytes(), kCoordinator);
   WireWriter reply;
-  if (transport_.rank() == kCoordinator) {
+  if (link_.rank() == kCoordinator) {
     EncodeResponses(CoordinatorCollect(gathered), reply);
   }
-  BroadcastFromRoot(transport_, reply.bytes(), kCoordinator);
+  BroadcastFromRoot(link_, reply.bytes(), kCoordinator);
   decided_ = DecodeResponses(reply.bytes().data(), reply.bytes().size());
   for (const Response& response : decided_) order_.push_back(&response);
 }
 
 std::vector<Response> Controller::CoordinatorCollect(
     const std::vector<std::vector<uint8_t>>& messages) {
-  const int n = transport_.size();
+  const int n = link_.size();
   const auto now = std::chrono::steady_clock::now();
   for (int r = 0; r < n; ++r) {
     for (Request& request : DecodeRequests(messages[r].data(), messages[r].size())) {

@@ -32,7 +32,7 @@ namespace horovodlike {
 class Controller {
  public:
   // `carries_parameters`: this is the global set, whose coordinator decides the parameters.
-  Controller(Link& transport, const Config& config, bool carries_parameters = false);
+  Controller(Link& link, const Config& config, bool carries_parameters = false);
 
   // What to run this round, identical on every rank. Each part is the response of one
   // tensor; parts fused into one collective are adjacent: collective g is parts[ends[g - 1]]
@@ -133,7 +133,7 @@ class Controller {
   // Switches the response cache as the parameters say; cached work goes the slow way.
   void ApplyCacheSetting();
 
-  Link& transport_;
+  Link& link_;
   const Config& config_;
   ResponseCache cache_;
   const bool carries_parameters_;

@@ -31,7 +31,7 @@ struct GpuSettings {
   std::string operations;  // HOROVOD_GPU_OPERATIONS, lower case
   std::string host;        // the launcher's name for this rank's host ("": the machine's)
   // The job's ranks by host, when every rank asked for the hierarchical allreduce (the job's
-  // set only): NCCL inside each host, the CPU transport across hosts.
+  // set only): NCCL inside each host, the CPU link across hosts.
   const HostHierarchy* hosts = nullptr;
 };
 
@@ -72,7 +72,7 @@ class DeviceCollectives {
   // Whether this allreduce goes by host (hierarchical_allreduce.h's plan, NCCL inside hosts).
   bool ByHost(const Response& response) const;
   // In place: reduce-scatter inside the host over NCCL, allreduce of this rank's block across
-  // hosts over the CPU transport (scaled there), allgather inside the host over NCCL.
+  // hosts over the CPU link (scaled there), allgather inside the host over NCCL.
   void AllreduceByHost(DeviceContext& device, const Response& response, void* buffer,
                        size_t count);
   void Allgather(DeviceContext& device, const Response* const* parts,

@@ -124,7 +124,7 @@ void Executor::RunOnHost(const Response* const* parts, size_t count,
 }
 
 void Executor::AdoptNccl(std::shared_ptr<NcclCollectives> nccl) {
-  device_ = std::make_unique<DeviceCollectives>(transport_.rank(), transport_.size(),
+  device_ = std::make_unique<DeviceCollectives>(link_.rank(), link_.size(),
                                                 gpu_settings_, *gpu_, timeline_);
   device_->Adopt(std::move(nccl));
 }
@@ -136,7 +136,7 @@ void Executor::ExecuteOnDevice(const Response* const* parts, size_t count,
                           "set has no GPU path");
   }
   if (!device_) {
-    device_ = std::make_unique<DeviceCollectives>(transport_.rank(), transport_.size(),
+    device_ = std::make_unique<DeviceCollectives>(link_.rank(), link_.size(),
                                                   gpu_settings_, *gpu_, timeline_);
   }
   DeviceCollectives::Host host;
@@ -145,14 +145,14 @@ void Executor::ExecuteOnDevice(const Response* const* parts, size_t count,
     Gather(out, block_bytes);
   };
   host.broadcast = [&](void* buf, size_t bytes, int root) {
-    if (transport_.size() > 1) providers_->Broadcast().provider->Run(buf, bytes, root);
+    if (link_.size() > 1) providers_->Broadcast().provider->Run(buf, bytes, root);
   };
   device_->Execute(parts, count, entries, host);
 }
 
 void Executor::Reduce(void* buf, size_t count, DataType dtype, ReduceOp op, double scale) {
   if (count == 0) return;
-  if (transport_.size() == 1) {
+  if (link_.size() == 1) {
     ScaleInPlace(buf, count, dtype, scale);
     return;
   }
@@ -169,7 +169,7 @@ void Executor::ReduceAdasum(void* buf, const size_t* counts, size_t num_tensors,
   size_t total = 0;
   for (size_t t = 0; t < num_tensors; ++t) total += counts[t];
   if (total == 0) return;
-  if (transport_.size() > 1) {
+  if (link_.size() > 1) {
     const auto chosen = providers_->Adasum();
     timeline_.ActivityStart(chosen.label);
     chosen.provider->Run(buf, counts, num_tensors, dtype, tensor);
@@ -194,7 +194,7 @@ void Executor::Allreduce(const Response& response, std::vector<TensorEntry>& ent
   ++allreduce_collectives_;
   allreduce_tensors_ += static_cast<int64_t>(entries.size());
   double postscale = response.postscale;
-  if (response.reduce_op == ReduceOp::kAverage) postscale /= transport_.size();
+  if (response.reduce_op == ReduceOp::kAverage) postscale /= link_.size();
   // Adasum is scaled as Sum is: it is not averaged (as in Horovod).
   const bool adasum = response.reduce_op == ReduceOp::kAdasum;
   auto count_of = [](const TensorEntry& e) {
@@ -279,8 +279,8 @@ void Executor::Allreduce(const Response& response, std::vector<TensorEntry>& ent
 
 void Executor::Allgather(const Response* const* parts, std::vector<TensorEntry>& entries) {
   const Response& response = *parts[0];
-  const int n = transport_.size();
-  const int rank = transport_.rank();
+  const int n = link_.size();
+  const int rank = link_.rank();
   const size_t k = entries.size();
   // Each part's first_dims: every rank's rows of that tensor.
   auto rows = [&](size_t t, int r) { return static_cast<size_t>(parts[t]->first_dims[r]); };
@@ -344,8 +344,8 @@ void Executor::Allgather(const Response* const* parts, std::vector<TensorEntry>&
 }
 
 void Executor::Reducescatter(const Response& response, std::vector<TensorEntry>& entries) {
-  const int n = transport_.size();
-  const int rank = transport_.rank();
+  const int n = link_.size();
+  const int rank = link_.rank();
   const DataType dtype = response.dtype;
   const size_t elem = DataTypeSize(dtype);
   const size_t k = entries.size();
@@ -394,8 +394,8 @@ void Executor::Reducescatter(const Response& response, std::vector<TensorEntry>&
 }
 
 void Executor::Alltoall(const Response& response, TensorEntry& entry) {
-  const int n = transport_.size();
-  const int rank = transport_.rank();
+  const int n = link_.size();
+  const int rank = link_.rank();
   const size_t row_bytes = RowBytes(entry.request.shape, response.dtype);
   AlltoallLayout layout = LayAlltoall(response, rank, n, row_bytes);
   const std::vector<size_t>& send_bytes = layout.send_bytes;
@@ -415,7 +415,7 @@ void Executor::Alltoall(const Response& response, TensorEntry& entry) {
 void Executor::Broadcast(const Response& response, TensorEntry& entry) {
   const size_t bytes = static_cast<size_t>(NumElements(entry.request.shape)) *
                        DataTypeSize(response.dtype);
-  if (transport_.rank() == response.root_rank && entry.input != entry.output && bytes > 0) {
+  if (link_.rank() == response.root_rank && entry.input != entry.output && bytes > 0) {
     std::memcpy(entry.output, entry.input, bytes);
   }
   const auto chosen = providers_->Broadcast();

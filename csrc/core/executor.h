@@ -23,12 +23,12 @@ class Executor {
   // Applies an add/remove_process_set response; returns the set's id.
   using ProcessSetChange = std::function<int64_t(const Response&)>;
 
-  // `providers`: which provider runs each collective over `transport` (provider_table.h).
-  Executor(Link& transport, std::unique_ptr<ProviderTable> providers, TensorQueue& queue,
+  // `providers`: which provider runs each collective over `link` (provider_table.h).
+  Executor(Link& link, std::unique_ptr<ProviderTable> providers, TensorQueue& queue,
            HandleTable& handles, Timeline& timeline, int process_set_id,
            ProcessSetChange on_process_set_change = nullptr, GpuCompletions* gpu = nullptr,
            GpuSettings gpu_settings = {})
-      : transport_(transport), providers_(std::move(providers)), queue_(queue),
+      : link_(link), providers_(std::move(providers)), queue_(queue),
         handles_(handles), timeline_(timeline), process_set_id_(process_set_id),
         on_process_set_change_(std::move(on_process_set_change)), gpu_(gpu),
         gpu_settings_(std::move(gpu_settings)) {}
@@ -91,7 +91,7 @@ class Executor {
   // table's provider.
   void Gather(void* out, const std::vector<size_t>& block_bytes);
 
-  Link& transport_;
+  Link& link_;
   std::unique_ptr<ProviderTable> providers_;
   TensorQueue& queue_;
   HandleTable& handles_;

@@ -21,7 +21,7 @@ namespace horovodlike {
 class GpuCompletions {
  public:
   // `wake_loop` is called once when a communicator reports an error: the loop then stops the
-  // runtime with failure() (from its own thread, like any other transport failure).
+  // runtime with failure() (from its own thread, like any other link failure).
   GpuCompletions(HandleTable& handles, std::function<void()> wake_loop);
   ~GpuCompletions();
 

@@ -33,7 +33,11 @@ void HandleTable::Complete(const std::shared_ptr<HandleState>& state, Status sta
   done_cv_.notify_all();
 }
 
-bool HandleTable::Poll(int64_t handle) { return Done(Get(handle)); }
+bool HandleTable::Poll(int64_t handle) {
+  const std::shared_ptr<HandleState> state = Get(handle);
+  if (!Done(state) && state->progress) state->progress(0);
+  return Done(state);
+}
 
 bool HandleTable::Done(const std::shared_ptr<HandleState>& state) {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -42,6 +46,10 @@ bool HandleTable::Done(const std::shared_ptr<HandleState>& state) {
 
 std::shared_ptr<HandleState> HandleTable::Wait(int64_t handle) {
   auto state = Get(handle);
+  if (state->progress) {
+    while (!Done(state)) state->progress(1.0);
+    return state;
+  }
   std::unique_lock<std::mutex> lock(mutex_);
   done_cv_.wait(lock, [&] { return state->done; });
   return state;
@@ -53,6 +61,18 @@ std::shared_ptr<HandleState> HandleTable::WaitFor(int64_t handle, double seconds
 
 std::shared_ptr<HandleState> HandleTable::WaitFor(const std::shared_ptr<HandleState>& state,
                                                   double seconds) {
+  if (state->progress) {
+    // The waiting thread moves the operation along itself, in slices.
+    const auto deadline = std::chrono::steady_clock::now() +
+                          std::chrono::microseconds(static_cast<int64_t>(seconds * 1e6));
+    while (!Done(state)) {
+      const double left = std::chrono::duration<double>(deadline -
+                                                        std::chrono::steady_clock::now()).count();
+      if (left <= 0) return nullptr;
+      state->progress(left);
+    }
+    return state;
+  }
   std::unique_lock<std::mutex> lock(mutex_);
   const bool done = done_cv_.wait_for(
       lock, std::chrono::microseconds(static_cast<int64_t>(seconds * 1e6)),

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
@@ -33,6 +34,9 @@ struct HandleState {
   int device = -1;
   std::shared_ptr<void> completion_event;
   void* caller_stream = nullptr;
+  // Set for an operation that nobody else moves along (a point-to-point message): the waits
+  // and polls on the handle call it, with how long it may take at most, until it is done.
+  std::function<void(double)> progress;
   // An output the core allocated in device memory (the bytes above are then empty).
   std::shared_ptr<uint8_t> device_output;
   size_t device_output_bytes = 0;

@@ -1,19 +1,15 @@
 #include "point_to_point.h"
-
-#include <pthread.h>
+#include "point_to_point_frames.h"
 
 #include <algorithm>
 #include <cstring>
 
 
 namespace horovodlike {
-namespace {
 
-constexpr uint32_t kFrameMagic = 0x32505648;  // "HVP2"
-enum FrameKind : uint32_t { kData = 1, kReject = 3, kFailure = 4 };
-constexpr int kMaxDims = 32;
-constexpr uint64_t kMaxTextBytes = 1 << 20;
-constexpr size_t kDiscardChunk = 1 << 16;
+using namespace p2p_frames;  // NOLINT(build/namespaces): this file's own wire constants
+
+namespace {
 
 std::string SetName(int set_id) {
   return set_id == 0 ? std::string() : " in process set " + std::to_string(set_id);
@@ -25,89 +21,26 @@ std::string Offer(DataType dtype, const std::vector<int64_t>& shape) {
 
 }  // namespace
 
-// The fixed part of every frame; a data frame follows it with `ndim` int64 dimensions, then
-// `body_bytes` of payload; a rejection or failure notice with `body_bytes` of text.
-struct PointToPoint::Header {
-  uint32_t magic = kFrameMagic;
-  uint32_t kind = kData;
-  int32_t set_id = 0;
-  int32_t tag = 0;
-  int32_t dtype = 0;
-  int32_t ndim = 0;
-  uint64_t sequence = 0;  // data: the sender's number for it; reject: the number rejected
-  uint64_t body_bytes = 0;
-};
-
-struct PointToPoint::PostedRecv {
-  Message message;
-  void* data = nullptr;  // null: allocate with the sender's dtype and shape
-  std::shared_ptr<HandleState> state;
-};
-
-struct PointToPoint::PendingSend {
-  int set_id = 0;
-  std::shared_ptr<HandleState> state;
-  // The sender thread is writing its payload: the caller's buffer is in use, so a failure
-  // meanwhile is kept in `deferred` and reported once the write returns.
-  bool in_flight = false;
-  bool has_deferred = false;
-  Status deferred;
-};
-
-struct PointToPoint::Arrived {
-  int set_id = 0;
-  int tag = 0;
-  DataType dtype = DataType::kUInt8;
-  std::vector<int64_t> shape;
-  uint64_t sequence = 0;
-  std::vector<uint8_t> bytes;
-};
-
-struct PointToPoint::Frame {
-  int peer = -1;
-  Header header;
-  std::vector<int64_t> shape;
-  const void* data = nullptr;  // a send's payload, owned by the caller
-  std::string text;            // a rejection's or failure notice's message
-  std::shared_ptr<PendingSend> send;
-};
-
-struct PointToPoint::Peer {
-  std::deque<PostedRecv> posted;
-  std::deque<Arrived> arrived;  // messages no receive was posted for yet, in arrival order
-  std::map<uint64_t, std::shared_ptr<PendingSend>> unsent;  // queued or being written
-  uint64_t next_sequence = 0;
-  Status lost;                             // the connection broke
-  std::map<int, std::string> failed_sets;  // set id -> the peer's failure notice
-  // set id -> the peer's rejection of a message this rank sent, for the next operation with
-  // the peer in that set when none was pending.
-  std::map<int, std::string> rejections;
-};
-
-PointToPoint::PointToPoint(int rank, int size, std::unique_ptr<Link> links,
-                           HandleTable& handles, std::string unavailable)
-    : links_(std::move(links)), handles_(handles), unavailable_(std::move(unavailable)),
-      rank_(rank), size_(size), peers_(size) {
+PointToPoint::PointToPoint(int rank, int size, Link* link, HandleTable& handles,
+                           std::string unavailable)
+    : link_(link), handles_(handles), unavailable_(std::move(unavailable)), rank_(rank),
+      size_(size), peers_(size) {
   static_assert(sizeof(Header) == 40, "wire structs must not be padded");
-  if (!links_) return;
+  if (!link_) return;
+  std::lock_guard<std::mutex> lock(mutex_);
   for (int peer = 0; peer < size_; ++peer) {
     if (peer == rank_) continue;
-    readers_.emplace_back([this, peer] { ReaderLoop(peer); });
-    pthread_setname_np(readers_.back().native_handle(), "hvdl-p2p-recv");
+    try {
+      peers_[peer].header = link_->irecv(peer, kHeaderTag, peers_[peer].header_bytes.data(),
+                                         kHeaderBytes);
+    } catch (const TransportError& e) {
+      LosePeerLocked(peer, e.what());
+    }
   }
-  sender_ = std::thread([this] { SenderLoop(); });
-  pthread_setname_np(sender_.native_handle(), "hvdl-p2p-send");
 }
 
 PointToPoint::~PointToPoint() {
   Abort(Status::Error(StatusCode::kShutdown, "horovodlike was shut down"));
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    sender_stop_ = true;
-  }
-  outgoing_cv_.notify_all();
-  if (sender_.joinable()) sender_.join();
-  for (std::thread& reader : readers_) reader.join();
 }
 
 Status PointToPoint::CheckLocked(const Message& message, const char* what) {
@@ -132,7 +65,7 @@ Status PointToPoint::CheckLocked(const Message& message, const char* what) {
     throw InvalidArgument(call + ": tensors of more than " + std::to_string(kMaxDims) +
                           " dimensions are not supported");
   }
-  if (!links_) throw InvalidArgument(call + ": " + unavailable_);
+  if (!link_) throw InvalidArgument(call + ": " + unavailable_);
   if (!stopped_.ok()) return stopped_;
   Peer& peer = peers_[message.peer];
   if (!peer.lost.ok()) return peer.lost;
@@ -149,41 +82,61 @@ Status PointToPoint::CheckLocked(const Message& message, const char* what) {
   return Status::Ok();
 }
 
+int64_t PointToPoint::CreateHandleLocked(std::shared_ptr<HandleState>* state) {
+  const int64_t handle = handles_.Create();
+  *state = handles_.Get(handle);
+  (*state)->progress = [this](double seconds) { Progress(seconds); };
+  return handle;
+}
+
 int64_t PointToPoint::Send(const Message& message, const void* data) {
   std::lock_guard<std::mutex> lock(mutex_);
   const Status early = CheckLocked(message, "send");
-  const int64_t handle = handles_.Create();
-  auto state = handles_.Get(handle);
+  std::shared_ptr<HandleState> state;
+  const int64_t handle = CreateHandleLocked(&state);
   if (!early.ok()) {
     handles_.Complete(state, early);
     return handle;
   }
   Peer& peer = peers_[message.peer];
+  Header header;
+  header.kind = kData;
+  header.set_id = message.set_id;
+  header.tag = message.tag;
+  header.dtype = static_cast<int32_t>(message.dtype);
+  header.ndim = static_cast<int32_t>(message.shape.size());
+  header.sequence = peer.next_sequence++;
+  header.body_bytes = NumElements(message.shape) * DataTypeSize(message.dtype);
   auto send = std::make_shared<PendingSend>();
   send->set_id = message.set_id;
   send->state = state;
-  Frame frame;
-  frame.peer = message.peer;
-  frame.header.kind = kData;
-  frame.header.set_id = message.set_id;
-  frame.header.tag = message.tag;
-  frame.header.dtype = static_cast<int32_t>(message.dtype);
-  frame.header.ndim = static_cast<int32_t>(message.shape.size());
-  frame.header.sequence = peer.next_sequence++;
-  frame.header.body_bytes = NumElements(message.shape) * DataTypeSize(message.dtype);
-  frame.shape = message.shape;
-  frame.data = data;
-  frame.send = send;
-  peer.unsent[frame.header.sequence] = send;
-  QueueLocked(std::move(frame));
+  send->head.resize(kHeaderBytes);
+  std::memcpy(send->head.data(), &header, sizeof(Header));
+  if (!message.shape.empty()) {
+    std::memcpy(send->head.data() + sizeof(Header), message.shape.data(),
+                message.shape.size() * sizeof(int64_t));
+  }
+  try {
+    send->head_request = link_->isend(message.peer, kHeaderTag, send->head.data(),
+                                      send->head.size());
+    if (header.body_bytes > 0) {
+      send->body_request = link_->isend(message.peer, kPayloadTag, data, header.body_bytes);
+    }
+  } catch (const TransportError& e) {
+    peer.unsent[header.sequence] = send;
+    LosePeerLocked(message.peer, e.what());
+    return handle;
+  }
+  peer.unsent[header.sequence] = send;
+  StepLocked();
   return handle;
 }
 
 int64_t PointToPoint::Recv(const Message& message, void* data) {
   std::lock_guard<std::mutex> lock(mutex_);
   const Status early = CheckLocked(message, "recv");
-  const int64_t handle = handles_.Create();
-  auto state = handles_.Get(handle);
+  std::shared_ptr<HandleState> state;
+  const int64_t handle = CreateHandleLocked(&state);
   PostedRecv recv{message, data, state};
   // A message that arrived before its sender was lost or reported a failure is still
   // delivered, as a closed socket's data is read before its end: a rank may send its last
@@ -195,6 +148,7 @@ int64_t PointToPoint::Recv(const Message& message, void* data) {
     return handle;
   }
   peers_[message.peer].posted.push_back(std::move(recv));
+  StepLocked();
   return handle;
 }
 
@@ -239,55 +193,52 @@ void PointToPoint::DeliverLocked(int peer, PostedRecv& recv, Arrived& arrived) {
     }
     handles_.Complete(recv.state, Status::Ok());
   }
-  if (!problem.empty()) AnswerLocked(peer, arrived.sequence, problem);
+  if (!problem.empty()) {
+    SendNoticeLocked(peer, kReject, recv.message.set_id, arrived.sequence, problem);
+  }
 }
 
-void PointToPoint::AnswerLocked(int peer, uint64_t sequence, const std::string& problem) {
-  Frame frame;
-  frame.peer = peer;
-  frame.header.kind = kReject;
-  frame.header.sequence = sequence;
-  frame.header.body_bytes = problem.size();
-  frame.text = problem;
-  QueueLocked(std::move(frame));
-}
-
-void PointToPoint::QueueLocked(Frame frame) {
-  if (!peers_[frame.peer].lost.ok() || !stopped_.ok()) return;
-  outgoing_.push_back(std::move(frame));
-  outgoing_cv_.notify_one();
+void PointToPoint::SendNoticeLocked(int peer_rank, uint32_t kind, int set_id, uint64_t sequence,
+                                    const std::string& text) {
+  Peer& peer = peers_[peer_rank];
+  if (!peer.lost.ok() || !stopped_.ok()) return;
+  Header header;
+  header.kind = kind;
+  header.set_id = set_id;
+  header.sequence = sequence;
+  header.body_bytes = text.size();
+  Notice notice;
+  notice.head.resize(kHeaderBytes);
+  std::memcpy(notice.head.data(), &header, sizeof(Header));
+  notice.text = text;
+  try {
+    notice.head_request = link_->isend(peer_rank, kHeaderTag, notice.head.data(), kHeaderBytes);
+    if (!text.empty()) {
+      notice.text_request = link_->isend(peer_rank, kPayloadTag, notice.text.data(),
+                                         notice.text.size());
+    }
+  } catch (const TransportError& e) {
+    LosePeerLocked(peer_rank, e.what());
+    return;
+  }
+  peer.notices.push_back(std::move(notice));
 }
 
 void PointToPoint::NotifyFailure(int set_id, const std::vector<int>& peers,
                                  const std::string& reason) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (!links_) return;
+  if (!link_) return;
   for (int peer : peers) {
     if (peer < 0 || peer >= size_ || peer == rank_) continue;
-    Frame frame;
-    frame.peer = peer;
-    frame.header.kind = kFailure;
-    frame.header.set_id = set_id;
-    frame.header.body_bytes = reason.size();
-    frame.text = reason;
-    QueueLocked(std::move(frame));
+    SendNoticeLocked(peer, kFailure, set_id, 0, reason);
   }
+  StepLocked();
 }
 
-void PointToPoint::CompleteSendLocked(const std::shared_ptr<PendingSend>& send, Status status) {
-  if (send->in_flight) {
-    if (!send->has_deferred) {
-      send->has_deferred = true;
-      send->deferred = std::move(status);
-    }
-    return;
-  }
-  handles_.Complete(send->state, std::move(status));
-}
-
-void PointToPoint::FailPeerLocked(int peer_rank, int set_id, const Status& status) {
+size_t PointToPoint::FailPeerLocked(int peer_rank, int set_id, const Status& status) {
   Peer& peer = peers_[peer_rank];
   auto in_scope = [set_id](int id) { return set_id < 0 || id == set_id; };
+  size_t failed = 0;
   for (auto it = peer.posted.begin(); it != peer.posted.end();) {
     if (!in_scope(it->message.set_id)) {
       ++it;
@@ -295,233 +246,285 @@ void PointToPoint::FailPeerLocked(int peer_rank, int set_id, const Status& statu
     }
     handles_.Complete(it->state, status);
     it = peer.posted.erase(it);
+    ++failed;
   }
-  // Unsent payloads leave the queue before their sends complete: the caller may free them then.
-  for (auto it = outgoing_.begin(); it != outgoing_.end();) {
-    const bool drop = it->peer == peer_rank &&
-                      (set_id < 0 || (it->send && it->send->set_id == set_id));
-    it = drop ? outgoing_.erase(it) : it + 1;
-  }
+  // A send not written in full yet keeps the caller's buffer until it is, so its failure waits
+  // for that (FinishSendsLocked), unless nothing more of it will be written: its peer was lost
+  // or the runtime stopped.
+  const bool gone = !peer.lost.ok() || !stopped_.ok();
   for (auto it = peer.unsent.begin(); it != peer.unsent.end();) {
-    if (!in_scope(it->second->set_id)) {
+    PendingSend& send = *it->second;
+    if (!in_scope(send.set_id)) {
       ++it;
       continue;
     }
-    CompleteSendLocked(it->second, status);
-    it = peer.unsent.erase(it);
+    if (gone) {
+      handles_.Complete(send.state, send.has_deferred ? send.deferred : status);
+      it = peer.unsent.erase(it);
+      ++failed;
+      continue;
+    }
+    if (!send.has_deferred) {
+      send.has_deferred = true;
+      send.deferred = status;
+      ++failed;
+    }
+    ++it;
   }
+  return failed;
+}
+
+Status PointToPoint::LostStatus(int peer_rank, const std::string& what) const {
+  return Status::Error(StatusCode::kInternal,
+                       "point-to-point on rank " + std::to_string(rank_) +
+                           ": lost connection to rank " + std::to_string(peer_rank) +
+                           " (it exited, was killed or shut down): " + what);
+}
+
+void PointToPoint::LosePeerLocked(int peer_rank, const std::string& what) {
+  Peer& peer = peers_[peer_rank];
+  if (!stopped_.ok() || !peer.lost.ok()) return;  // already failed with that reason
+  peer.lost = LostStatus(peer_rank, what);
+  peer.header.reset();
+  peer.notices.clear();
+  if (peer.incoming.active && peer.incoming.matched) {
+    handles_.Complete(peer.incoming.recv.state, peer.lost);
+  }
+  peer.incoming = Incoming();
+  FailPeerLocked(peer_rank, -1, peer.lost);
 }
 
 void PointToPoint::Abort(const Status& status) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!stopped_.ok()) return;
+  stopped_ = status;
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer == rank_) continue;
+    Peer& p = peers_[peer];
+    if (p.incoming.active && p.incoming.matched) handles_.Complete(p.incoming.recv.state, status);
+    FailPeerLocked(peer, -1, status);
+    // The link's requests go with their buffers: the link itself is aborted by its owner, or
+    // writes the rest of what it took before it is.
+    p = Peer();
+  }
+}
+
+void PointToPoint::Progress(double seconds) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (!stopped_.ok()) return;
-    stopped_ = status;
-    for (int peer = 0; peer < size_; ++peer) {
-      if (peer != rank_) FailPeerLocked(peer, -1, status);
-    }
-    outgoing_.clear();
+    if (!link_ || !stopped_.ok()) return;
+    StepLocked();
   }
-  if (links_) links_->abort();
-}
-
-void PointToPoint::SenderLoop() {
-  while (true) {
-    Frame frame;
-    {
-      std::unique_lock<std::mutex> lock(mutex_);
-      outgoing_cv_.wait(lock, [&] { return sender_stop_ || !outgoing_.empty(); });
-      if (outgoing_.empty()) return;  // stopping
-      frame = std::move(outgoing_.front());
-      outgoing_.pop_front();
-      if (frame.send) frame.send->in_flight = true;
-    }
-    Status error;
-    try {
-      links_->send(frame.peer, &frame.header, sizeof(frame.header));
-      if (!frame.shape.empty()) {
-        links_->send(frame.peer, frame.shape.data(), frame.shape.size() * sizeof(int64_t));
-      }
-      if (frame.data != nullptr && frame.header.body_bytes > 0) {
-        links_->send(frame.peer, frame.data, frame.header.body_bytes);
-      }
-      if (!frame.text.empty()) links_->send(frame.peer, frame.text.data(), frame.text.size());
-    } catch (const TransportError& e) {
-      error = Status::Error(StatusCode::kInternal,
-                            "point-to-point on rank " + std::to_string(rank_) +
-                                ": lost connection to rank " + std::to_string(frame.peer) +
-                                " (it exited, was killed or shut down): " + e.what());
-    }
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (frame.send) {
-      // Written: the caller may reuse the buffer (the receiver keeps the message until a
-      // receive matches it). A send written in full has succeeded even when the peer's failure
-      // notice arrived meanwhile (the peer may have taken it and failed afterwards; the notice
-      // fails the later operations), but it carries the rejection of an earlier message, which
-      // is reported nowhere else. One cut short fails with the reason that came first.
-      frame.send->in_flight = false;
-      peers_[frame.peer].unsent.erase(frame.header.sequence);
-      const Status& deferred = frame.send->deferred;
-      const bool rejection = frame.send->has_deferred && deferred.code == StatusCode::kMismatch;
-      handles_.Complete(frame.send->state, !error.ok() && frame.send->has_deferred ? deferred
-                                           : !error.ok() ? error
-                                           : rejection ? deferred : Status::Ok());
-    }
-    if (!error.ok() && stopped_.ok() && peers_[frame.peer].lost.ok()) {
-      peers_[frame.peer].lost = error;
-      FailPeerLocked(frame.peer, -1, error);
-    }
-  }
-}
-
-void PointToPoint::ReaderLoop(int peer_rank) {
   try {
-    while (true) {
-      Header header;
-      links_->recv(peer_rank, &header, sizeof(header));
-      const std::string from = "a point-to-point frame from rank " + std::to_string(peer_rank);
-      if (header.magic != kFrameMagic) throw TransportError(from + " is corrupt", peer_rank);
-      if (header.kind == kData) {
-        if (!IsValidDataType(header.dtype) || header.ndim < 0 || header.ndim > kMaxDims) {
-          throw TransportError(from + " has a bad dtype or rank", peer_rank);
-        }
-        std::vector<int64_t> shape(header.ndim);
-        if (header.ndim > 0) {
-          links_->recv(peer_rank, shape.data(), shape.size() * sizeof(int64_t));
-        }
-        for (int64_t d : shape) {
-          if (d < 0 || d > (int64_t{1} << 48)) throw TransportError(from + " has a bad shape");
-        }
-        if (NumElements(shape) * DataTypeSize(static_cast<DataType>(header.dtype)) !=
-            header.body_bytes) {
-          throw TransportError(from + " has a payload that does not match its shape", peer_rank);
-        }
-        HandleData(peer_rank, header, std::move(shape));
-        continue;
-      }
-      if (header.kind != kReject && header.kind != kFailure) {
-        throw TransportError(from + " is of an unknown kind", peer_rank);
-      }
-      if (header.body_bytes > kMaxTextBytes) throw TransportError(from + " is too long");
-      std::string text(header.body_bytes, '\0');
-      if (!text.empty()) links_->recv(peer_rank, text.data(), text.size());
-      std::lock_guard<std::mutex> lock(mutex_);
-      Peer& peer = peers_[peer_rank];
-      if (header.kind == kFailure) {
-        peer.failed_sets[header.set_id] = text;
-        FailPeerLocked(peer_rank, header.set_id, Status::Error(StatusCode::kInternal, text));
-        continue;
-      }
-      // A message this rank sent did not fit the peer's receive. The send completed (it was
-      // written, as the peer has read it); the rejection fails what is pending with the peer in
-      // that set, or else the next operation with it, so that this rank raises as well as the
-      // receiver. The rejected send itself may not be marked complete yet, the sender thread
-      // still on its way back from the write: it is no operation pending, or which call raises
-      // would depend on that thread's timing.
-      std::shared_ptr<PendingSend> rejected;
-      auto written = peer.unsent.find(header.sequence);
-      if (written != peer.unsent.end()) {
-        rejected = written->second;
-        peer.unsent.erase(written);
-      }
-      const size_t pending = peer.posted.size() + peer.unsent.size();
-      FailPeerLocked(peer_rank, header.set_id, Status::Error(StatusCode::kMismatch, text));
-      if (peer.posted.size() + peer.unsent.size() == pending) {
-        peer.rejections[header.set_id] = text;
-      }
-      if (rejected) peer.unsent[header.sequence] = rejected;
+    link_->progress(static_cast<int>(std::min(seconds, kProgressSliceSeconds) * 1000));
+  } catch (const TransportError&) {
+    return;  // the link was aborted: the runtime is stopping, and fails what is pending
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (stopped_.ok()) StepLocked();
+}
+
+void PointToPoint::StepLocked() {
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer == rank_ || !peers_[peer].lost.ok()) continue;
+    try {
+      StepPeerLocked(peer);
+    } catch (const TransportError& e) {
+      LosePeerLocked(peer, e.what());
     }
-  } catch (const TransportError& e) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (!stopped_.ok()) return;  // shut down or aborted: already failed with that reason
-    if (!peers_[peer_rank].lost.ok()) return;
-    Status lost = Status::Error(
-        StatusCode::kInternal, "point-to-point on rank " + std::to_string(rank_) +
-                                   ": lost connection to rank " + std::to_string(peer_rank) +
-                                   " (it exited, was killed or shut down): " + e.what());
-    peers_[peer_rank].lost = lost;
-    FailPeerLocked(peer_rank, -1, lost);
   }
 }
 
-void PointToPoint::HandleData(int peer_rank, const Header& header, std::vector<int64_t> shape) {
-  const DataType dtype = static_cast<DataType>(header.dtype);
-  PostedRecv recv;
-  bool matched = false;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    Peer& peer = peers_[peer_rank];
-    for (auto it = peer.posted.begin(); it != peer.posted.end(); ++it) {
-      if (it->message.set_id == header.set_id && it->message.tag == header.tag) {
-        recv = std::move(*it);
-        peer.posted.erase(it);
-        matched = true;
-        break;
-      }
-    }
-  }
-  if (matched) {
-    // Read straight into the receive's buffer; nothing else completes it meanwhile, since it
-    // left the posted list.
-    std::string problem;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      problem = ProblemLocked(peer_rank, recv, dtype, shape);
-    }
+void PointToPoint::FinishSendsLocked(int peer_rank) {
+  Peer& peer = peers_[peer_rank];
+  // A send that fails fails alone: what the peer sent before it went may still be read.
+  auto written = [&](const std::unique_ptr<Link::Request>& request, Status* error) {
     try {
-      if (!problem.empty()) {
-        std::vector<uint8_t> scratch(std::min<uint64_t>(header.body_bytes, kDiscardChunk));
-        for (uint64_t left = header.body_bytes; left > 0;) {
-          const size_t n = std::min<uint64_t>(left, scratch.size());
-          links_->recv(peer_rank, scratch.data(), n);
-          left -= n;
-        }
-      } else if (recv.data != nullptr) {
-        if (header.body_bytes > 0) links_->recv(peer_rank, recv.data, header.body_bytes);
-      } else {
-        recv.state->output.resize(header.body_bytes);
-        if (header.body_bytes > 0) {
-          links_->recv(peer_rank, recv.state->output.data(), header.body_bytes);
-        }
-        recv.state->output_shape = shape;
-        recv.state->integers = {static_cast<int64_t>(dtype)};
-      }
+      return !request || request->test();
     } catch (const TransportError& e) {
-      handles_.Complete(recv.state,
-                        Status::Error(StatusCode::kInternal,
-                                      "point-to-point on rank " + std::to_string(rank_) +
-                                          ": lost connection to rank " +
-                                          std::to_string(peer_rank) + " while receiving: " +
-                                          e.what()));
-      throw;
+      *error = LostStatus(peer_rank, e.what());
+      return true;
     }
-    std::lock_guard<std::mutex> lock(mutex_);
-    handles_.Complete(recv.state, problem.empty()
-                                      ? Status::Ok()
-                                      : Status::Error(StatusCode::kMismatch, problem));
-    if (!problem.empty()) AnswerLocked(peer_rank, header.sequence, problem);
+  };
+  for (auto it = peer.unsent.begin(); it != peer.unsent.end();) {
+    PendingSend& send = *it->second;
+    Status error;
+    if (!written(send.head_request, &error) || !written(send.body_request, &error)) {
+      ++it;
+      continue;
+    }
+    if (!error.ok()) {
+      handles_.Complete(send.state, send.has_deferred ? send.deferred : error);
+      it = peer.unsent.erase(it);
+      continue;
+    }
+    // Written: the caller may reuse the buffer (the receiver keeps the message until a receive
+    // matches it). A send written in full has succeeded even when the peer's failure notice
+    // arrived meanwhile (the peer may have taken it and failed afterwards; the notice fails
+    // the later operations), but it carries the rejection of an earlier message, which is
+    // reported nowhere else.
+    const bool rejection = send.has_deferred && send.deferred.code == StatusCode::kMismatch;
+    handles_.Complete(send.state, rejection ? send.deferred : Status::Ok());
+    it = peer.unsent.erase(it);
+  }
+  Status ignored;
+  while (!peer.notices.empty() && written(peer.notices.front().head_request, &ignored) &&
+         written(peer.notices.front().text_request, &ignored)) {
+    peer.notices.pop_front();
+  }
+}
+
+void PointToPoint::StepPeerLocked(int peer_rank) {
+  Peer& peer = peers_[peer_rank];
+  FinishSendsLocked(peer_rank);
+  // Frames in order: a header, then its payload; the next header only once that is in.
+  while (peers_[peer_rank].lost.ok()) {
+    if (peer.incoming.active) {
+      if (peer.incoming.request && !peer.incoming.request->test()) return;
+      FinishIncomingLocked(peer_rank);
+      continue;
+    }
+    if (!peer.header || !peer.header->test()) return;
+    std::vector<uint8_t> bytes = peer.header_bytes;
+    peer.header = link_->irecv(peer_rank, kHeaderTag, peer.header_bytes.data(), kHeaderBytes);
+    OnHeaderLocked(peer_rank, bytes);
+  }
+}
+
+void PointToPoint::OnHeaderLocked(int peer_rank, const std::vector<uint8_t>& bytes) {
+  const std::string from = "a point-to-point frame from rank " + std::to_string(peer_rank);
+  Header header;
+  std::memcpy(&header, bytes.data(), sizeof(Header));
+  if (header.magic != kFrameMagic) throw TransportError(from + " is corrupt", peer_rank);
+  if (header.kind == kData) {
+    if (!IsValidDataType(header.dtype) || header.ndim < 0 || header.ndim > kMaxDims) {
+      throw TransportError(from + " has a bad dtype or rank", peer_rank);
+    }
+    std::vector<int64_t> shape(header.ndim);
+    if (header.ndim > 0) {
+      std::memcpy(shape.data(), bytes.data() + sizeof(Header), shape.size() * sizeof(int64_t));
+    }
+    for (int64_t d : shape) {
+      if (d < 0 || d > (int64_t{1} << 48)) throw TransportError(from + " has a bad shape");
+    }
+    if (NumElements(shape) * DataTypeSize(static_cast<DataType>(header.dtype)) !=
+        header.body_bytes) {
+      throw TransportError(from + " has a payload that does not match its shape", peer_rank);
+    }
+    OnDataHeaderLocked(peer_rank, header, std::move(shape));
     return;
   }
-  Arrived arrived;
-  arrived.set_id = header.set_id;
-  arrived.tag = header.tag;
-  arrived.dtype = dtype;
-  arrived.shape = std::move(shape);
-  arrived.sequence = header.sequence;
-  arrived.bytes.resize(header.body_bytes);
-  if (header.body_bytes > 0) links_->recv(peer_rank, arrived.bytes.data(), header.body_bytes);
-  std::lock_guard<std::mutex> lock(mutex_);
+  if (header.kind != kReject && header.kind != kFailure) {
+    throw TransportError(from + " is of an unknown kind", peer_rank);
+  }
+  if (header.body_bytes > kMaxTextBytes) throw TransportError(from + " is too long", peer_rank);
+  // The text follows as the payload.
+  Incoming& in = peers_[peer_rank].incoming;
+  in = Incoming();
+  in.active = true;
+  in.header = header;
+  in.text.resize(header.body_bytes);
+  if (!in.text.empty()) {
+    in.request = link_->irecv(peer_rank, kPayloadTag, in.text.data(), in.text.size());
+  }
+}
+
+void PointToPoint::OnNoticeLocked(int peer_rank, const Header& header, const std::string& text) {
   Peer& peer = peers_[peer_rank];
+  if (header.kind == kFailure) {
+    peer.failed_sets[header.set_id] = text;
+    FailPeerLocked(peer_rank, header.set_id, Status::Error(StatusCode::kInternal, text));
+    return;
+  }
+  // A message this rank sent did not fit the peer's receive. The send completes once written
+  // (the peer has read it); the rejection fails what is pending with the peer in that set, or
+  // else the next operation with it, so that this rank raises as well as the receiver. The
+  // rejected send itself, when not marked complete yet, is no operation pending.
+  std::shared_ptr<PendingSend> rejected;
+  auto written = peer.unsent.find(header.sequence);
+  if (written != peer.unsent.end()) {
+    rejected = written->second;
+    peer.unsent.erase(written);
+  }
+  if (FailPeerLocked(peer_rank, header.set_id, Status::Error(StatusCode::kMismatch, text)) == 0) {
+    peer.rejections[header.set_id] = text;
+  }
+  if (rejected) peer.unsent[header.sequence] = rejected;
+}
+
+void PointToPoint::OnDataHeaderLocked(int peer_rank, const Header& header,
+                                      std::vector<int64_t> shape) {
+  Peer& peer = peers_[peer_rank];
+  Incoming& in = peer.incoming;
+  in = Incoming();
+  in.active = true;
+  in.header = header;
+  const DataType dtype = static_cast<DataType>(header.dtype);
+  for (auto it = peer.posted.begin(); it != peer.posted.end(); ++it) {
+    if (it->message.set_id == header.set_id && it->message.tag == header.tag) {
+      in.recv = std::move(*it);
+      peer.posted.erase(it);
+      in.matched = true;
+      break;
+    }
+  }
+  uint8_t* into = nullptr;
+  if (in.matched) {
+    // Straight into the receive's buffer; nothing else completes it meanwhile, since it left
+    // the posted list.
+    in.problem = ProblemLocked(peer_rank, in.recv, dtype, shape);
+    if (!in.problem.empty()) {
+      in.scratch.resize(header.body_bytes);
+      into = in.scratch.data();
+    } else if (in.recv.data != nullptr) {
+      into = static_cast<uint8_t*>(in.recv.data);
+    } else {
+      in.recv.state->output.resize(header.body_bytes);
+      in.recv.state->output_shape = shape;
+      in.recv.state->integers = {static_cast<int64_t>(dtype)};
+      into = in.recv.state->output.data();
+    }
+  } else {
+    in.arrived.set_id = header.set_id;
+    in.arrived.tag = header.tag;
+    in.arrived.dtype = dtype;
+    in.arrived.shape = std::move(shape);
+    in.arrived.sequence = header.sequence;
+    in.arrived.bytes.resize(header.body_bytes);
+    into = in.arrived.bytes.data();
+  }
+  if (header.body_bytes > 0) {
+    in.request = link_->irecv(peer_rank, kPayloadTag, into, header.body_bytes);
+  }
+}
+
+void PointToPoint::FinishIncomingLocked(int peer_rank) {
+  Peer& peer = peers_[peer_rank];
+  Incoming in = std::move(peer.incoming);
+  peer.incoming = Incoming();
+  if (in.header.kind != kData) {
+    OnNoticeLocked(peer_rank, in.header, in.text);
+    return;
+  }
+  if (in.matched) {
+    handles_.Complete(in.recv.state, in.problem.empty()
+                                         ? Status::Ok()
+                                         : Status::Error(StatusCode::kMismatch, in.problem));
+    if (!in.problem.empty()) {
+      SendNoticeLocked(peer_rank, kReject, in.header.set_id, in.header.sequence, in.problem);
+    }
+    return;
+  }
   // A receive posted while the payload was read did not find it among the arrived ones.
   for (auto it = peer.posted.begin(); it != peer.posted.end(); ++it) {
-    if (it->message.set_id == arrived.set_id && it->message.tag == arrived.tag) {
+    if (it->message.set_id == in.arrived.set_id && it->message.tag == in.arrived.tag) {
       PostedRecv late = std::move(*it);
       peer.posted.erase(it);
-      DeliverLocked(peer_rank, late, arrived);
+      DeliverLocked(peer_rank, late, in.arrived);
       return;
     }
   }
-  peer.arrived.push_back(std::move(arrived));
+  peer.arrived.push_back(std::move(in.arrived));
 }
 
 }  // namespace horovodlike

@@ -7,25 +7,25 @@
 
 namespace horovodlike {
 
-ProcessSetTable::ProcessSetTable(Link& transport, const Config& config, TensorQueue& queue,
+ProcessSetTable::ProcessSetTable(Link& link, const Config& config, TensorQueue& queue,
                                  HandleTable& handles, Timeline& timeline,
                                  Executor::ProcessSetChange on_change, GpuCompletions* gpu)
-    : transport_(transport), config_(config), queue_(queue), handles_(handles),
+    : link_(link), config_(config), queue_(queue), handles_(handles),
       timeline_(timeline), on_change_(std::move(on_change)), gpu_(gpu) {
   auto global = std::make_unique<ProcessSet>();
   global->id = 0;
-  for (int r = 0; r < transport.size(); ++r) global->ranks.push_back(r);
-  global->controller = std::make_unique<Controller>(transport_, config_,
+  for (int r = 0; r < link.size(); ++r) global->ranks.push_back(r);
+  global->controller = std::make_unique<Controller>(link_, config_,
                                                     /*carries_parameters=*/true);
   global->executor = std::make_unique<Executor>(
-      transport_, ProviderTable::ForJob(transport_, config_.cpu_operations), queue_, handles_,
+      link_, ProviderTable::ForJob(link_, config_.cpu_operations), queue_, handles_,
       timeline_, 0, on_change_, gpu_,
-      GpuSettings{config_.gpu_operations, config_.launcher_hostname, transport_.hosts()});
+      GpuSettings{config_.gpu_operations, config_.launcher_hostname, link_.hosts()});
   sets_[0] = std::move(global);
 }
 
 int ProcessSetTable::Add(const std::vector<int>& ranks) {
-  CheckProcessSetRanks(ranks, transport_.size());
+  CheckProcessSetRanks(ranks, link_.size());
   std::vector<int> sorted(ranks);
   std::sort(sorted.begin(), sorted.end());
   std::lock_guard<std::mutex> lock(mutex_);
@@ -39,8 +39,8 @@ int ProcessSetTable::Add(const std::vector<int>& ranks) {
   auto set = std::make_unique<ProcessSet>();
   set->id = next_id_++;
   set->ranks = sorted;
-  if (std::binary_search(sorted.begin(), sorted.end(), transport_.rank())) {
-    set->view = std::make_unique<SubsetLink>(transport_, sorted);
+  if (std::binary_search(sorted.begin(), sorted.end(), link_.rank())) {
+    set->view = std::make_unique<SubsetLink>(link_, sorted);
     set->controller = std::make_unique<Controller>(*set->view, config_);
     set->executor = std::make_unique<Executor>(*set->view, ProviderTable::ForSubset(*set->view),
                                                queue_, handles_, timeline_, set->id, nullptr,

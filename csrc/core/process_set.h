@@ -1,6 +1,6 @@
 // Process sets: groups of ranks that run collectives among themselves. Set 0 is every rank.
 // Each set this rank belongs to has its own controller and executor over a view of the
-// transport; sets are added and removed by a negotiated global operation, so every rank
+// link; sets are added and removed by a negotiated global operation, so every rank
 // changes its table in the same round and gives a new set the same id.
 #pragma once
 
@@ -18,15 +18,15 @@ namespace horovodlike {
 struct ProcessSet {
   int id = 0;
   std::vector<int> ranks;               // global ranks, ascending
-  std::unique_ptr<Link> view;      // null for the global set (the job's transport)
+  std::unique_ptr<Link> view;      // null for the global set (the job's link)
   std::unique_ptr<Controller> controller;
   std::unique_ptr<Executor> executor;   // both null when this rank is not a member
 };
 
 class ProcessSetTable {
  public:
-  // Registers the global set over `transport`.
-  ProcessSetTable(Link& transport, const Config& config, TensorQueue& queue,
+  // Registers the global set over `link`.
+  ProcessSetTable(Link& link, const Config& config, TensorQueue& queue,
                   HandleTable& handles, Timeline& timeline, Executor::ProcessSetChange on_change,
                   GpuCompletions* gpu = nullptr);
 
@@ -44,7 +44,7 @@ class ProcessSetTable {
   Executor::Stats TotalStats();
 
  private:
-  Link& transport_;
+  Link& link_;
   const Config& config_;
   TensorQueue& queue_;
   HandleTable& handles_;

@@ -14,9 +14,9 @@
 #include "../links/connect.h"
 #include "../links/per_peer_link.h"
 #include "../links/rendezvous_client.h"
+#include "../links/tcp/tcp_link.h"
 #ifdef HOROVODLIKE_MPI_FOUND
 #include "../links/mpi/tcp_mesh_over_mpi.h"
-#include "../common/backend_names.h"
 #endif
 
 namespace horovodlike {
@@ -39,6 +39,40 @@ const char* FailureKind(TransportError::Cause cause) {
   }
   return "error";
 }
+
+// Point-to-point rides the job's link, its tagged messages (point_to_point.h). A link without
+// them (MPI without MPI_THREAD_MULTIPLE) has point-to-point get a TCP mesh of its own, which may
+// then stay idle for as long as a pipeline waits: silence is never a failure there, and a peer
+// that dies still fails it. Returns that mesh, or null (*unavailable then says why when the job
+// cannot have point-to-point at all).
+std::unique_ptr<Link> ConnectPointToPointLink(const Config& config, int generation, Link& link,
+                                              std::string* unavailable) {
+  if (config.size == 1 || link.tagged()) return nullptr;
+  constexpr double kPointToPointIdleSeconds = 1e9;  // for ever, in effect
+  const bool has_rendezvous = !config.rendezvous_addr.empty() && config.rendezvous_port > 0;
+  try {
+    if (has_rendezvous) {
+      // Set up under the peer timeout; idle for ever afterwards.
+      std::unique_ptr<TcpLink> tcp = TcpLink::Connect(config, generation, "p2p");
+      tcp->set_timeout_seconds(kPointToPointIdleSeconds);
+      return tcp;
+    }
+#ifdef HOROVODLIKE_MPI_FOUND
+    if (link.mpi() != nullptr) {  // mpirun started the job: addresses travel over MPI
+      Config mesh_config = config;
+      mesh_config.peer_timeout_seconds = kPointToPointIdleSeconds;
+      return ConnectTcpMeshOverMpi(mesh_config, generation);
+    }
+#endif
+  } catch (const TransportError& e) {
+    ReportFailureToLauncher(config, generation, {e.peer(), FailureKind(e.cause()), e.what()});
+    throw;
+  }
+  *unavailable = "point-to-point needs the launcher's rendezvous server, or MPI in a job that "
+                 "mpirun started, and this job has neither; start it with horovodlikerun";
+  return nullptr;
+}
+
 }  // namespace
 
 void Runtime::Init() {
@@ -84,47 +118,20 @@ void Runtime::Init() {
       throw InvalidArgument(std::string("HOROVOD_TIMELINE: ") + e.what());
     }
   }
-  std::unique_ptr<Link> transport;
+  std::unique_ptr<Link> link;
   try {
-    transport = ConnectLink(config, generation);
+    link = ConnectLink(config, generation);
   } catch (const TransportError& e) {
     // A peer that died or vanished during set-up: tell the launcher which one it was.
     ReportFailureToLauncher(config, generation, {e.peer(), FailureKind(e.cause()), e.what()});
     throw;
   }
-  // Point-to-point gets links of its own (point_to_point.h): shared memory between the ranks
-  // of one host (unless HOROVOD_SHM_DISABLE=1) and a TCP mesh between hosts. They may stay idle
-  // for as long as a pipeline waits, so silence is never a failure there; a peer that dies
-  // still fails them. Without the launcher's rendezvous (mpirun started the job directly),
-  // the TCP mesh's addresses are exchanged over MPI and it carries every message.
-  std::unique_ptr<Link> p2p_links;
   std::string p2p_unavailable;
-  const bool has_rendezvous = !config.rendezvous_addr.empty() && config.rendezvous_port > 0;
-  const bool over_mpi = !has_rendezvous && config.launched_by_mpirun &&
-                        IsBackend(transport->name(), Backend::kMpi);
-  if (config.size > 1 && !has_rendezvous && !over_mpi) {
-    p2p_unavailable = "point-to-point needs the launcher's rendezvous server, or MPI in a job "
-                      "that mpirun started, and this job has neither; start it with "
-                      "horovodlikerun";
-  } else if (config.size > 1) {
-    try {
-#ifdef HOROVODLIKE_MPI_FOUND
-      if (over_mpi) {
-        Config links_config = config;
-        links_config.peer_timeout_seconds = kPointToPointIdleSeconds;
-        p2p_links = ConnectTcpMeshOverMpi(links_config, generation);
-      }
-#endif
-      // Set up under the peer timeout; idle for ever afterwards (per_peer_link.cc).
-      if (!over_mpi) p2p_links = PerPeerLink::ConnectPointToPoint(config, generation, "p2p");
-    } catch (const TransportError& e) {
-      ReportFailureToLauncher(config, generation, {e.peer(), FailureKind(e.cause()), e.what()});
-      throw;
-    }
-  }
-  std::shared_ptr<Runtime> runtime(new Runtime(std::move(config), std::move(transport),
+  std::unique_ptr<Link> p2p_link = ConnectPointToPointLink(config, generation, *link,
+                                                           &p2p_unavailable);
+  std::shared_ptr<Runtime> runtime(new Runtime(std::move(config), std::move(link),
                                                generation, std::move(tuner), std::move(timeline),
-                                               std::move(p2p_links), std::move(p2p_unavailable)));
+                                               std::move(p2p_link), std::move(p2p_unavailable)));
   std::lock_guard<std::mutex> lock(g_mutex);
   g_runtime = std::move(runtime);
 }
@@ -153,19 +160,20 @@ std::shared_ptr<Runtime> Runtime::Get() {
   return g_runtime;
 }
 
-Runtime::Runtime(Config config, std::unique_ptr<Link> transport, int generation,
+Runtime::Runtime(Config config, std::unique_ptr<Link> link, int generation,
                  std::unique_ptr<ParameterManager> tuner, std::unique_ptr<Timeline> timeline,
-                 std::unique_ptr<Link> p2p_links, std::string p2p_unavailable)
-    : config_(std::move(config)), generation_(generation), transport_(std::move(transport)),
+                 std::unique_ptr<Link> p2p_link, std::string p2p_unavailable)
+    : config_(std::move(config)), generation_(generation), link_(std::move(link)),
       timeline_(std::move(timeline)),
       gpu_completions_(handles_, [this] { queue_.Notify(); }),
-      process_sets_(*transport_, config_, queue_, handles_, *timeline_,
+      process_sets_(*link_, config_, queue_, handles_, *timeline_,
                     [this](const Response& r) { return ChangeProcessSets(r); },
                     &gpu_completions_),
       tuner_(std::move(tuner)),
-      p2p_(std::make_unique<PointToPoint>(config_.rank, config_.size, std::move(p2p_links),
-                                          handles_, std::move(p2p_unavailable))),
-      caller_rounds_(config_.caller_rounds && transport_->interruptible()),
+      p2p_link_(std::move(p2p_link)),
+      p2p_(std::make_unique<PointToPoint>(config_.rank, config_.size, TaggedLink(), handles_,
+                                          std::move(p2p_unavailable))),
+      caller_rounds_(config_.caller_rounds && link_->interruptible()),
       deferred_(!config_.overlap) {
   tuned_.parameters = process_sets_.Member(0)->controller->parameters();
   tuned_.parameters.tuning = config_.autotune;  // until rank 0's first round says otherwise
@@ -442,6 +450,8 @@ std::shared_ptr<HandleState> Runtime::WaitDriving(int64_t handle, double seconds
   // that waits for a peer's work is better left to the loop's cycle.
   constexpr int kFruitlessRounds = 3;
   const std::shared_ptr<HandleState> state = handles_.Get(handle);
+  // A point-to-point message needs no round: the wait itself moves it (point_to_point.h).
+  if (state->progress) return handles_.WaitFor(state, seconds);
   if (caller_rounds_ && drive) {
     for (int fruitless = 0; fruitless < kFruitlessRounds && !handles_.Done(state);) {
       std::unique_lock<std::mutex> lock(round_mutex_, std::try_to_lock);
@@ -574,7 +584,7 @@ void Runtime::Stop(StatusCode code, const std::string& cause, int origin, const 
     FailEverything(code, report.reason);
     return;
   }
-  transport_->abort();
+  link_->abort();
   const std::string message = "horovodlike stopped on rank " + std::to_string(config_.rank) +
                               ": " + report.reason + ". Call shutdown() and init() to start again.";
   p2p_->Abort(Status::Error(code, message));

@@ -1,5 +1,5 @@
 // The process-global state created by init() and torn down by shutdown(): configuration,
-// transport, tensor queue, handles, and the background thread that negotiates and executes.
+// link, tensor queue, handles, and the background thread that negotiates and executes.
 #pragma once
 
 #include <atomic>
@@ -69,11 +69,15 @@ class Runtime {
   int64_t Recv(const PointToPoint::Message& message, void* data);
   // This rank failed while exchanging messages in process set `set_id`: tell its other ranks.
   void NotifyPointToPointFailure(int set_id, const std::string& reason);
-  // The link point-to-point messages travel over ("shm", "shm+tcp", "tcp"); nullptr when
-  // this job has none.
+  // What carries point-to-point messages ("tcp", "mpi"); nullptr when this job has none.
   const char* PointToPointLinkName() const { return p2p_->link_name(); }
   // The shared-memory link among this host's ranks, or nullptr.
-  const ShmLink* shared_memory() const { return transport_->shared_memory(); }
+  const ShmLink* shared_memory() const { return link_->shared_memory(); }
+  // The link whose tagged messages point-to-point uses (null when there is none), for tests
+  // of the link API itself.
+  Link* TaggedLink() const {
+    return p2p_link_ ? p2p_link_.get() : link_->tagged() ? link_.get() : nullptr;
+  }
   Executor::Stats stats() { return process_sets_.TotalStats(); }
   // Ranks of a process set; throws InvalidArgument when it does not exist.
   std::vector<int> ProcessSetRanks(int id);
@@ -97,9 +101,9 @@ class Runtime {
   ~Runtime();
 
  private:
-  Runtime(Config config, std::unique_ptr<Link> transport, int generation,
+  Runtime(Config config, std::unique_ptr<Link> link, int generation,
           std::unique_ptr<ParameterManager> tuner, std::unique_ptr<Timeline> timeline,
-          std::unique_ptr<Link> p2p_links, std::string p2p_unavailable);
+          std::unique_ptr<Link> p2p_link, std::string p2p_unavailable);
   void CheckPointToPoint(const PointToPoint::Message& message, const char* what);
   // What the loop keeps from round to round, with its storage, so that a round of tensors
   // seen before allocates nothing here (nor in the controller and executor).
@@ -133,7 +137,7 @@ class Runtime {
 
   Config config_;
   int generation_;  // which init() of this process; keys its rendezvous entries
-  std::unique_ptr<Link> transport_;
+  std::unique_ptr<Link> link_;
   TensorQueue queue_;
   HandleTable handles_;
   std::unique_ptr<Timeline> timeline_;  // before the executors, which record into it
@@ -146,6 +150,7 @@ class Runtime {
   std::atomic<bool> stopped_{false};
   std::mutex stop_mutex_;
   Status stop_status_;  // why the loop stopped; later work fails with it
+  std::unique_ptr<Link> p2p_link_;  // point-to-point's own mesh where link_ has no tags
   std::unique_ptr<PointToPoint> p2p_;
   std::mutex close_mutex_;
   // One round at a time, run by the loop or by a waiting caller (WaitDriving); guards the
@@ -153,7 +158,7 @@ class Runtime {
   std::mutex round_mutex_;
   RoundState round_state_;
   bool finished_ = false;
-  const bool caller_rounds_;  // HOROVOD_CALLER_ROUNDS and an interruptible transport
+  const bool caller_rounds_;  // HOROVOD_CALLER_ROUNDS and an interruptible link
   // When the last round ended, and the cycle time in force (read by the loop between rounds).
   std::atomic<int64_t> last_round_end_ns_{0};
   std::atomic<int64_t> cycle_time_us_{1000};

@@ -14,10 +14,10 @@ void Controller::ExchangeStallReports() {
   const auto now = std::chrono::steady_clock::now();
   WireWriter report;
   WriteStallReport(now, report);
-  auto reports = GatherToRoot(transport_, report.bytes(), kCoordinator);
+  auto reports = GatherToRoot(link_, report.bytes(), kCoordinator);
   WireWriter verdict;
-  if (transport_.rank() == kCoordinator) JudgeStallReports(reports, now, verdict);
-  BroadcastFromRoot(transport_, verdict.bytes(), kCoordinator);
+  if (link_.rank() == kCoordinator) JudgeStallReports(reports, now, verdict);
+  BroadcastFromRoot(link_, verdict.bytes(), kCoordinator);
   WireReader in(verdict.bytes().data(), verdict.bytes().size());
   const int origin = in.GetI32();
   const std::string message = in.GetString();
@@ -51,7 +51,7 @@ void Controller::JudgeStallReports(const std::vector<std::vector<uint8_t>>& repo
                                    std::chrono::steady_clock::time_point now,
                                    WireWriter& verdict) {
   using Waiting = StallInspector::Waiting;
-  const int n = transport_.size();
+  const int n = link_.size();
   std::map<std::string, Waiting> waiting;
   bool all_blocked = true;
   // The cached tensors, from every rank's report.

@@ -74,18 +74,18 @@ std::unique_ptr<Link> ConnectLink(Config& config, int generation) {
     // Config::FromEnvironment accepts no other name.
     throw InvalidArgument("unknown transport '" + backend + "'");
   }
-  std::unique_ptr<Link> transport;
+  std::unique_ptr<Link> link;
   switch (id) {
     case Backend::kMpi:
-      transport = ConnectMpi(config);
+      link = ConnectMpi(config);
       break;
     case Backend::kGloo:
-      transport = ConnectGloo(config, generation);
+      link = ConnectGloo(config, generation);
       break;
     case Backend::kTcp:
       // TCP between hosts, shared memory between the ranks of one host (HOROVOD_SHM_DISABLE=1:
       // TCP only).
-      transport = PerPeerLink::Connect(config, generation);
+      link = PerPeerLink::Connect(config, generation);
       break;
   }
   const bool builtin = id == Backend::kTcp;
@@ -97,8 +97,8 @@ std::unique_ptr<Link> ConnectLink(Config& config, int generation) {
     HVDL_LOG(kWarning, "HOROVOD_HIERARCHICAL_ALLGATHER applies to the built-in transport only; "
                        "over " << backend << " it is ignored");
   }
-  g_last_name = transport->name();
-  return transport;
+  g_last_name = link->name();
+  return link;
 }
 
 const char* LastLinkName() { return g_last_name.load(); }

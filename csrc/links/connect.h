@@ -15,7 +15,7 @@ struct Config;
 // updates the local and cross rank and size in `config`.
 std::unique_ptr<Link> ConnectLink(Config& config, int generation);
 
-// name() of the transport the last successful ConnectLink returned ("tcp", "mpi", "gloo"),
+// name() of the link the last successful ConnectLink returned ("tcp", "mpi", "gloo"),
 // or nullptr before the first.
 const char* LastLinkName();
 

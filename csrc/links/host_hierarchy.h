@@ -4,7 +4,7 @@
 //
 // A host here is a group of ranks that share memory (the ShmLink of per_peer_link.h): a rank
 // without shared memory (alone on its host, or the segment could not be mapped) is a host of its
-// own. Every rank tells every other the lowest job rank of its group when the transport
+// own. Every rank tells every other the lowest job rank of its group when the link
 // connects, so all derive the same hosts; a host's local ranks are its members in job rank
 // order, as in the ShmLink.
 //
@@ -31,7 +31,7 @@ class HostHierarchy {
   };
 
   // Tells every rank of `tcp` (the job's mesh, indexed by job rank) this rank's host group
-  // (`local`: its shared-memory transport, or null) and which collectives it asks to run by
+  // (`local`: its shared-memory link, or null) and which collectives it asks to run by
   // host (`wanted`), and learns theirs, in one exchange. Every rank of the job must call it at
   // the same time, with `local` outliving the result. A collective goes by host only when every
   // rank asked for it. Returns null when no collective does, or when there is nothing to

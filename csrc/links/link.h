@@ -1,12 +1,23 @@
 // A link moves bytes between two ranks and knows nothing of collectives: the algorithms over
 // links, and the libraries' own collectives, are the providers of ../collectives/.
-// Blocking, point-to-point, full duplex.
-// Between two ranks the bytes form one ordered stream: a send need not be matched by a receive of
-// the same size (a collective may send a whole chunk while its peer receives it in segments), so
-// a backend with message semantics (MPI, Gloo) must buffer or split to honour this.
+//
+// Two ways to move bytes, side by side on the same connections:
+//   - the ordered stream (sendrecv, send, recv): blocking, untagged, full duplex, no header on
+//     the wire. Between two ranks the bytes form one ordered stream: a send need not be matched
+//     by a receive of the same size (a collective may send a whole chunk while its peer
+//     receives it in segments). The collectives use it, and nothing else does.
+//   - tagged messages (isend, irecv): asynchronous, each a whole message matched by (peer,
+//     tag) in the order sent, completed through the Request returned. Point-to-point and
+//     pipelines use them. No thread of the link moves them: the caller's test(), wait() and
+//     progress() do (a waiter reads what arrived for every tag and keeps what is not yet
+//     received), so a link that offers them starts no thread per peer.
+// How each backend keeps the two apart without a header on the stream is its own business
+// (README.md): TCP has a second socket per peer in the same mesh, MPI and Gloo their own tags.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <memory>
 
 #include "../common/common.h"
 
@@ -18,6 +29,20 @@ class ShmLink;
 
 class Link {
  public:
+  // A tagged send or receive in flight. Its buffer must stay valid until it completes (or the
+  // link is aborted); destroying an unfinished request leaves the transfer to the link.
+  class Request {
+   public:
+    virtual ~Request() = default;
+    // Moves the link's tagged transfers along without waiting; true once this one is complete.
+    // Throws TransportError when it failed (its peer was lost, the link aborted, a size
+    // mismatch), at once and on every later call.
+    virtual bool test() = 0;
+    // Blocks until complete. Interruptible (common/interrupt.h) and bounded by the peer timeout
+    // like the stream's waits; throws TransportError as test() does.
+    virtual void wait() = 0;
+  };
+
   virtual ~Link() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
@@ -29,6 +54,21 @@ class Link {
     sendrecv(peer, buf, n, peer, nullptr, 0);
   }
   virtual void recv(int peer, void* buf, size_t n) { sendrecv(peer, nullptr, 0, peer, buf, n); }
+
+  // Tagged messages (see above); tags are from 0 to 2**31 - 1. A send is written as far as the
+  // connection takes at once; the rest goes when a request of this link is tested or waited
+  // for. A receive takes one message of exactly n bytes (a message of another size fails it).
+  // Links without them (tagged() false) throw TransportError.
+  virtual bool tagged() const { return false; }
+  virtual std::unique_ptr<Request> isend(int peer, int tag, const void* buf, size_t n);
+  virtual std::unique_ptr<Request> irecv(int peer, int tag, void* buf, size_t n);
+  // For a caller with several requests: moves every tagged transfer along, waiting at most
+  // `timeout_ms` for something to happen (0: no wait). Throws only when the link is aborted;
+  // a lost peer fails its own requests.
+  virtual void progress(int timeout_ms);
+  // What carries the tagged messages, named as name() names links ("tcp", "mpi").
+  virtual const char* tagged_name() const { return name(); }
+
   // Closes every connection; pending and later calls throw TransportError.
   virtual void abort() = 0;
   // Short name for logs and --check-build ("tcp", "shm", "shm+tcp", "mpi", "gloo").

@@ -32,24 +32,9 @@ std::string HostIdentity(const std::string& launcher_host) {
 }  // namespace
 
 std::unique_ptr<Link> PerPeerLink::Connect(const Config& config, int generation) {
-  return ConnectChannel(config, generation, "");
-}
-
-std::unique_ptr<Link> PerPeerLink::ConnectPointToPoint(const Config& config, int generation,
-                                                       const std::string& channel) {
-  return ConnectChannel(config, generation, channel);
-}
-
-std::unique_ptr<Link> PerPeerLink::ConnectChannel(const Config& config, int generation,
-                                                  const std::string& channel) {
-  const bool point_to_point = !channel.empty();
-  // Set-up runs under the peer timeout, point-to-point's too: a peer stopped while the ranks
-  // exchange their hosts and shared-memory segments must fail the others, not hold them.
-  std::unique_ptr<TcpLink> tcp_link = point_to_point
-                                          ? TcpLink::Connect(config, generation, channel)
-                                          : TcpLink::Connect(config, generation);
-  TcpLink* const tcp_raw = tcp_link.get();
-  std::unique_ptr<Link> tcp = std::move(tcp_link);
+  // Set-up runs under the peer timeout: a peer stopped while the ranks exchange their hosts
+  // and shared-memory segments must fail the others, not hold them.
+  std::unique_ptr<Link> tcp = TcpLink::Connect(config, generation);
   const int size = tcp->size(), me = tcp->rank();
   if (size == 1) return tcp;
 
@@ -85,14 +70,6 @@ std::unique_ptr<Link> PerPeerLink::ConnectChannel(const Config& config, int gene
     options.small_bytes = config.shm_small_bytes;
     options.spin_us = config.shm_spin_us;
     options.spin_given = config.shm_spin_given;
-    if (point_to_point) {
-      options.secret += "/" + channel;  // a segment apart from the collectives' one
-      options.chunk_bytes = 4096;        // the staging area serves the collectives only
-      options.per_peer_waits = true;
-      // A reader thread per peer sleeps while no message comes; the doorbell wakes it.
-      options.sleep_slice_ms = 100;
-      options.peer_timeout_seconds = kPointToPointIdleSeconds;  // waits after set-up
-    }
     shm = ShmLink::Connect(*tcp, group, options);
     if (shm) {
       HVDL_LOG(kDebug, "shared memory with ranks on this host: " << shm->size() << " of "
@@ -100,21 +77,15 @@ std::unique_ptr<Link> PerPeerLink::ConnectChannel(const Config& config, int gene
     }
   }
   // Every rank takes part, with or without shared memory: each learns every host's ranks.
-  std::unique_ptr<HostHierarchy> hierarchy =
-      HostHierarchy::Build(*tcp, shm.get(),
-                           {config.hierarchical_allreduce && !point_to_point,
-                            config.hierarchical_allgather && !point_to_point});
-  // Point-to-point may then stay idle for as long as a pipeline waits: silence is no failure
-  // there (a peer that dies still fails it).
-  if (point_to_point) tcp_raw->set_timeout_seconds(kPointToPointIdleSeconds);
+  std::unique_ptr<HostHierarchy> hierarchy = HostHierarchy::Build(
+      *tcp, shm.get(), {config.hierarchical_allreduce, config.hierarchical_allgather});
   if (!shm && !hierarchy) return tcp;
   return std::unique_ptr<Link>(
       new PerPeerLink(std::move(tcp), std::move(shm), std::move(hierarchy)));
 }
 
-PerPeerLink::PerPeerLink(std::unique_ptr<Link> tcp,
-                                   std::unique_ptr<ShmLink> shm,
-                                   std::unique_ptr<HostHierarchy> hierarchy)
+PerPeerLink::PerPeerLink(std::unique_ptr<Link> tcp, std::unique_ptr<ShmLink> shm,
+                         std::unique_ptr<HostHierarchy> hierarchy)
     : tcp_(std::move(tcp)), shm_(std::move(shm)), local_(tcp_->size(), -1),
       hierarchy_(std::move(hierarchy)) {
   if (!shm_) return;
@@ -159,8 +130,16 @@ void PerPeerLink::recv(int peer, void* buf, size_t n) {
   t.recv(routed, buf, n);
 }
 
+std::unique_ptr<Link::Request> PerPeerLink::isend(int peer, int tag, const void* buf, size_t n) {
+  return tcp_->isend(peer, tag, buf, n);
+}
+
+std::unique_ptr<Link::Request> PerPeerLink::irecv(int peer, int tag, void* buf, size_t n) {
+  return tcp_->irecv(peer, tag, buf, n);
+}
+
 void PerPeerLink::sendrecv(int to, const void* sbuf, size_t sn, int from, void* rbuf,
-                                size_t rn) {
+                           size_t rn) {
   if (sn == 0 && rn == 0) return;
   if (sn == 0) return recv(from, rbuf, rn);
   if (rn == 0) return send(to, sbuf, sn);
@@ -180,7 +159,7 @@ void PerPeerLink::SenderLoop() {
     lock.unlock();
     std::exception_ptr error;
     try {
-      job.transport->send(job.peer, job.buf, job.n);
+      job.link->send(job.peer, job.buf, job.n);
     } catch (...) {
       error = std::current_exception();
     }
@@ -192,12 +171,12 @@ void PerPeerLink::SenderLoop() {
   }
 }
 
-void PerPeerLink::MixedSendRecv(Link& st, int to, const void* sbuf, size_t sn,
-                                     Link& rt, int from, void* rbuf, size_t rn) {
+void PerPeerLink::MixedSendRecv(Link& st, int to, const void* sbuf, size_t sn, Link& rt,
+                                int from, void* rbuf, size_t rn) {
   {
     std::lock_guard<std::mutex> lock(sender_mutex_);
     if (!sender_.joinable()) sender_ = std::thread([this] { SenderLoop(); });
-    job_.transport = &st;
+    job_.link = &st;
     job_.peer = to;
     job_.buf = sbuf;
     job_.n = sn;

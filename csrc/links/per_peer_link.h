@@ -5,7 +5,7 @@
 // report the same host identity (boot id, the /dev/shm instance and the host name) and can map
 // the same segment; HOROVOD_SHM_DISABLE=1 makes every peer use TCP.
 //
-// With HOROVOD_HIERARCHICAL_ALLREDUCE=1 on a job over several hosts, the transport also offers
+// With HOROVOD_HIERARCHICAL_ALLREDUCE=1 on a job over several hosts, the link also offers
 // the ranks grouped by host (host_hierarchy.h); a rank alone on its host then has no shared
 // memory but still takes part in that grouping.
 #pragma once
@@ -26,21 +26,12 @@ namespace horovodlike {
 
 struct Config;
 
-// How long point-to-point's links let a peer stay silent once set up: for ever, in effect.
-constexpr double kPointToPointIdleSeconds = 1e9;
-
 class PerPeerLink : public Link {
  public:
   // Connects TCP, then shared memory among the ranks of each host, then agrees on the host
-  // grouping. Returns the plain TCP transport when no rank shares this host (or shared memory is
+  // grouping. Returns the plain TCP link when no rank shares this host (or shared memory is
   // disabled or unavailable) and there is no hierarchy to offer.
   static std::unique_ptr<Link> Connect(const Config& config, int generation);
-  // A second, independent link of the same kind for point-to-point messages
-  // (core/point_to_point.h): its TCP mesh meets on the rendezvous channel `channel`, its
-  // shared memory is a segment of its own whose waits look only at the peer waited for, and
-  // it offers no host hierarchy.
-  static std::unique_ptr<Link> ConnectPointToPoint(const Config& config, int generation,
-                                                   const std::string& channel);
   ~PerPeerLink() override;
 
   int rank() const override { return tcp_->rank(); }
@@ -48,6 +39,13 @@ class PerPeerLink : public Link {
   void send(int peer, const void* buf, size_t n) override;
   void recv(int peer, void* buf, size_t n) override;
   void sendrecv(int to, const void* sbuf, size_t sn, int from, void* rbuf, size_t rn) override;
+  // Tagged messages go over the TCP mesh's tagged channel to every peer, those on this host
+  // too (README.md says why).
+  bool tagged() const override { return tcp_->tagged(); }
+  std::unique_ptr<Link::Request> isend(int peer, int tag, const void* buf, size_t n) override;
+  std::unique_ptr<Link::Request> irecv(int peer, int tag, void* buf, size_t n) override;
+  void progress(int timeout_ms) override { tcp_->progress(timeout_ms); }
+  const char* tagged_name() const override { return tcp_->name(); }
   void abort() override;
   const char* name() const override;
   bool interruptible() const override { return tcp_->interruptible(); }
@@ -59,13 +57,10 @@ class PerPeerLink : public Link {
 
  private:
   PerPeerLink(std::unique_ptr<Link> tcp, std::unique_ptr<ShmLink> shm,
-                   std::unique_ptr<HostHierarchy> hierarchy);
-  // Connect and ConnectPointToPoint; `channel` empty: the collectives' link.
-  static std::unique_ptr<Link> ConnectChannel(const Config& config, int generation,
-                                              const std::string& channel);
-  // The transport that carries traffic to job rank `peer`, and the peer's rank in it.
+              std::unique_ptr<HostHierarchy> hierarchy);
+  // The link that carries traffic to job rank `peer`, and the peer's rank in it.
   Link& Route(int peer, int* routed);
-  // Sends on a helper thread while this thread receives: full duplex across two transports.
+  // Sends on a helper thread while this thread receives: full duplex across two links.
   void MixedSendRecv(Link& st, int to, const void* sbuf, size_t sn, Link& rt, int from,
                      void* rbuf, size_t rn);
   void SenderLoop();
@@ -77,7 +72,7 @@ class PerPeerLink : public Link {
 
   // The helper thread of MixedSendRecv (started on first use).
   struct SendJob {
-    Link* transport = nullptr;
+    Link* link = nullptr;
     int peer = 0;
     const void* buf = nullptr;
     size_t n = 0;

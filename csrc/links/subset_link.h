@@ -1,4 +1,4 @@
-// A process set's view of the job's transport: ranks numbered within the set, messages
+// A process set's view of the job's link: ranks numbered within the set, messages
 // carried by the parent's connections.
 #pragma once
 

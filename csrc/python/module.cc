@@ -323,7 +323,7 @@ py::dict BuildInfo() {
   // HOROVOD_HIERARCHICAL_ALLREDUCE over the built-in transport (always built in).
   info["hierarchical_allreduce"] = true;
   info["hierarchical_allgather"] = true;
-  // The transport of the running job ("tcp", "shm", "shm+tcp", "mpi", "gloo"), None before
+  // The link of the running job ("tcp", "shm", "shm+tcp", "mpi", "gloo"), None before
   // init().
   const char* in_use = Runtime::IsInitialized() ? LastLinkName() : nullptr;
   info["cpu_operations"] = in_use != nullptr ? py::object(py::str(in_use)) : py::none();

@@ -93,6 +93,39 @@ int HoldRuntime(double seconds, py::function started) {
   return code;
 }
 
+// The link API's tagged messages, straight on the link point-to-point uses: posts a receive
+// from `peer` for each of `receives` ((tag, bytes)), in that order, then sends each of `sends`
+// ((tag, payload)) to it, then waits for all (test() on the sends while the receives are
+// waited for in order). Returns the payloads received, in the receives' order; a failure
+// (TransportError: a size mismatch, a lost peer) is a RuntimeError. Tags 0 and 1 are
+// point-to-point's own.
+py::list TaggedExchange(int peer, const std::vector<std::pair<int, py::bytes>>& sends,
+                        const std::vector<std::pair<int, size_t>>& receives) {
+  Link* link = Runtime::Get()->TaggedLink();
+  if (link == nullptr) throw py::value_error("this job's link has no tagged messages");
+  std::vector<std::string> out;
+  for (const auto& send : sends) out.push_back(std::string(send.second));
+  std::vector<std::string> in;
+  for (const auto& receive : receives) in.emplace_back(receive.second, '\0');
+  {
+    py::gil_scoped_release release;
+    std::vector<std::unique_ptr<Link::Request>> posted, sent;
+    for (size_t i = 0; i < receives.size(); ++i) {
+      posted.push_back(link->irecv(peer, receives[i].first, in[i].data(), in[i].size()));
+    }
+    for (size_t i = 0; i < sends.size(); ++i) {
+      sent.push_back(link->isend(peer, sends[i].first, out[i].data(), out[i].size()));
+    }
+    for (auto& request : posted) request->wait();
+    for (auto& request : sent) {
+      while (!request->test()) link->progress(10);
+    }
+  }
+  py::list result;
+  for (const std::string& bytes : in) result.append(py::bytes(bytes));
+  return result;
+}
+
 }  // namespace
 
 void DefineTestingModule(py::module_& core) {
@@ -116,6 +149,8 @@ void DefineTestingModule(py::module_& core) {
         py::arg("log_file") = "", py::arg("fixed_fusion") = py::none(),
         py::arg("fixed_cycle") = py::none());
   m.def("hold_runtime", &HoldRuntime, py::arg("seconds"), py::arg("started"));
+  m.def("tagged_exchange", &TaggedExchange, py::arg("peer"), py::arg("sends"),
+        py::arg("receives"));
 }
 
 }  // namespace horovodlike

@@ -131,7 +131,7 @@ void GlooLink::abort() {
 }
 
 void GlooLink::CheckUsable(int peer) {
-  if (aborted_) throw TransportError("the transport was shut down");
+  if (aborted_) throw TransportError("the link was shut down");
   if (peer < 0 || peer >= size_ || peer == rank_) {
     throw TransportError("no connection to rank " + std::to_string(peer));
   }
@@ -147,7 +147,7 @@ void GlooLink::CheckUsable(int peer) {
 }
 
 void GlooLink::Fail(const std::string& what, int peer, TransportError::Cause cause) {
-  if (aborted_) throw TransportError("the transport was shut down");
+  if (aborted_) throw TransportError("the link was shut down");
   // Gloo leaves a pair in an unknown state after an I/O error; nothing more goes over it.
   abort();
   throw TransportError(what, peer, cause);
@@ -205,7 +205,7 @@ void GlooLink::Await(std::unique_ptr<gloo::transport::UnboundBuffer>& buffer, bo
   }
   if (completed) return;
   ForgetPending();
-  if (aborted_ || why.empty()) throw TransportError("the transport was shut down");
+  if (aborted_ || why.empty()) throw TransportError("the link was shut down");
   Fail("lost connection to rank " + std::to_string(peer) + ": " + why, peer,
        timed_out ? TransportError::Cause::kPeerTimeout : TransportError::Cause::kPeerLost);
 }
@@ -282,6 +282,21 @@ void GlooLink::sendrecv(int to, const void* sbuf, size_t sn, int from, void* rbu
   }
   if (header_out) Await(header_out, true, to);
   if (payload_out) Await(payload_out, true, to);
+}
+
+std::unique_ptr<Link::Request> GlooLink::isend(int peer, int tag, const void* buf, size_t n) {
+  if (!liveness_) return Link::isend(peer, tag, buf, n);
+  return liveness_->isend(peer, tag, buf, n);
+}
+
+std::unique_ptr<Link::Request> GlooLink::irecv(int peer, int tag, void* buf, size_t n) {
+  if (!liveness_) return Link::irecv(peer, tag, buf, n);
+  return liveness_->irecv(peer, tag, buf, n);
+}
+
+void GlooLink::progress(int timeout_ms) {
+  if (!liveness_) return Link::progress(timeout_ms);
+  liveness_->progress(timeout_ms);
 }
 
 }  // namespace horovodlike

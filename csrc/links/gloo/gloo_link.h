@@ -2,9 +2,10 @@
 // launcher's rendezvous server. Selected with HOROVOD_CPU_OPERATIONS=gloo (horovodlikerun
 // --gloo); compiled only when CMake finds Gloo.
 //
-// A peer that goes away is noticed through a TCP mesh of our own beside Gloo's pairs, which
-// carries nothing and is only watched (gloo_hangup_watcher.h): Gloo's pairs do not report a
-// peer that closed its connection. Gloo's own collectives are not used as providers: a wait
+// A peer that goes away is noticed through a TCP mesh of our own beside Gloo's pairs, whose
+// stream sockets carry nothing and are only watched (gloo_hangup_watcher.h): Gloo's pairs do
+// not report a peer that closed its connection. The same mesh's tagged channel carries the
+// link's tagged messages. Gloo's own collectives are not used as providers: a wait
 // inside them can only end by its timeout, while our ring's waits are ours to wake.
 #pragma once
 
@@ -42,6 +43,13 @@ class GlooLink : public Link {
   void sendrecv(int to, const void* sbuf, size_t sn, int from, void* rbuf, size_t rn) override;
   // Wakes a pending wait and closes every pair: the peers' pending and later calls fail too.
   void abort() override;
+  // Tagged messages go over the TCP mesh beside Gloo's pairs (its tagged channel; README.md
+  // says why not Gloo's own slots).
+  bool tagged() const override { return liveness_ != nullptr; }
+  std::unique_ptr<Link::Request> isend(int peer, int tag, const void* buf, size_t n) override;
+  std::unique_ptr<Link::Request> irecv(int peer, int tag, void* buf, size_t n) override;
+  void progress(int timeout_ms) override;
+  const char* tagged_name() const override { return "tcp"; }
   const char* name() const override { return "gloo"; }
 
  private:

@@ -3,7 +3,9 @@
 #include <dlfcn.h>
 #include <sched.h>
 
+#include <algorithm>
 #include <chrono>
+#include <limits>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
@@ -32,10 +34,10 @@ const int kAbortNoticePayload = 1;
 
 // --- MPI's lifetime in this process ---------------------------------------------------------
 // MPI can be initialized once per process and never again after MPI_Finalize, while
-// horovodlike's init() may follow shutdown(). So MPI starts with the first MPI transport and
+// horovodlike's init() may follow shutdown(). So MPI starts with the first MPI link and
 // ends at process exit. When something else (mpi4py) initialized MPI, it also finalizes it.
 std::mutex g_mpi_mutex;
-std::atomic<int> g_live_transports{0};
+std::atomic<int> g_live_links{0};
 // Transfers given up on after a failure, with the memory MPI may still write into; kept until
 // MPI reports them complete (a receive whose message lands late, a collective a peer finishes
 // late), then released. Guarded by g_mpi_mutex; process-wide, as they outlive their link.
@@ -60,9 +62,9 @@ void ReapAbandonedLocked() {
 void FinalizeAtExit() {
   int finalized = 0;
   MPI_Finalized(&finalized);
-  // A transport still alive here means exit without shutdown(); finalizing under its feet
+  // A link still alive here means exit without shutdown(); finalizing under its feet
   // would crash, and mpirun reports the missing MPI_Finalize instead.
-  if (!finalized && g_live_transports.load() == 0) MPI_Finalize();
+  if (!finalized && g_live_links.load() == 0) MPI_Finalize();
 }
 
 const char* ThreadLevelName(int level) {
@@ -91,7 +93,7 @@ bool EnsureMpiInitialized(bool threads_disabled) {
   MPI_Finalized(&finalized);
   if (finalized) {
     throw TransportError("MPI was already finalized in this process (by another library); the "
-                         "MPI transport cannot start again");
+                         "MPI link cannot start again");
   }
   if (!initialized) {
     MakeMpiSymbolsGlobal();
@@ -118,9 +120,10 @@ bool EnsureMpiInitialized(bool threads_disabled) {
   return provided >= MPI_THREAD_MULTIPLE;
 }
 
-// --- helpers --------------------------------------------------------------------------------
 
-std::string ErrorString(int code) {
+}  // namespace
+
+std::string MpiErrorString(int code) {
   char text[MPI_MAX_ERROR_STRING];
   int length = 0;
   if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) return "error " + std::to_string(code);
@@ -130,7 +133,7 @@ std::string ErrorString(int code) {
 // MPI moves data only inside MPI calls, and a request's progress shows only when it completes:
 // spin, yielding the core (to the peers when there are more ranks than cores) while waiting;
 // sleep only once nothing has completed for a second (a stopped or vanished peer).
-void Backoff(std::chrono::steady_clock::duration idle) {
+void MpiBackoff(std::chrono::steady_clock::duration idle) {
   if (idle < std::chrono::microseconds(50)) return;
   if (idle < std::chrono::seconds(1)) {
     sched_yield();
@@ -139,7 +142,6 @@ void Backoff(std::chrono::steady_clock::duration idle) {
   }
 }
 
-}  // namespace
 
 std::unique_ptr<MpiLink> MpiLink::Connect(Config& config) {
   if (!config.launched_by_mpirun && config.size > 1) {
@@ -150,16 +152,19 @@ std::unique_ptr<MpiLink> MpiLink::Connect(Config& config) {
   const double timeout_seconds = config.peer_timeout_seconds;
   const bool threads_multiple = EnsureMpiInitialized(config.mpi_threads_disabled);
 
-  MPI_Comm comm = MPI_COMM_NULL;
-  if (MPI_Comm_dup(MPI_COMM_WORLD, &comm) != MPI_SUCCESS) {
+  MPI_Comm comm = MPI_COMM_NULL, tagged_comm = MPI_COMM_NULL;
+  if (MPI_Comm_dup(MPI_COMM_WORLD, &comm) != MPI_SUCCESS ||
+      MPI_Comm_dup(MPI_COMM_WORLD, &tagged_comm) != MPI_SUCCESS) {
     throw TransportError("MPI_Comm_dup(MPI_COMM_WORLD) failed");
   }
   MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+  MPI_Comm_set_errhandler(tagged_comm, MPI_ERRORS_RETURN);
   int rank = 0, size = 1;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &size);
   if (rank != config.rank || size != config.size) {
     MPI_Comm_free(&comm);
+    MPI_Comm_free(&tagged_comm);
     throw InvalidArgument("MPI says this is rank " + std::to_string(rank) + " of " +
                           std::to_string(size) + ", but the environment says rank " +
                           std::to_string(config.rank) + " of " + std::to_string(config.size) +
@@ -176,15 +181,20 @@ std::unique_ptr<MpiLink> MpiLink::Connect(Config& config) {
   MPI_Comm_free(&local);
   MPI_Comm_free(&cross);
 
-  std::unique_ptr<MpiLink> transport(new MpiLink(comm, rank, size, threads_multiple));
-  transport->timeout_ms_ = static_cast<int>(timeout_seconds * 1000);
-  return transport;
+  std::unique_ptr<MpiLink> link(new MpiLink(comm, tagged_comm, rank, size, threads_multiple));
+  link->timeout_ms_ = static_cast<int>(timeout_seconds * 1000);
+  int* tag_ub = nullptr;
+  int found = 0;
+  MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &tag_ub, &found);
+  if (found && tag_ub != nullptr) link->tag_ub_ = *tag_ub;
+  return link;
 }
 
-MpiLink::MpiLink(MPI_Comm comm, int rank, int size, bool threads_multiple)
-    : comm_(comm), rank_(rank), size_(size), threads_multiple_(threads_multiple),
+MpiLink::MpiLink(MPI_Comm comm, MPI_Comm tagged_comm, int rank, int size, bool threads_multiple)
+    : comm_(comm), tagged_comm_(tagged_comm), rank_(rank), size_(size),
+      threads_multiple_(threads_multiple),
       inbox_(static_cast<size_t>(size)) {
-  ++g_live_transports;
+  ++g_live_links;
   {
     std::lock_guard<std::mutex> lock(g_mpi_mutex);
     ReapAbandonedLocked();
@@ -202,13 +212,16 @@ MpiLink::~MpiLink() {
   // After a failure the communicator is kept: messages of the failed exchange may still be
   // in flight, and Open MPI would hand a freed communicator's id, with them, to the next
   // init()'s communicator.
-  if (!aborted_) MPI_Comm_free(&comm_);
-  --g_live_transports;
+  if (!aborted_) {
+    MPI_Comm_free(&comm_);
+    MPI_Comm_free(&tagged_comm_);
+  }
+  --g_live_links;
 }
 
 void MpiLink::Check(int mpi_error, const std::string& what) {
   if (mpi_error != MPI_SUCCESS) {
-    Fail("MPI error in " + what + ": " + ErrorString(mpi_error), -1,
+    Fail("MPI error in " + what + ": " + MpiErrorString(mpi_error), -1,
          TransportError::Cause::kOther);
   }
 }
@@ -222,7 +235,7 @@ void MpiLink::Fail(const std::string& message, int peer, TransportError::Cause c
 void MpiLink::CheckUsable() {
   if (!aborted_) return;
   if (!peers_notified_) NotifyPeersOnce();
-  throw TransportError(failure_.empty() ? "the transport was shut down" : failure_);
+  throw TransportError(failure_.empty() ? "the link was shut down" : failure_);
 }
 
 void MpiLink::NotifyPeersOnce() {
@@ -289,7 +302,7 @@ void MpiLink::WhileWaiting(Clock::time_point last_progress, const char* what, in
     }
   }
   if (aborted_) {
-    GiveUp(failure_.empty() ? "the transport was shut down" : failure_, -1,
+    GiveUp(failure_.empty() ? "the link was shut down" : failure_, -1,
            TransportError::Cause::kOther, abandon);
   }
   const auto idle = Clock::now() - last_progress;
@@ -304,7 +317,7 @@ void MpiLink::WhileWaiting(Clock::time_point last_progress, const char* what, in
                " s (HOROVOD_PEER_TIMEOUT_SECONDS); a peer is stopped or unreachable",
            silent, TransportError::Cause::kPeerTimeout, abandon);
   }
-  Backoff(idle);
+  MpiBackoff(idle);
 }
 
 void MpiLink::TakeFromInbox(int peer, char*& rp, size_t& rn) {
@@ -359,7 +372,7 @@ void MpiLink::sendrecv(int to, const void* sbuf, size_t sn, int from, void* rbuf
       int rc = MPI_Improbe(from, kDataTag, comm_, &found, &message, &status);
       if (rc != MPI_SUCCESS) {
         GiveUp("MPI error in MPI_Improbe from rank " + std::to_string(from) + ": " +
-                   ErrorString(rc),
+                   MpiErrorString(rc),
                from, TransportError::Cause::kPeerLost, abandon);
       }
       if (found) {
@@ -382,7 +395,7 @@ void MpiLink::sendrecv(int to, const void* sbuf, size_t sn, int from, void* rbuf
       int rc = MPI_Test(&requests[i], &done, MPI_STATUS_IGNORE);
       if (rc != MPI_SUCCESS) {
         GiveUp("MPI error in a transfer with rank " + std::to_string(peers[i]) + ": " +
-                   ErrorString(rc),
+                   MpiErrorString(rc),
                peers[i], TransportError::Cause::kPeerLost, abandon);
       }
       if (!done) continue;
@@ -434,7 +447,7 @@ void MpiLink::AwaitCollective(MPI_Request& request, const char* what,
     int done = 0;
     int rc = MPI_Test(&request, &done, MPI_STATUS_IGNORE);
     if (rc != MPI_SUCCESS) {
-      GiveUp(std::string("MPI error in ") + what + ": " + ErrorString(rc), -1,
+      GiveUp(std::string("MPI error in ") + what + ": " + MpiErrorString(rc), -1,
              TransportError::Cause::kOther, abandon);
     }
     if (done) return;

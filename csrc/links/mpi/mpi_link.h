@@ -19,6 +19,11 @@ namespace horovodlike {
 
 struct Config;
 
+// MPI's text for an error code; a pause between the tests of a wait that made no progress for
+// `idle` (spin, then yield, then sleep). Shared by the link's files.
+std::string MpiErrorString(int code);
+void MpiBackoff(std::chrono::steady_clock::duration idle);
+
 class MpiLink : public Link {
  public:
   // Initializes MPI once per process (MPI_Finalize runs at process exit, so init() may follow
@@ -33,6 +38,12 @@ class MpiLink : public Link {
   // Makes pending and later calls throw TransportError and tells every peer, whose pending and
   // later calls then throw too (MPI has no connection to close; MPI_Abort would end the job).
   void abort() override;
+  // Tagged messages are MPI's own: MPI_Isend/MPI_Irecv with the tag, on a communicator of
+  // their own (MPI matches them), when MPI allows calls from several threads at once.
+  bool tagged() const override { return threads_multiple_; }
+  std::unique_ptr<Link::Request> isend(int peer, int tag, const void* buf, size_t n) override;
+  std::unique_ptr<Link::Request> irecv(int peer, int tag, void* buf, size_t n) override;
+  void progress(int timeout_ms) override;
   const char* name() const override { return "mpi"; }
   bool interruptible() const override { return true; }
 
@@ -50,7 +61,9 @@ class MpiLink : public Link {
   static size_t AbandonedTransfers();
 
  private:
-  MpiLink(MPI_Comm comm, int rank, int size, bool threads_multiple);
+  class MpiRequest;
+  MpiLink(MPI_Comm comm, MPI_Comm tagged_comm, int rank, int size, bool threads_multiple);
+  std::unique_ptr<Link::Request> Post(bool send, int peer, int tag, void* buf, size_t n);
   using Clock = std::chrono::steady_clock;
   // Between two rounds of a wait that made no progress: fails (after `abandon` has withdrawn
   // what is in flight) on a peer's abort notice, on abort(), or once nothing has progressed
@@ -65,11 +78,12 @@ class MpiLink : public Link {
   void TakeFromInbox(int peer, char*& rp, size_t& rn);
   void NotifyPeersOnce();
   static void Abandon(MPI_Request& request, std::vector<char>&& buffer);
-  // Marks the transport failed (later calls throw `message` too) and throws.
+  // Marks the link failed (later calls throw `message` too) and throws.
   [[noreturn]] void Fail(const std::string& message, int peer, TransportError::Cause cause);
   void Check(int mpi_error, const std::string& what);
 
   MPI_Comm comm_;
+  MPI_Comm tagged_comm_;  // the tagged messages'
   int rank_;
   int size_;
   bool threads_multiple_;  // MPI may be called from abort()'s thread while the loop is in MPI
@@ -87,6 +101,10 @@ class MpiLink : public Link {
     size_t size = 0;    // bytes of the message
   };
   std::vector<Inbox> inbox_;
+  // The tagged requests in flight, for progress() to test (guarded by tagged_mutex_).
+  std::mutex tagged_mutex_;
+  std::vector<MpiRequest*> in_flight_;
+  int tag_ub_ = 32767;  // MPI_TAG_UB
 };
 
 }  // namespace horovodlike

@@ -48,7 +48,7 @@ struct alignas(kLine) RankControl {
   alignas(kLine) std::atomic<uint64_t> staged;    // last step whose input is in staging
   std::atomic<uint64_t> reduced;                  // last step whose slice is reduced in staging
   std::atomic<uint64_t> released;                 // last step whose peers' staging it has read
-  std::atomic<uint32_t> aborted;                  // set when this rank's transport stopped
+  std::atomic<uint32_t> aborted;                  // set when this rank's link stopped
   int32_t pid;                                    // for liveness checks through /proc
   uint64_t start_time;                            // /proc/<pid>/stat field 22, against pid reuse
   // The owner writes: the CPU its latest spinning thread ran on (-1 before any), so that a

@@ -47,6 +47,8 @@ constexpr auto kLoadCheckInterval = std::chrono::microseconds(50);
 // kSharedCpuForgetNs of the last, moves to another CPU (GiveWayOnSharedCpu).
 constexpr int kSharedCpuMeetingsBeforeMove = 8;
 constexpr int64_t kSharedCpuForgetNs = 20 * 1000 * 1000;
+// A sleeper wakes this often to check that its peers are alive.
+constexpr int kSleepSliceMs = 10;
 
 size_t FloorPowerOfTwo(size_t n) {
   size_t p = 1;
@@ -64,7 +66,7 @@ std::string SegmentName(const std::string& secret, int generation, int leader) {
          std::to_string(leader);
 }
 
-// Sent by the creator to every other member over the bootstrap transport.
+// Sent by the creator to every other member over the bootstrap link.
 struct Offer {
   uint32_t ok;
   uint32_t ranks;
@@ -219,9 +221,7 @@ std::unique_ptr<ShmLink> ShmLink::Connect(Link& bootstrap, const std::vector<int
 ShmLink::ShmLink(ShmSegment segment, std::vector<int> members, int index,
                            const Options& options)
     : segment_(std::move(segment)), members_(std::move(members)), index_(index),
-      peer_timeout_(static_cast<int64_t>(options.peer_timeout_seconds * 1000)),
-      per_peer_waits_(options.per_peer_waits),
-      sleep_slice_ms_(std::max(1, options.sleep_slice_ms)) {
+      peer_timeout_(static_cast<int64_t>(options.peer_timeout_seconds * 1000)) {
   const auto* header = reinterpret_cast<const shm::SegmentHeader*>(segment_.data());
   channel_bytes_ = header->channel_bytes;
   chunk_bytes_ = header->chunk_bytes;
@@ -319,7 +319,7 @@ void ShmLink::WaitUntil(const Ready& ready, const Culprit& culprit) {
   // as a closed socket's data is, before its stopping counts.
   auto peers_failed = [&](bool check_processes) {
     try {
-      CheckPeers(check_processes, per_peer_waits_ ? culprit() : -1);
+      CheckPeers(check_processes);
       return false;
     } catch (const TransportError&) {
       if (aborted_.load(std::memory_order_relaxed) || !ready()) throw;
@@ -371,12 +371,12 @@ void ShmLink::WaitUntil(const Ready& ready, const Culprit& culprit) {
     std::atomic_thread_fence(std::memory_order_seq_cst);
     if (ready()) break;
     if (peers_failed(false)) break;
-    long rc = FutexWait(&mine.doorbell, key, sleep_slice_ms_);
+    long rc = FutexWait(&mine.doorbell, key, kSleepSliceMs);
     if (rc == 0 || errno == EAGAIN || errno == EINTR) {
       if (ready()) break;
     }
     const auto now = Clock::now();
-    if (now - last_progress_check >= std::chrono::milliseconds(sleep_slice_ms_)) {
+    if (now - last_progress_check >= std::chrono::milliseconds(kSleepSliceMs)) {
       last_progress_check = now;
       asleep.set(false);
       if (peers_failed(true)) break;

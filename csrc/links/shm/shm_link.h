@@ -43,13 +43,6 @@ class ShmLink : public Link {
     size_t small_bytes = 64 << 10;
     int64_t spin_us = 2000;
     bool spin_given = false;  // spin even with more ranks than cores
-    // Point-to-point use (core/point_to_point.h): one thread per peer waits in recv at once,
-    // for as long as the program likes. A wait then checks only the peer it waits for (a
-    // dead third rank fails its own channel, not this one) and sleeps in longer slices
-    // (a wake-up still comes at once through the doorbell; the slice only bounds how soon a
-    // dead peer is noticed).
-    bool per_peer_waits = false;
-    int sleep_slice_ms = 10;  // a sleeper wakes this often to check that its peers are alive
   };
 
   // Maps one segment shared by `group` (job ranks on this host, ascending, this rank included),
@@ -104,7 +97,7 @@ class ShmLink : public Link {
   // Wakes `peer` if it sleeps (call after publishing what it may wait for).
   void Notify(int peer);
   void NotifyAll();
-  // Returns once ready() holds; throws TransportError when this transport is aborted, a peer
+  // Returns once ready() holds; throws TransportError when this link is aborted, a peer
   // stopped or died, or nothing happened for the peer timeout (then naming culprit(), the peer
   // it waits for).
   template <class Ready, class Culprit>
@@ -138,8 +131,6 @@ class ShmLink : public Link {
   std::atomic<int> shared_cpu_meetings_{0};
   std::atomic<int> moves_{0};
   std::chrono::milliseconds peer_timeout_;
-  bool per_peer_waits_ = false;
-  int sleep_slice_ms_ = 10;
   std::atomic<bool> aborted_{false};
 };
 

@@ -108,7 +108,7 @@ Acceptor::~Acceptor() {
 
 bool Acceptor::Done() const {
   for (int peer = config_.rank + 1; peer < config_.size; ++peer) {
-    if (fds_[peer] < 0) return false;
+    if (fds_[peer] < 0 || fds_[peer + config_.size] < 0) return false;
   }
   return true;
 }
@@ -184,7 +184,7 @@ bool Acceptor::Serve(PendingPeer& p) {
   std::string why;
   switch (p.handshake.Advance(p.fd, config_, generation_, fds_, &why)) {
     case ListenerHandshake::Step::kAccepted:
-      fds_[p.handshake.claimed_rank()] = p.fd;
+      fds_[p.handshake.slot()] = p.fd;
       return false;
     case ListenerHandshake::Step::kRejected:
       Reject(p, why);

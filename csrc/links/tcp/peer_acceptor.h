@@ -15,8 +15,8 @@ namespace horovodlike {
 struct Config;
 class RendezvousClient;
 
-// Accepts until every rank above this one has connected (fds[rank] set to its socket) or the
-// deadline has passed (the caller names the ranks still absent). Throws TransportError when the
+// Accepts until every rank above this one has connected twice (fds[rank] set to its stream's
+// socket, fds[size + rank] to its tagged channel's) or the deadline has passed (the caller names the ranks still absent). Throws TransportError when the
 // launcher stops the job (`rendezvous`, when not null, is watched for that). Does not close
 // `listen_fd`.
 void AcceptPeers(const Config& config, int generation, int listen_fd, std::vector<int>& fds,

@@ -195,7 +195,8 @@ ListenerHandshake::Step ListenerHandshake::OnHello(int fd, const Config& config,
     return Step::kRejected;
   }
   claimed_ = hello.rank;
-  if (claimed_ <= config.rank || claimed_ >= config.size || connected[claimed_] >= 0) {
+  if (claimed_ <= config.rank || claimed_ >= config.size ||
+      connected[static_cast<size_t>(claimed_ + config.size)] >= 0) {
     *why = "claims rank " + std::to_string(claimed_) + ", which is not due to connect here";
     return Step::kRejected;
   }
@@ -225,7 +226,10 @@ ListenerHandshake::Step ListenerHandshake::OnProof(int fd, const Config& config,
            " but does not know this job's secret (HOROVOD_SECRET_KEY)";
     return Step::kRejected;
   }
-  if (connected[claimed_] >= 0) {
+  // A rank dials twice, one connection after the other: the first is its stream, the second
+  // its tagged channel (tcp_link.h).
+  slot_ = connected[claimed_] < 0 ? claimed_ : claimed_ + config.size;
+  if (connected[slot_] >= 0) {
     *why = "rank " + std::to_string(claimed_) + " is connected already";
     return Step::kRejected;
   }

@@ -28,11 +28,14 @@ class ListenerHandshake {
  public:
   enum class Step { kWaiting, kAccepted, kRejected };
   // Reads what the dialer has sent on the non-blocking socket `fd` and answers it. kAccepted:
-  // the dialer proved that it is rank claimed_rank(), which `connected` (a socket per rank, -1
-  // where none yet) does not have yet; kRejected: drop the connection, *why says why.
+  // the dialer proved that it is rank claimed_rank(), and the connection fills slot() of
+  // `connected` (two sockets per rank: [rank] its stream, [size + rank] its tagged channel,
+  // -1 where none yet; a rank's first connection is its stream); kRejected: drop the
+  // connection, *why says why.
   Step Advance(int fd, const Config& config, int generation, const std::vector<int>& connected,
                std::string* why);
   int claimed_rank() const { return claimed_; }
+  int slot() const { return slot_; }
   // Whether the dialer has sent anything yet.
   bool started() const { return started_; }
 
@@ -48,6 +51,7 @@ class ListenerHandshake {
   bool challenged_ = false;   // the Hello was read and the Challenge sent
   bool started_ = false;
   int claimed_ = -1;
+  int slot_ = -1;
   uint8_t dialer_nonce_[32] = {};
   uint8_t listener_nonce_[32] = {};
 };

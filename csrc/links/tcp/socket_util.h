@@ -1,4 +1,4 @@
-// Thin POSIX socket helpers shared by the TCP transport and the rendezvous client.
+// Thin POSIX socket helpers shared by the TCP link and the rendezvous client.
 #pragma once
 
 #include <chrono>

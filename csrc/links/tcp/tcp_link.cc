@@ -58,7 +58,7 @@ std::unique_ptr<TcpLink> TcpLink::Connect(const Config& config, int generation,
                                   config.secret_key, deadline);
       rendezvous.Put(channel + "/" + std::to_string(generation) + "/0", "single");
     }
-    return std::unique_ptr<TcpLink>(new TcpLink(0, 1, {-1}, timeout_seconds));
+    return std::unique_ptr<TcpLink>(new TcpLink(0, 1, {-1}, {-1}, timeout_seconds));
   }
   if (config.rendezvous_addr.empty() || config.rendezvous_port <= 0) {
     throw InvalidArgument("HOROVOD_SIZE=" + std::to_string(config.size) +
@@ -107,7 +107,8 @@ std::unique_ptr<TcpLink> TcpLink::ConnectMesh(
     const Config& config, int generation, int listen_fd,
     std::chrono::steady_clock::time_point deadline, RendezvousClient* rendezvous,
     const std::function<bool(int, std::string*)>& address_of) {
-  std::vector<int> fds(config.size, -1);
+  // fds[peer]: the stream's socket; fds[size + peer]: the tagged channel's.
+  std::vector<int> fds(2 * static_cast<size_t>(config.size), -1);
   try {
     // Lower ranks are dialled; higher ranks dial us.
     std::vector<int> missing;
@@ -118,7 +119,10 @@ std::unique_ptr<TcpLink> TcpLink::ConnectMesh(
         continue;
       }
       try {
+        // The stream first, then the tagged channel: the listener tells them apart by order.
         fds[peer] = DialPeer(config, generation, peer, value, deadline, rendezvous);
+        fds[config.size + peer] = DialPeer(config, generation, peer, value, deadline,
+                                           rendezvous);
       } catch (const TransportError& e) {
         if (e.peer() >= 0) throw;
         throw TransportError(e.what(), peer, TransportError::Cause::kPeerLost);
@@ -131,7 +135,7 @@ std::unique_ptr<TcpLink> TcpLink::ConnectMesh(
     AcceptPeers(config, generation, listen_fd, fds, deadline, rendezvous);
     std::vector<int> absent;
     for (int peer = config.rank + 1; peer < config.size; ++peer) {
-      if (fds[peer] < 0) absent.push_back(peer);
+      if (fds[peer] < 0 || fds[config.size + peer] < 0) absent.push_back(peer);
     }
     if (!absent.empty()) {
       throw TransportError("ranks " + JoinRanks(absent) + " did not connect within " +
@@ -143,19 +147,23 @@ std::unique_ptr<TcpLink> TcpLink::ConnectMesh(
     throw;
   }
   ::close(listen_fd);
-  for (int peer = 0; peer < config.size; ++peer) {
-    if (fds[peer] >= 0) {
-      TuneSocket(fds[peer]);
-      SetNonBlocking(fds[peer], true);
+  for (int fd : fds) {
+    if (fd >= 0) {
+      TuneSocket(fd);
+      SetNonBlocking(fd, true);
     }
   }
-  return std::unique_ptr<TcpLink>(
-      new TcpLink(config.rank, config.size, std::move(fds), config.peer_timeout_seconds));
+  std::vector<int> tagged(fds.begin() + config.size, fds.end());
+  fds.resize(static_cast<size_t>(config.size));
+  return std::unique_ptr<TcpLink>(new TcpLink(config.rank, config.size, std::move(fds),
+                                              std::move(tagged), config.peer_timeout_seconds));
 }
 
-TcpLink::TcpLink(int rank, int size, std::vector<int> fds, double timeout_seconds)
+TcpLink::TcpLink(int rank, int size, std::vector<int> fds, std::vector<int> tagged_fds,
+                 double timeout_seconds)
     : rank_(rank), size_(size), fds_(std::move(fds)),
-      timeout_ms_(static_cast<int>(std::min(timeout_seconds * 1000, 2e9))) {}
+      timeout_ms_(static_cast<int>(std::min(timeout_seconds * 1000, 2e9))),
+      tagged_(rank, std::move(tagged_fds), timeout_ms_) {}
 
 TcpLink::~TcpLink() {
   for (int fd : fds_) if (fd >= 0) ::close(fd);
@@ -164,6 +172,15 @@ TcpLink::~TcpLink() {
 void TcpLink::abort() {
   aborted_ = true;
   for (int fd : fds_) if (fd >= 0) ::shutdown(fd, SHUT_RDWR);
+  tagged_.Abort();
+}
+
+std::unique_ptr<Link::Request> TcpLink::isend(int peer, int tag, const void* buf, size_t n) {
+  return tagged_.Send(peer, tag, buf, n);
+}
+
+std::unique_ptr<Link::Request> TcpLink::irecv(int peer, int tag, void* buf, size_t n) {
+  return tagged_.Recv(peer, tag, buf, n);
 }
 
 int TcpLink::Fd(int peer) const {
@@ -174,7 +191,7 @@ int TcpLink::Fd(int peer) const {
 }
 
 void TcpLink::Fail(int peer, const std::string& what, TransportError::Cause cause) {
-  if (aborted_) throw TransportError("the transport was shut down");
+  if (aborted_) throw TransportError("the link was shut down");
   throw TransportError("lost connection to rank " + std::to_string(peer) + ": " + what, peer,
                        cause);
 }
@@ -242,7 +259,7 @@ void TcpLink::sendrecv(int to, const void* sbuf, size_t sn, int from, void* rbuf
                        " s (HOROVOD_PEER_TIMEOUT_SECONDS); the peer is stopped, hung or "
                        "unreachable", TransportError::Cause::kPeerTimeout);
     }
-    if (aborted_) throw TransportError("the transport was shut down");
+    if (aborted_) throw TransportError("the link was shut down");
   }
 }
 

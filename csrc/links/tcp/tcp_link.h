@@ -1,5 +1,7 @@
-// The built-in link: one TCP connection per pair of ranks (a full mesh), addresses
-// exchanged through the launcher's rendezvous server.
+// The built-in link: a full mesh of TCP connections, addresses exchanged through the
+// launcher's rendezvous server. Two sockets per pair of ranks, both opened by the same set-up
+// and handshake: the stream's (sendrecv, no header) and the tagged channel's (isend/irecv,
+// tagged_channel.h), so that neither needs to tell the other's bytes apart.
 #pragma once
 
 #include <atomic>
@@ -10,6 +12,7 @@
 #include <vector>
 
 #include "../link.h"
+#include "tagged_channel.h"
 
 namespace horovodlike {
 
@@ -20,8 +23,7 @@ class TcpLink : public Link {
  public:
   // Listens, publishes this rank's address under generation `generation`, connects the mesh.
   // Throws TransportError naming the ranks that did not show up before the start timeout.
-  // `channel` names the mesh in the rendezvous, so that a job can connect a second, independent
-  // one (point-to-point traffic has its own, see core/point_to_point.h).
+  // `channel` names the mesh in the rendezvous (a Gloo job's liveness mesh has its own).
   static std::unique_ptr<TcpLink> Connect(const Config& config, int generation,
                                           const std::string& channel = "addr");
   // The same mesh where every rank's "host:port" is known already (exchanged over MPI in a job
@@ -36,18 +38,25 @@ class TcpLink : public Link {
   int size() const override { return size_; }
   void sendrecv(int to, const void* sbuf, size_t sn, int from, void* rbuf, size_t rn) override;
   void abort() override;
+  bool tagged() const override { return true; }
+  std::unique_ptr<Link::Request> isend(int peer, int tag, const void* buf, size_t n) override;
+  std::unique_ptr<Link::Request> irecv(int peer, int tag, void* buf, size_t n) override;
+  void progress(int timeout_ms) override { tagged_.Progress(timeout_ms); }
   const char* name() const override { return "tcp"; }
   bool interruptible() const override { return true; }
   // The connected socket to `peer` (-1 for this rank), for a watcher that only polls it.
   int socket(int peer) const { return fds_[peer]; }
   // How long a peer may stay silent from now on; set before the link is shared between threads
-  // (point-to-point's mesh is set up under the peer timeout, then may stay idle for ever).
+  // (a mesh over MPI for point-to-point alone is set up under the peer timeout, then may stay
+  // idle for ever).
   void set_timeout_seconds(double seconds) {
     timeout_ms_ = static_cast<int>(std::min(seconds * 1000, 2e9));
+    tagged_.set_timeout_ms(timeout_ms_);
   }
 
  private:
-  TcpLink(int rank, int size, std::vector<int> fds, double timeout_seconds);
+  TcpLink(int rank, int size, std::vector<int> fds, std::vector<int> tagged_fds,
+          double timeout_seconds);
   // Dials the lower ranks (`address_of` returns false for one that never published) and
   // accepts the higher ones on `listen_fd` (closed in any case); `rendezvous`, when not null,
   // is watched for the launcher stopping the job.
@@ -63,6 +72,7 @@ class TcpLink : public Link {
   std::vector<int> fds_;  // fds_[peer]; -1 for this rank
   int timeout_ms_;        // no progress on a peer for this long is a failure
   std::atomic<bool> aborted_{false};
+  TaggedChannel tagged_;
 };
 
 }  // namespace horovodlike

@@ -1,0 +1,31 @@
+"""The links' tagged messages through the link API itself (isend/irecv and their requests) on
+every link a job can have: shared memory + TCP, TCP alone, Gloo (its TCP mesh) and MPI (MPI's
+own tags). Several tags and sizes per pair of ranks, received in another order than sent, the
+bytes checked against NumPy; a receive of the wrong size fails on the receiving rank."""
+
+import os
+import shutil
+
+import pytest
+
+from conftest import assert_all_ranks, launch
+from horovodlike import _core
+
+BUILD = _core.build_info()
+REQUIRED = os.environ.get("HOROVODLIKE_REQUIRE_TRANSPORTS", "").split(",")
+needs_gloo = pytest.mark.skipif(not BUILD["gloo"] and "gloo" not in REQUIRED,
+                                reason="this build has no Gloo")
+needs_mpi = pytest.mark.skipif((not BUILD["mpi"] or shutil.which("mpirun") is None)
+                               and "mpi" not in REQUIRED,
+                               reason="this build has no MPI, or mpirun is not installed")
+
+
+@pytest.mark.parametrize("flags,env,carrier", [
+    ([], {}, "tcp"),
+    ([], {"HOROVOD_SHM_DISABLE": "1"}, "tcp"),
+    pytest.param(["--gloo"], {}, "tcp", marks=needs_gloo),
+    pytest.param(["--mpi"], {}, "mpi", marks=needs_mpi),
+], ids=["shm", "tcp", "gloo", "mpi"])
+def test_tagged_messages_over_every_link(flags, env, carrier):
+    result = launch(3, "link_tags_worker.py", env=env, launcher_args=flags, transport="tcp")
+    assert_all_ranks(result, 3, f"link={carrier} tagged OK")
