@@ -2,6 +2,7 @@
 layer profiles and a given link, so the answer does not depend on this machine's load), and a
 real 2-rank job that profiles, measures the link and builds the chosen ProcessMesh."""
 
+import os
 import subprocess
 import sys
 
@@ -12,7 +13,9 @@ from conftest import WORKERS, assert_all_ranks, job_env, launch
 from horovodlike.torch.planner import (Calibration, LayerProfile, LinkProfile, fit_link, plan,
                                        profile_layers)
 from horovodlike.torch.planner.calibration import layout_sizes
-from horovodlike.torch.planner.cost_model import layer_compute_s, links_by_dimension
+from horovodlike.torch.planner.calibration import shared_cores
+from horovodlike.torch.planner.cost_model import (Contention, busy_fraction, layer_compute_s,
+                                                  links_by_dimension, predict, tp_skew_s)
 from horovodlike.torch.planner.profiling import linear_calls, slice_share
 
 MB = 1 << 20
@@ -198,6 +201,76 @@ def test_gradient_allreduce_overlaps_the_backward_as_the_optimizer_does():
     assert replicated.compute_s == pytest.approx(0.002)
     serial = layout(run(profile, 2, overlap=False), "pp=1 dp=2 tp=1")
     assert serial.step_s == pytest.approx(0.008)
+
+
+FREE = {"pp": LINK, "dp": LINK, "tp": LINK}
+# 4 ranks on 2 cores, the layers profiled with all 4 busy: each ran at half a core.
+CROWDED = Contention(cores=2, ranks=4, profiled_busy=4)
+
+
+def test_pipeline_computes_faster_while_its_ranks_wait():
+    # 4 layers of 8 ms on the batch of 8 (as profiled: all 4 ranks busy on 2 cores), no
+    # activations to send. pp=4 runs 8 micro-batches of one row, 1 ms each as profiled, in
+    # 8 + 3 = 11 slots: a stage is busy 8/11 of the step, so 4 x 8/11 = 32/11 ranks compute at
+    # once on 2 cores, 16/11 times slower than alone instead of 2: a slot is 8/11 ms, the step
+    # 11 x 8/11 = 8 ms (11 ms as profiled).
+    profile = layers([0.008] * 4, 0, 0, batch=8)
+    assert busy_fraction(4, 8) == pytest.approx(8 / 11)
+    assert CROWDED.oversubscription(8 / 11) == pytest.approx(16 / 11)
+    assert CROWDED.compute_scale(8 / 11) == pytest.approx(8 / 11)
+    piped = predict(profile, FREE, 4, 1, 1, 8, contention=CROWDED)
+    assert piped.micro_batches == 8 and piped.step_s == pytest.approx(0.008)
+    assert predict(profile, FREE, 4, 1, 1, 8).step_s == pytest.approx(0.011)
+    # Data parallel keeps every rank busy, as profiled: 4 x 8 ms on 2 rows each, unchanged.
+    assert predict(profile, FREE, 1, 4, 1, 8, contention=CROWDED).step_s == \
+        pytest.approx(0.008)
+    # A profile taken alone (profiled_busy 1) is slowed by the 2 ranks per core of dp=4.
+    alone = Contention(cores=2, ranks=4, profiled_busy=1)
+    assert predict(profile, FREE, 1, 4, 1, 8, contention=alone).step_s == \
+        pytest.approx(0.016)
+    # A core per rank: nothing to rescale.
+    roomy = Contention(cores=4, ranks=4, profiled_busy=4)
+    assert predict(profile, FREE, 4, 1, 1, 8, contention=roomy).step_s == \
+        pytest.approx(0.011)
+    with pytest.raises(ValueError, match="at least 1"):
+        Contention(cores=0, ranks=4)
+
+
+def test_tensor_parallel_waits_for_its_slowest_peer():
+    # 3 ms between two collectives, measured with 2 busy ranks per core: 1.5 ms alone, each
+    # peer waits uniformly 0 to 2 x 1.5 ms for its core (1.5 on average, in the 3 ms). The
+    # last of 2 peers comes 1/3 of 1.5 ms after the average, the last of 4 3/5 of it.
+    assert tp_skew_s(0.003, 2, 2.0) == pytest.approx(0.0005)
+    assert tp_skew_s(0.003, 4, 2.0) == pytest.approx(0.0009)
+    assert tp_skew_s(0.003, 1, 2.0) == 0.0 and tp_skew_s(0.003, 4, 1.0) == 0.0
+    # One layer of 6 ms on the batch, all of it split: tp=4 computes 1.5 ms (4 busy ranks on
+    # 2 cores, as profiled), then waits 0.75 x 3/5 = 0.45 ms for its last peer; free link.
+    profile = layers([0.006], 0, 0, tp_sizes=(4,), batch=8)
+    split = predict(profile, FREE, 1, 1, 4, 8, contention=CROWDED)
+    assert split.step_s == pytest.approx(0.0015 + 0.00045)
+    assert split.compute_s == pytest.approx(0.0015)
+    assert predict(profile, FREE, 1, 1, 4, 8).step_s == pytest.approx(0.0015)
+
+
+def test_calibration_records_the_cores_its_ranks_shared(tmp_path):
+    # Outside a job: this process alone on the CPUs it may run on.
+    cores, sharing = shared_cores()
+    assert sharing == 1 and cores == len(os.sched_getaffinity(0))
+    # plan() rescales from what a calibration recorded: 4 ranks on 2 cores, as in
+    # test_pipeline_computes_faster_while_its_ranks_wait.
+    calibration = Calibration(layers=layers([0.008] * 4, 0, 0, batch=8),
+                              links={"inside": LINK}, world_size=4, batch=8,
+                              conditions={"cores": 2, "ranks_sharing_cores": 4})
+    path = tmp_path / "calibration.json"
+    calibration.save(path)
+    result = plan(None, torch.zeros(8, 1), 4, calibration=str(path), fsdp=False,
+                  verbose=False)
+    assert layout(result, "pp=4 dp=1 tp=1").step_s == pytest.approx(0.008)
+    # One written before the cores were recorded is taken as profiled.
+    calibration.conditions = {}
+    result = plan(None, torch.zeros(8, 1), 4, calibration=calibration, fsdp=False,
+                  verbose=False)
+    assert layout(result, "pp=4 dp=1 tp=1").step_s == pytest.approx(0.011)
 
 
 def test_lines_leaving_a_host_share_its_wire():

@@ -24,8 +24,9 @@ import torch
 
 from horovodlike.common import basics
 from horovodlike.common.objects import broadcast_object
-from horovodlike.torch.planner.calibration import Calibration, calibrate, measure_links
-from horovodlike.torch.planner.cost_model import (Candidate, factorisations,
+from horovodlike.torch.planner.calibration import (Calibration, calibrate, measure_links,
+                                                   shared_cores)
+from horovodlike.torch.planner.cost_model import (Candidate, Contention, factorisations,
                                                   links_by_dimension, predict, why_not)
 from horovodlike.torch.planner.links import LinkProfile, fit_link, measure_link
 from horovodlike.torch.planner.profiling import LayerProfile, profile_layers
@@ -33,7 +34,8 @@ from horovodlike.torch.planner.search import (LayerChoice, LayerPlan, LayerSpec,
                                               describe_layers, search_layers)
 from horovodlike.torch.process_mesh import ProcessMesh
 
-__all__ = ["plan", "Plan", "calibrate", "Calibration", "LayerProfile", "LinkProfile",
+__all__ = ["plan", "Plan", "calibrate", "Calibration", "Contention", "LayerProfile",
+           "LinkProfile",
            "fit_link", "measure_link", "measure_links", "profile_layers", "search_layers",
            "describe_layers", "LayerSpec", "LayerPlan", "LayerChoice"]
 
@@ -116,6 +118,27 @@ def _from_calibration(calibration, hosts, link, inter_host_link, layers):
             inter_host_link or calibration.links.get("between"), layers or calibration.layers)
 
 
+def _contention(calibration, world_size, slots, profiled_here, in_job):
+    """The Contention of the planned job's hosts: from what the calibration recorded, or from
+    this job and machine when the layers were profiled here; None when the layers were given
+    (their contention unknown: they are taken as they are)."""
+    if calibration is not None:
+        cores = calibration.conditions.get("cores")
+        sharing = calibration.conditions.get("ranks_sharing_cores")
+        if not cores or not sharing:   # written before it recorded them
+            return None
+        ranks = max(1, round(sharing * world_size / calibration.world_size))
+        return Contention(cores=cores, ranks=ranks, profiled_busy=sharing)
+    if not profiled_here:
+        return None
+    cores, sharing = shared_cores()
+    if in_job:
+        return Contention(cores=cores, ranks=max(1, round(sharing * world_size
+                                                          / basics.size())),
+                          profiled_busy=sharing)
+    return Contention(cores=cores, ranks=slots or world_size, profiled_busy=1)
+
+
 def plan(model, sample_input, world_size, hosts=None, link=None, inter_host_link=None,
          micro_batches=None, optimizer_state_factor=2, memory_limit=None, layers=None,
          calibration=None, fsdp=True, overlap=None, verbose=True):
@@ -134,7 +157,11 @@ def plan(model, sample_input, world_size, hosts=None, link=None, inter_host_link
     layers, links and hosts are used where those arguments are not given. ``overlap``: whether
     the gradient allreduce runs while the backward computes; by default when each rank of a
     host has a core for its compute and one for the core's background thread (the
-    calibration's core count, else this machine's).
+    calibration's core count, else this machine's). With more ranks than cores on a host the
+    compute is rescaled to the ranks each layout keeps busy at once, and tensor parallel
+    collectives wait for the slowest peer (``cost_model.Contention``): from the cores and
+    ranks the calibration recorded, or this machine's when the layers are profiled here;
+    given ``layers`` are taken as they are.
     Inside a job of ``world_size`` ranks rank 0's measurements are used by every rank and the
     best layout's ProcessMesh is built (``Plan.mesh``). Prints the table when ``verbose``.
     """
@@ -147,6 +174,7 @@ def plan(model, sample_input, world_size, hosts=None, link=None, inter_host_link
     calibration, hosts, link, inter_host_link, layers = _from_calibration(
         calibration, hosts, link, inter_host_link, layers)
     cores = (calibration and calibration.conditions.get("cpus")) or os.cpu_count()
+    profiled_here = layers is None
     if layers is None:
         layers = profile_layers(model, sample_input)
         if in_job:
@@ -164,6 +192,7 @@ def plan(model, sample_input, world_size, hosts=None, link=None, inter_host_link
                          f"{sorted(measured_on)} rows but sample_input has {batch}; calibrate "
                          "again on this batch")
     slots = _slots_per_host(hosts, world_size)
+    contention = _contention(calibration, world_size, slots, profiled_here, in_job)
     if overlap is None:
         overlap = cores >= 2 * (slots or world_size)
     candidates, rejected = [], []
@@ -176,7 +205,7 @@ def plan(model, sample_input, world_size, hosts=None, link=None, inter_host_link
         for sharded in (False, True) if dp > 1 and fsdp else (False,):
             candidates.append(predict(layers, links, pp, dp, tp, batch, micro_batches,
                                       optimizer_state_factor, memory_limit, fsdp=sharded,
-                                      overlap=overlap))
+                                      overlap=overlap, contention=contention))
     if not candidates:
         raise ValueError(f"plan: no layout of {world_size} ranks fits this model: {rejected}")
     candidates.sort(key=lambda c: (not c.fits, c.step_s, c.memory_bytes))

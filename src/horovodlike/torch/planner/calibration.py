@@ -65,6 +65,28 @@ def layout_sizes(world_size, batch, micro_batches=None):
     return sorted(sizes)
 
 
+def _machine():
+    """What the ranks of one machine share: its kernel's boot id (emulated hosts in network
+    namespaces share it too, and their cores), else the host name."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return socket.gethostname()
+
+
+def shared_cores():
+    """(cores, ranks): how many CPUs rank 0 (whose profiles every rank uses) may run on, and
+    how many ranks of the job run on the same ones (same machine, same affinity), itself
+    included. Collective when the job has several ranks."""
+    cpus = (sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+            else list(range(os.cpu_count() or 1)))
+    key = [_machine(), cpus]
+    keys = (allgather_object(key, name="plan.cores")
+            if basics.is_initialized() and basics.size() > 1 else [key])
+    return len(keys[0][1]), keys.count(keys[0])
+
+
 def measure_links():
     """{"inside": link between the ranks of a host, "between": link between hosts (only with
     several hosts of two or more ranks each)}, and the ranks per host then (else None).
@@ -91,8 +113,9 @@ def measure_links():
 def calibrate(model, sample_input, path=None, micro_batches=None, repeats=7):
     """Measures ``model`` (a ``torch.nn.Sequential``) on batches like ``sample_input`` (the
     global batch) and this job's links; collective: every rank of the job calls it, all
-    profile at once (so the figures include the ranks' competition for cores) and every rank
-    gets rank 0's figures. Writes them to ``path`` (rank 0) when given; pass the result, or
+    profile at once (so the figures include the ranks' competition for cores, which it records
+    with the cores and the ranks sharing them, for the model to rescale) and every rank gets
+    rank 0's figures. Writes them to ``path`` (rank 0) when given; pass the result, or
     the path, to ``plan(calibration=...)``."""
     if not basics.is_initialized():
         raise ValueError("calibrate: call hvd.init() first; calibrate() runs in the job that "
@@ -101,6 +124,7 @@ def calibrate(model, sample_input, path=None, micro_batches=None, repeats=7):
         raise ValueError("calibrate: sample_input must be a tensor whose first dimension is "
                          f"the global batch, got {getattr(sample_input, 'shape', sample_input)!r}")
     world_size, batch = basics.size(), sample_input.shape[0]
+    cores, sharing = shared_cores()
     layers = profile_layers(model, sample_input,
                             sizes=layout_sizes(world_size, batch, micro_batches),
                             repeats=repeats)
@@ -110,6 +134,9 @@ def calibrate(model, sample_input, path=None, micro_batches=None, repeats=7):
                          slots_per_host=slots,
                          conditions={"load_average": list(os.getloadavg()),
                                      "cpus": os.cpu_count(),
+                                     # the layers were profiled with every rank busy:
+                                     # ``ranks_sharing_cores`` ranks on ``cores`` CPUs
+                                     "cores": cores, "ranks_sharing_cores": sharing,
                                      "torch_threads": torch.get_num_threads(),
                                      "time": time.strftime("%Y-%m-%d %H:%M:%S %Z")})
     if path and basics.rank() == 0:

@@ -6,6 +6,13 @@ function of its own, for a search over other splits to reuse.
   gives a rank (B / dp / m), measured at that size when the profile has it (calibrate()
   measures every size the layouts use) or scaled from the whole batch; tensor parallelism
   divides only the layer's split part (its paired Linears, layers between a pair);
+- cores (``Contention``): with more ranks than cores on a host a rank computes slower by
+  the ranks busy at once over the cores; the profiles were taken with every rank busy, a
+  pipeline's ranks are busy m / (m + pp - 1) of the step (``busy_fraction``), so their
+  compute is rescaled from the one under which it was profiled;
+- tensor parallel skew (``tp_skew_s``): with more busy ranks than cores the peers of a tp
+  collective each lose a random part of the interval before it to the others, and the
+  collective waits for the last of them;
 - tensor parallel (``tp_communication_s``): each column/row pair allreduces once in forward
   (the row's output) and once in backward (the column's input gradient), per micro-batch,
   each message paying the link's latency;
@@ -112,6 +119,53 @@ def links_by_dimension(link, inter_host_link, slots_per_host, pp, dp, tp):
     return links
 
 
+@dataclasses.dataclass
+class Contention:
+    """The ranks of one host sharing its cores. ``cores``: the cores they may run on;
+    ``ranks``: the planned job's ranks on them; ``profiled_busy``: the ranks that computed on
+    them at once while the layer profiles were taken (every rank of the job on them, as
+    calibrate() profiles; 1 for a profile taken alone). A rank computes
+    max(1, busy ranks / cores) times slower than alone."""
+    cores: int
+    ranks: int
+    profiled_busy: float = 1.0
+
+    def __post_init__(self):
+        if self.cores < 1 or self.ranks < 1 or self.profiled_busy < 1:
+            raise ValueError(f"Contention: cores, ranks and profiled_busy must be at least "
+                             f"1, got {self.cores}, {self.ranks}, {self.profiled_busy}")
+
+    def oversubscription(self, busy_share=1.0):
+        """How much slower than alone a rank computes while ``busy_share`` of the ranks are
+        busy at once."""
+        return max(1.0, self.ranks * busy_share / self.cores)
+
+    def compute_scale(self, busy_share=1.0):
+        """The factor from the profiled compute to a layout's whose ranks are busy
+        ``busy_share`` of the step."""
+        return (self.oversubscription(busy_share)
+                / max(1.0, self.profiled_busy / self.cores))
+
+
+def busy_fraction(pp, micro_batches):
+    """The share of a step a rank computes: under GPipe or 1F1B a stage works in m of the
+    (m + pp - 1) slots and waits out the bubble; data and tensor parallel ranks always."""
+    return micro_batches / (micro_batches + pp - 1)
+
+
+def tp_skew_s(compute_s, tp, oversubscription):
+    """Seconds a tensor parallel collective waits for its last peer after ``compute_s`` of
+    work between collectives (as measured with that ``oversubscription``: alone it takes
+    compute_s / o). Each peer is runnable all along but runs only 1/o of the time: it takes
+    the work alone plus a wait uniform in [0, 2 (o - 1)] x that, whose mean the measured
+    compute already holds; the last of tp such peers comes (tp - 1) / (tp + 1) of that
+    range's half later than the mean."""
+    if tp <= 1 or oversubscription <= 1:
+        return 0.0
+    alone = compute_s / oversubscription
+    return alone * (oversubscription - 1) * (tp - 1) / (tp + 1)
+
+
 def micro_batch_count(pp, per_replica, micro_batches=None):
     """The micro-batches per step: as given, 1 without a pipeline, else the largest divisor of
     the replica's rows up to 4 x pp (enough to keep the bubble small)."""
@@ -152,11 +206,12 @@ def stage_parameter_bytes(layers, tp):
     return sum(layer.parameter_bytes / (tp if layer.splittable else 1) for layer in layers)
 
 
-def gradient_sync_s(layers, link, rows, dp, tp, overlap=True):
+def gradient_sync_s(layers, link, rows, dp, tp, overlap=True, compute_scale=1.0):
     """Seconds the gradient allreduce over dp runs on after the last backward of ``layers``
-    (on ``rows`` rows) ends: each layer's allreduce starts when its backward is done and the
-    previous allreduce has finished. Without ``overlap`` (no core free for the core's
-    background thread while the backward computes) they all run after it."""
+    (on ``rows`` rows, the profiled compute x ``compute_scale``) ends: each layer's allreduce
+    starts when its backward is done and the previous allreduce has finished. Without
+    ``overlap`` (no core free for the core's background thread while the backward computes)
+    they all run after it."""
     if dp <= 1:
         return 0.0
     if not overlap:
@@ -164,7 +219,7 @@ def gradient_sync_s(layers, link, rows, dp, tp, overlap=True):
                    for layer in layers if layer.parameter_bytes)
     clock = link_free = 0.0
     for layer in reversed(layers):
-        clock += layer_compute_s(layer, rows, tp) * backward_share(layer)
+        clock += layer_compute_s(layer, rows, tp) * compute_scale * backward_share(layer)
         nbytes = stage_parameter_bytes([layer], tp)
         if nbytes:
             link_free = max(link_free, clock) + link.allreduce_s(nbytes, dp)
@@ -196,19 +251,24 @@ def stage_memory_bytes(layers, dp, tp, pp, micro_batches, state_factor, fsdp):
 
 
 def predict(layers, links, pp, dp, tp, batch, micro_batches=None, state_factor=2,
-            memory_limit=None, fsdp=False, overlap=True):
+            memory_limit=None, fsdp=False, overlap=True, contention=None):
     """The Candidate for one layout, with the stage split that balances the per-micro-batch
     time. ``links`` maps "pp", "dp", "tp" to the LinkProfile their lines use; ``fsdp``: dp
     shards the parameters (fully_shard on each layer) instead of replicating them;
-    ``overlap``: the gradient allreduce runs during the backward (see gradient_sync_s)."""
+    ``overlap``: the gradient allreduce runs during the backward (see gradient_sync_s);
+    ``contention``: the host's ranks and cores (a Contention), None to take the profiles as
+    they are, without a skew."""
     # A profile without its batch size was measured on this batch.
     layers = [layer if layer.batch else dataclasses.replace(layer, batch=batch)
               for layer in layers]
     m = micro_batch_count(pp, batch // dp, micro_batches)
     rows = batch // dp // m
-    compute = [layer_compute_s(layer, rows, tp) for layer in layers]
+    busy = busy_fraction(pp, m)
+    scale = contention.compute_scale(busy) if contention else 1.0
+    crowd = contention.oversubscription(busy) if contention else 1.0
+    compute = [layer_compute_s(layer, rows, tp) * scale for layer in layers]
     per_layer = [c + tp_communication_s(layer, links["tp"], rows, tp)
-                 for c, layer in zip(compute, layers)]
+                 + tp_skew_s(c, tp, crowd) for c, layer in zip(compute, layers)]
     stages = balanced_stages(per_layer, pp)
     slots = [sum(per_layer[a:b]) for a, b in stages]
     boundary = [layers[last - 1].activation_bytes / batch * rows for _, last in stages[:-1]]
@@ -221,10 +281,11 @@ def predict(layers, links, pp, dp, tp, batch, micro_batches=None, state_factor=2
             sync, nbytes = fsdp_sync_s(params, links["dp"], dp, m)
             ahead = 0.0
         else:
-            sync, nbytes = gradient_sync_s(stage, links["dp"], rows, dp, tp, overlap), \
-                2 * params * (dp - 1) / dp
-            backward = max(sum(layer_compute_s(layer, rows, tp) * backward_share(layer)
-                               for layer in layers[a:b]) for a, b in stages)
+            sync, nbytes = gradient_sync_s(stage, links["dp"], rows, dp, tp, overlap,
+                                           scale), 2 * params * (dp - 1) / dp
+            backward = max(sum(c * backward_share(layer)
+                               for c, layer in zip(compute[a:b], layers[a:b]))
+                           for a, b in stages)
             ahead = (pp - 1 - index) * (backward + slot - max(slots))
         finish.append(max(pipeline - ahead + sync, pipeline))
         moved.append(nbytes)

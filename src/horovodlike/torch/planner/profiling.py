@@ -46,7 +46,8 @@ def timing_key(rows, tp):
 def median_time(fn, repeats):
     """The median of ``repeats`` runs after two warm-ups (the first calls allocate and start
     autograd's threads). All ranks of a job profile at once, so the figure includes the
-    ranks' competition for cores, as training will."""
+    ranks' competition for cores; calibrate() records it for the cost model to rescale to
+    each layout's (cost_model.Contention)."""
     for _ in range(2):
         fn()
     times = []
