@@ -43,8 +43,6 @@ P2P_LINKS = {"shm": ({}, []), "tcp": ({"HOROVOD_SHM_DISABLE": "1"}, []),
 
 def core_worker(args):
     """One rank of the core-only job: the median per call of each size, from rank 0."""
-    import time
-
     import numpy as np
     from horovodlike import _core
     _core.init()
@@ -65,25 +63,30 @@ def core_worker(args):
 
         one()
         bench._check(float(buf[0]), size * (size + 1) / 2, f"core allreduce of {nbytes} B")
-        warmup, timed = bench.iterations(nbytes, args.iter_scale)
-        samples = []
-        for _ in range(warmup):
-            one()
-        for _ in range(timed):
-            start = time.perf_counter()
-            one()
-            samples.append(time.perf_counter() - start)
-        results[nbytes] = statistics.median(samples)
+        results[nbytes] = median_call(one, nbytes, args)
     if rank == 0:
         with open(args.out, "w") as f:
             json.dump(results, f)
     _core.shutdown()
 
 
+def median_call(one, nbytes, args):
+    """The median time of one call of `one`, after the warm-up calls allreduce.py makes."""
+    import time
+    warmup, timed = bench.iterations(nbytes, args.iter_scale)
+    for _ in range(warmup):
+        one()
+    samples = []
+    for _ in range(timed):
+        start = time.perf_counter()
+        one()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
 def p2p_worker(args):
     """One rank of the point-to-point job: rank 0 sends each size to rank 1, which sends it
     back; the median of half a round trip per size, from rank 0. Ranks above 1 only join."""
-    import time
 
     import numpy as np
     from horovodlike import _core
@@ -116,15 +119,7 @@ def p2p_worker(args):
         one()
         # Both ranks end up with rank 0's bytes: rank 1 echoes what it received.
         bench._check(float(into[-1]), 1.0, f"p2p ping-pong of {nbytes} B")
-        warmup, timed = bench.iterations(nbytes, args.iter_scale)
-        samples = []
-        for _ in range(warmup):
-            one()
-        for _ in range(timed):
-            start = time.perf_counter()
-            one()
-            samples.append((time.perf_counter() - start) / 2)
-        results[nbytes] = statistics.median(samples)
+        results[nbytes] = median_call(one, nbytes, args) / 2
     if rank == 0:
         with open(args.out, "w") as f:
             json.dump(results, f)
