@@ -87,7 +87,6 @@ def median_call(one, nbytes, args):
 def p2p_worker(args):
     """One rank of the point-to-point job: rank 0 sends each size to rank 1, which sends it
     back; the median of half a round trip per size, from rank 0. Ranks above 1 only join."""
-
     import numpy as np
     from horovodlike import _core
     _core.init()
