@@ -278,8 +278,8 @@ def test_an_abandoned_mpi_collective_is_released_once_it_completes(tmp_path):
     binary = tmp_path / "mpi_abandon"
     sources = ["common/common.cc", "common/env_config.cc", "common/interrupt.cc",
                "common/logging.cc",
-               "reduce/reduce.cc", "reduce/scale.cc", "links/mpi/mpi_link.cc",
-               "collectives/mpi/mpi_allreduce.cc"]
+               "reduce/reduce.cc", "reduce/scale.cc", "links/link.cc", "links/mpi/mpi_link.cc",
+               "links/mpi/mpi_tagged.cc", "collectives/mpi/mpi_allreduce.cc"]
     build = subprocess.run(["mpicxx", "-O1", "-std=c++17",
                             *[str(REPO / "csrc" / s) for s in sources],
                             str(REPO / "tests" / "native" / "mpi_abandon_selftest.cc"), "-o",
