@@ -71,17 +71,8 @@ def core_worker(args):
 
 
 def median_call(one, nbytes, args):
-    """The median time of one call of `one`, after the warm-up calls allreduce.py makes."""
-    import time
-    warmup, timed = bench.iterations(nbytes, args.iter_scale)
-    for _ in range(warmup):
-        one()
-    samples = []
-    for _ in range(timed):
-        start = time.perf_counter()
-        one()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
+    """The median time of one call of `one`, timed as allreduce.py times its calls."""
+    return statistics.median(bench._time_loop(one, *bench.iterations(nbytes, args.iter_scale)))
 
 
 def p2p_worker(args):
