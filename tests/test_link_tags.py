@@ -1,5 +1,5 @@
 """The links' tagged messages through the link API itself (isend/irecv and their requests) on
-every link a job can have: shared memory + TCP, TCP alone, Gloo (its TCP mesh) and MPI (MPI's
+every link a job can have: shared memory, shared memory + TCP, TCP alone, Gloo (its TCP mesh) and MPI (MPI's
 own tags). Several tags and sizes per pair of ranks, received in another order than sent, the
 bytes checked against NumPy; a receive of the wrong size fails on the receiving rank."""
 
@@ -21,11 +21,18 @@ needs_mpi = pytest.mark.skipif((not BUILD["mpi"] or shutil.which("mpirun") is No
 
 
 @pytest.mark.parametrize("flags,env,carrier", [
-    ([], {}, "tcp"),
+    ([], {}, "shm"),
+    # Two emulated hosts (test_hierarchical.py): ranks 0 and 1 share memory, rank 2 is reached
+    # over TCP, and each wait moves both.
+    (["-H", "localhost:2,127.0.0.1:1"], {}, ["shm+tcp", "shm+tcp", "tcp"]),
     ([], {"HOROVOD_SHM_DISABLE": "1"}, "tcp"),
     pytest.param(["--gloo"], {}, "tcp", marks=needs_gloo),
     pytest.param(["--mpi"], {}, "mpi", marks=needs_mpi),
-], ids=["shm", "tcp", "gloo", "mpi"])
+], ids=["shm", "shm+tcp", "tcp", "gloo", "mpi"])
 def test_tagged_messages_over_every_link(flags, env, carrier):
     result = launch(3, "link_tags_worker.py", env=env, launcher_args=flags, transport="tcp")
-    assert_all_ranks(result, 3, f"link={carrier} tagged OK")
+    assert_all_ranks(result, 3, "tagged OK")
+    carriers = carrier if isinstance(carrier, list) else [carrier] * 3
+    for rank, name in enumerate(carriers):
+        assert f"[{rank}]<stdout>:rank {rank}: link={name} tagged OK" in result.stdout, \
+            result.stdout

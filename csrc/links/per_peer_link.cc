@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 #include <string>
 
@@ -131,11 +132,30 @@ void PerPeerLink::recv(int peer, void* buf, size_t n) {
 }
 
 std::unique_ptr<Link::Request> PerPeerLink::isend(int peer, int tag, const void* buf, size_t n) {
-  return tcp_->isend(peer, tag, buf, n);
+  int routed;
+  Link& t = Route(peer, &routed);
+  return t.isend(routed, tag, buf, n);
 }
 
 std::unique_ptr<Link::Request> PerPeerLink::irecv(int peer, int tag, void* buf, size_t n) {
-  return tcp_->irecv(peer, tag, buf, n);
+  int routed;
+  Link& t = Route(peer, &routed);
+  return t.irecv(routed, tag, buf, n);
+}
+
+void PerPeerLink::progress(int timeout_ms) {
+  if (!shm_) return tcp_->progress(timeout_ms);
+  if (shm_->size() == size()) return shm_->progress(timeout_ms);
+  // Peers on both: neither sleep sees the other's traffic, so each waits a short turn.
+  const int turn = std::min(timeout_ms, 1);
+  shm_->progress(0);
+  tcp_->progress(turn);
+  shm_->progress(0);
+}
+
+const char* PerPeerLink::tagged_name() const {
+  if (!shm_) return tcp_->tagged_name();
+  return shm_->size() == size() ? "shm" : "shm+tcp";
 }
 
 void PerPeerLink::sendrecv(int to, const void* sbuf, size_t sn, int from, void* rbuf,

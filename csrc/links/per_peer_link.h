@@ -39,13 +39,13 @@ class PerPeerLink : public Link {
   void send(int peer, const void* buf, size_t n) override;
   void recv(int peer, void* buf, size_t n) override;
   void sendrecv(int to, const void* sbuf, size_t sn, int from, void* rbuf, size_t rn) override;
-  // Tagged messages go over the TCP mesh's tagged channel to every peer, those on this host
-  // too (README.md says why).
+  // Tagged messages go as the stream does: through shared memory to the ranks of this host,
+  // over the TCP mesh's tagged channel to the others.
   bool tagged() const override { return tcp_->tagged(); }
   std::unique_ptr<Link::Request> isend(int peer, int tag, const void* buf, size_t n) override;
   std::unique_ptr<Link::Request> irecv(int peer, int tag, void* buf, size_t n) override;
-  void progress(int timeout_ms) override { tcp_->progress(timeout_ms); }
-  const char* tagged_name() const override { return tcp_->name(); }
+  void progress(int timeout_ms) override;
+  const char* tagged_name() const override;
   void abort() override;
   const char* name() const override;
   bool interruptible() const override { return tcp_->interruptible(); }

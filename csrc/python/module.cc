@@ -298,6 +298,8 @@ py::dict Stats() {
     d["shm_spins"] = shm->spins();
     d["shm_host_cores"] = shm->host_cores();
     d["shm_cpu_moves"] = shm->cpu_moves();
+    d["shm_sleeps"] = shm->sleeps();
+    d["shm_busy_sleeps"] = shm->busy_sleeps();
   }
   return d;
 }

@@ -6,6 +6,8 @@
 //   ChannelControl[ranks][ranks]        head/tail of the byte ring from rank i to rank j
 //   ring data[ranks][ranks]             channel_bytes each (the diagonal is unused)
 //   staging[ranks][2]                   chunk_bytes each: the native allreduce's double buffer
+//   ChannelControl[ranks][ranks]        head/tail of the tagged-message ring from rank i to rank j
+//   tagged ring data[ranks][ranks]      tagged_bytes each (point-to-point, shm_tagged.h)
 #pragma once
 
 #include <atomic>
@@ -15,7 +17,7 @@
 namespace horovodlike {
 namespace shm {
 
-constexpr uint64_t kMagic = 0x32484d534c445648ULL;  // "HVDLSMH2"
+constexpr uint64_t kMagic = 0x33484d534c445648ULL;  // "HVDLSMH3"
 constexpr size_t kPage = 4096;
 constexpr size_t kLine = 64;
 // Larger groups use TCP: the channels grow with the square of the ranks.
@@ -35,6 +37,7 @@ struct SegmentHeader {
   uint64_t channel_bytes;       // power of two
   uint64_t chunk_bytes;         // one staging slot
   uint64_t small_bytes;         // allreduces up to this size use the one-round algorithm
+  uint64_t tagged_bytes;        // one tagged-message ring, power of two
   uint64_t total_bytes;
 };
 
@@ -68,17 +71,22 @@ inline size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
 // Offsets of each region for a given geometry; identical in every process.
 struct Layout {
-  size_t ranks = 0, channel_bytes = 0, chunk_bytes = 0;
-  size_t controls = 0, channels = 0, rings = 0, staging = 0, total = 0;
+  size_t ranks = 0, channel_bytes = 0, chunk_bytes = 0, tagged_bytes = 0;
+  size_t controls = 0, channels = 0, rings = 0, staging = 0, tagged_channels = 0,
+         tagged_rings = 0, total = 0;
 
   Layout() = default;
-  Layout(size_t ranks_, size_t channel_bytes_, size_t chunk_bytes_)
-      : ranks(ranks_), channel_bytes(channel_bytes_), chunk_bytes(chunk_bytes_) {
+  Layout(size_t ranks_, size_t channel_bytes_, size_t chunk_bytes_, size_t tagged_bytes_)
+      : ranks(ranks_), channel_bytes(channel_bytes_), chunk_bytes(chunk_bytes_),
+        tagged_bytes(tagged_bytes_) {
+    const size_t channel_controls = RoundUp(ranks * ranks * sizeof(ChannelControl), kPage);
     controls = RoundUp(sizeof(SegmentHeader), kPage);
     channels = controls + RoundUp(ranks * sizeof(RankControl), kPage);
-    rings = channels + RoundUp(ranks * ranks * sizeof(ChannelControl), kPage);
+    rings = channels + channel_controls;
     staging = rings + ranks * ranks * channel_bytes;
-    total = staging + ranks * 2 * chunk_bytes;
+    tagged_channels = staging + ranks * 2 * chunk_bytes;
+    tagged_rings = tagged_channels + channel_controls;
+    total = tagged_rings + ranks * ranks * tagged_bytes;
   }
 };
 

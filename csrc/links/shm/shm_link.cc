@@ -36,17 +36,12 @@ using shm::FutexWait;
 using shm::FutexWakeAll;
 using shm::ProcessAlive;
 using shm::RecordThisProcess;
-using shm::ThreadCpus;
 
 using Clock = std::chrono::steady_clock;
 
 // When a spinner (see WaitUntil) checks whether other threads wait for a core.
 constexpr auto kFirstLoadCheck = std::chrono::microseconds(2);
 constexpr auto kLoadCheckInterval = std::chrono::microseconds(50);
-// A spinner that finds the peer it waits for on its own CPU this many times, each within
-// kSharedCpuForgetNs of the last, moves to another CPU (GiveWayOnSharedCpu).
-constexpr int kSharedCpuMeetingsBeforeMove = 8;
-constexpr int64_t kSharedCpuForgetNs = 20 * 1000 * 1000;
 // A sleeper wakes this often to check that its peers are alive.
 constexpr int kSleepSliceMs = 10;
 
@@ -76,7 +71,7 @@ struct Offer {
 };
 
 struct Geometry {
-  size_t channel, chunk, small;
+  size_t channel, chunk, small, tagged;
 };
 
 // The geometry asked for, fitted to the number of ranks: the channels shrink with the number of
@@ -90,6 +85,9 @@ Geometry FitGeometry(const ShmLink::Options& options, size_t ranks) {
                                   std::max<size_t>(64 << 10, (size_t{16} << 20) / (2 * ranks))),
                          shm::kPage);
   g.small = std::min(options.small_bytes, g.chunk);
+  // Tagged messages (point-to-point) get rings of their own, from a smaller budget.
+  g.tagged = FloorPowerOfTwo(std::max<size_t>(
+      8 << 10, std::min(options.channel_bytes, (size_t{8} << 20) / (ranks * (ranks - 1)))));
   return g;
 }
 
@@ -100,7 +98,7 @@ Offer CreateSegment(const ShmLink::Options& options, int leader, size_t ranks,
   Offer offer{};
   try {
     const Geometry g = FitGeometry(options, ranks);
-    shm::Layout layout(ranks, g.channel, g.chunk);
+    shm::Layout layout(ranks, g.channel, g.chunk, g.tagged);
     uint64_t nonce = 0;
     RandomBytes(&nonce, sizeof(nonce));
     const std::string name = SegmentName(options.secret, options.generation, leader);
@@ -111,6 +109,7 @@ Offer CreateSegment(const ShmLink::Options& options, int leader, size_t ranks,
     header->channel_bytes = g.channel;
     header->chunk_bytes = g.chunk;
     header->small_bytes = g.small;
+    header->tagged_bytes = g.tagged;
     header->total_bytes = layout.total;
     RecordThisProcess(reinterpret_cast<shm::RankControl*>(segment->data() + layout.controls));
     header->magic.store(shm::kMagic, std::memory_order_release);
@@ -146,7 +145,7 @@ bool LeadAgreement(Link& bootstrap, const std::vector<int>& group, const Offer& 
     // Members wrote their pid before acknowledging; check that this rank sees the same
     // processes (same pid namespace), or liveness checks would be wrong.
     auto* controls = reinterpret_cast<shm::RankControl*>(segment.data() +
-                                                         shm::Layout(ranks, 0, 0).controls);
+                                                         shm::Layout(ranks, 0, 0, 0).controls);
     for (size_t i = 1; i < ranks; ++i) {
       if (!ProcessAlive(controls[i].pid, controls[i].start_time)) {
         HVDL_LOG(kWarning, "rank " << group[i] << " runs in another pid namespace; the ranks "
@@ -167,7 +166,8 @@ bool MapOffer(Offer& offer, size_t ranks, int leader, int index, ShmSegment* seg
   try {
     *segment = ShmSegment::Open(offer.name, offer.total_bytes);
     auto* header = reinterpret_cast<shm::SegmentHeader*>(segment->data());
-    shm::Layout layout(ranks, header->channel_bytes, header->chunk_bytes);
+    shm::Layout layout(ranks, header->channel_bytes, header->chunk_bytes,
+                       header->tagged_bytes);
     if (header->magic.load(std::memory_order_acquire) != shm::kMagic ||
         header->nonce != offer.nonce || header->ranks != ranks ||
         layout.total != offer.total_bytes) {
@@ -227,7 +227,7 @@ ShmLink::ShmLink(ShmSegment segment, std::vector<int> members, int index,
   chunk_bytes_ = header->chunk_bytes;
   small_bytes_ = header->small_bytes;
   slice_bytes_ = std::max<size_t>(4096, channel_bytes_ / 8);
-  layout_ = shm::Layout(members_.size(), channel_bytes_, chunk_bytes_);
+  layout_ = shm::Layout(members_.size(), channel_bytes_, chunk_bytes_, header->tagged_bytes);
   // The cores the host's ranks may use between them: each rank's mask, recorded before the
   // segment was agreed on. Ranks pinned one to a core (`--bind-to core`, a scheduler's cgroups)
   // count as many cores as ranks, not one.
@@ -244,6 +244,7 @@ ShmLink::ShmLink(ShmSegment segment, std::vector<int> members, int index,
   max_spin_ns_ = oversubscribed && !options.spin_given ? 0 : 1000 * options.spin_us;
   // Runnable threads on the machine, for WaitUntil.
   loadavg_fd_ = ::open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
+  tagged_ = std::make_unique<ShmTaggedChannel>(*this);
 }
 
 ShmLink::~ShmLink() {
@@ -311,7 +312,7 @@ void ShmLink::CheckPeers(bool check_processes, int peer) {
 }
 
 template <class Ready, class Culprit>
-void ShmLink::WaitUntil(const Ready& ready, const Culprit& culprit) {
+void ShmLink::WaitUntil(const Ready& ready, const Culprit& culprit, int watch) {
   if (ready()) return;
   const auto start = Clock::now();
   // A peer may write its last bytes and then stop (point-to-point: send, then shut down) in
@@ -319,7 +320,7 @@ void ShmLink::WaitUntil(const Ready& ready, const Culprit& culprit) {
   // as a closed socket's data is, before its stopping counts.
   auto peers_failed = [&](bool check_processes) {
     try {
-      CheckPeers(check_processes);
+      CheckPeers(check_processes, watch);
       return false;
     } catch (const TransportError&) {
       if (aborted_.load(std::memory_order_relaxed) || !ready()) throw;
@@ -343,7 +344,10 @@ void ShmLink::WaitUntil(const Ready& ready, const Culprit& culprit) {
       const auto now = Clock::now();
       if (now >= spin_end) break;
       if (now >= next_check) {
-        if (CpusOversubscribed()) break;
+        if (CpusOversubscribed()) {
+          busy_sleeps_.fetch_add(1, std::memory_order_relaxed);
+          break;
+        }
         GiveWay(culprit());
         next_check = Clock::now() + kLoadCheckInterval;
       }
@@ -364,6 +368,7 @@ void ShmLink::WaitUntil(const Ready& ready, const Culprit& culprit) {
     }
     ~Asleep() { set(false); }
   } asleep{mine.sleeping};
+  sleeps_.fetch_add(1, std::memory_order_relaxed);
   auto last_progress_check = start;
   while (true) {
     const uint32_t key = mine.doorbell.load(std::memory_order_acquire);
@@ -398,77 +403,8 @@ void ShmLink::WaitUntil(const Ready& ready, const Culprit& culprit) {
   }
 }
 
-bool ShmLink::SharesCpuWith(int peer) {
-  const int cpu = sched_getcpu();
-  if (cpu < 0) return false;
-  std::atomic<int32_t>& mine = control(index_).cpu;
-  if (mine.load(std::memory_order_relaxed) != cpu) mine.store(cpu, std::memory_order_relaxed);
-  if (peer == index_ || control(peer).cpu.load(std::memory_order_relaxed) != cpu) return false;
-  // The peer this waits for last spun on this CPU and has not moved on since: most likely it
-  // now waits for this very CPU. If the two keep meeting there (the scheduler rarely parts two
-  // threads that keep the CPU busy in turns, and two spinners on one core are several times
-  // slower than two sleepers), move this thread to a CPU no rank of the host spins on, within
-  // its own affinity mask, which is left as it was. Sleepers are left where they are: the
-  // scheduler places a woken thread beside its waker on purpose, and would undo a move at the
-  // next wake-up.
-  const int64_t now_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-      Clock::now().time_since_epoch()).count();
-  const int64_t last = last_shared_cpu_ns_.exchange(now_ns, std::memory_order_relaxed);
-  if (now_ns - last > kSharedCpuForgetNs) {
-    shared_cpu_meetings_.store(1, std::memory_order_relaxed);
-  } else if (shared_cpu_meetings_.fetch_add(1, std::memory_order_relaxed) + 1 >=
-             kSharedCpuMeetingsBeforeMove) {
-    shared_cpu_meetings_.store(0, std::memory_order_relaxed);
-    MoveToFreeCpu(cpu);
-  }
-  return true;
-}
-
-void ShmLink::GiveWay(int peer) {
-  // A thread pinned to one core shares it with this rank's other threads (the loop, the
-  // training's own): it lets them run between looks rather than after a whole time slice.
-  thread_local const int thread_cpus = ThreadCpus();
-  if (SharesCpuWith(peer) || thread_cpus == 1) sched_yield();
-}
-
-void ShmLink::MoveToFreeCpu(int cpu) {
-  cpu_set_t allowed;
-  CPU_ZERO(&allowed);
-  if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return;
-  auto taken = [&](int c) {
-    for (int r = 0; r < size(); ++r) {
-      if (control(r).cpu.load(std::memory_order_relaxed) == c) return true;
-    }
-    return false;
-  };
-  for (int i = 1; i < CPU_SETSIZE; ++i) {
-    const int c = (cpu + i) % CPU_SETSIZE;
-    if (!CPU_ISSET(c, &allowed) || taken(c)) continue;
-    cpu_set_t one;
-    CPU_ZERO(&one);
-    CPU_SET(c, &one);
-    // Restricting the mask moves the thread at once; restoring it keeps it where it now is.
-    if (sched_setaffinity(0, sizeof(one), &one) == 0) {
-      sched_setaffinity(0, sizeof(allowed), &allowed);
-      control(index_).cpu.store(c, std::memory_order_relaxed);
-      ++moves_;
-      HVDL_LOG(kDebug, "shm: rank " << members_[index_] << " kept meeting a peer on CPU " << cpu
-                       << "; moved its waiting thread to CPU " << c);
-    }
-    return;
-  }
-}
-
-bool ShmLink::CpusOversubscribed() const {
-  if (loadavg_fd_ < 0) return false;
-  char text[128];
-  const ssize_t n = ::pread(loadavg_fd_, text, sizeof(text) - 1, 0);
-  if (n <= 0) return false;
-  text[n] = '\0';
-  // "0.52 0.58 0.59 3/467 12345": the fourth field is runnable threads / all threads, now.
-  const char* p = text;
-  for (int spaces = 0; *p != '\0' && spaces < 3; ++p) spaces += *p == ' ';
-  return std::strtol(p, nullptr, 10) > cpus_;
+void ShmLink::WaitFor(const std::function<bool()>& ready, int peer) {
+  WaitUntil(ready, [peer] { return peer; }, peer);
 }
 
 void ShmLink::WaitForPeers(Progress progress, uint64_t step) {

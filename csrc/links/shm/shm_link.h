@@ -21,12 +21,14 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "shm_layout.h"
 #include "shm_segment.h"
+#include "shm_tagged.h"
 #include "../link.h"
 
 namespace horovodlike {
@@ -62,6 +64,11 @@ class ShmLink : public Link {
   void sendrecv(int to, const void* sbuf, size_t sn, int from, void* rbuf, size_t rn) override;
   void abort() override;
   const char* name() const override { return "shm"; }
+  // Tagged messages through rings of their own (shm_tagged.h), beside the stream's.
+  bool tagged() const override { return true; }
+  std::unique_ptr<Request> isend(int peer, int tag, const void* buf, size_t n) override;
+  std::unique_ptr<Request> irecv(int peer, int tag, void* buf, size_t n) override;
+  void progress(int timeout_ms) override;
   bool interruptible() const override { return true; }
 
   // The staging area. Rank r's slot for `step` (two per rank, by step parity), staging_bytes()
@@ -83,8 +90,13 @@ class ShmLink : public Link {
   bool spins() const { return max_spin_ns_ > 0; }
   int host_cores() const { return cpus_; }
   int cpu_moves() const { return moves_.load(std::memory_order_relaxed); }
+  // Waits that went to sleep, and of those the ones that stopped spinning early because more
+  // threads were runnable than the host's ranks have cores.
+  int64_t sleeps() const { return sleeps_.load(std::memory_order_relaxed); }
+  int64_t busy_sleeps() const { return busy_sleeps_.load(std::memory_order_relaxed); }
 
  private:
+  friend class ShmTaggedChannel;
   ShmLink(ShmSegment segment, std::vector<int> members, int index, const Options& options);
 
   shm::RankControl& control(int r) const;
@@ -99,9 +111,11 @@ class ShmLink : public Link {
   void NotifyAll();
   // Returns once ready() holds; throws TransportError when this link is aborted, a peer
   // stopped or died, or nothing happened for the peer timeout (then naming culprit(), the peer
-  // it waits for).
+  // it waits for). With `watch` >= 0 only that peer's stopping or dying ends the wait.
   template <class Ready, class Culprit>
-  void WaitUntil(const Ready& ready, const Culprit& culprit);
+  void WaitUntil(const Ready& ready, const Culprit& culprit, int watch = -1);
+  // WaitUntil for the tagged channel, blaming and watching `peer`.
+  void WaitFor(const std::function<bool()>& ready, int peer);
   // Throws when this link was aborted or a peer stopped or died; only `peer` is looked at
   // when it is >= 0.
   void CheckPeers(bool check_processes, int peer = -1);
@@ -130,8 +144,11 @@ class ShmLink : public Link {
   std::atomic<int64_t> last_shared_cpu_ns_{0};
   std::atomic<int> shared_cpu_meetings_{0};
   std::atomic<int> moves_{0};
+  std::atomic<int64_t> sleeps_{0};
+  std::atomic<int64_t> busy_sleeps_{0};
   std::chrono::milliseconds peer_timeout_;
   std::atomic<bool> aborted_{false};
+  std::unique_ptr<ShmTaggedChannel> tagged_;  // declared last: it uses the rest
 };
 
 }  // namespace horovodlike

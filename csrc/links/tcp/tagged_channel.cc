@@ -18,14 +18,8 @@ namespace {
 
 constexpr uint32_t kFrameMagic = 0x4754564c;  // "LVTG"
 constexpr size_t kInBytes = 64 << 10;          // the bulk read buffer per peer
-constexpr uint64_t kMaxFrameBytes = uint64_t{1} << 48;
 
-struct FrameHeader {
-  uint32_t magic = kFrameMagic;
-  int32_t tag = 0;
-  uint64_t bytes = 0;
-};
-static_assert(sizeof(FrameHeader) == 16, "wire structs must not be padded");
+using FrameHeader = TaggedFrameHeader;
 
 using Clock = std::chrono::steady_clock;
 
@@ -39,43 +33,12 @@ bool WouldBlock(int error) { return error == EAGAIN || error == EWOULDBLOCK || e
 
 }  // namespace
 
-// One request's state, shared by the request and the peer's queues.
-struct TaggedChannel::Op {
-  int peer = -1;
-  int tag = 0;
-  const uint8_t* sbuf = nullptr;  // a send's payload
-  uint8_t* rbuf = nullptr;        // a receive's buffer
-  size_t n = 0;
-  FrameHeader header;   // a send's frame header
-  size_t written = 0;   // a send's bytes written, header included
-  bool done = false;
-  bool failed = false;
-  std::string error;
-  int error_peer = -1;
-  TransportError::Cause cause = TransportError::Cause::kOther;
-
-  void Fail(const std::string& what, int who, TransportError::Cause why) {
-    if (done || failed) return;
-    failed = true;
-    error = what;
-    error_peer = who;
-    cause = why;
-  }
-};
-
 struct TaggedChannel::Peer {
   int fd = -1;
-  std::deque<std::shared_ptr<Op>> sends;                      // in order; the first is written
-  std::map<int, std::deque<std::shared_ptr<Op>>> posted;      // receives per tag
-  std::map<int, std::deque<std::vector<uint8_t>>> unexpected;  // messages before their receive
+  std::deque<std::shared_ptr<Op>> sends;  // in order; the first is written
+  TaggedInbox inbox;
   std::vector<uint8_t> in = std::vector<uint8_t>(kInBytes);
   size_t in_begin = 0, in_end = 0;
-  bool in_frame = false;  // a frame's header was read, its payload not all
-  FrameHeader frame;
-  size_t frame_got = 0;
-  std::shared_ptr<Op> target;   // the receive the frame fills; null: into `stash`
-  std::vector<uint8_t> stash;   // a frame no receive was posted for (or of the wrong size)
-  uint8_t* dest = nullptr;
   bool lost = false;
   bool write_broken = false;  // writing failed: sends fail, what arrived is still read
   std::string lost_why;
@@ -88,16 +51,12 @@ class TaggedChannel::TcpRequest : public Link::Request {
       : channel_(channel), op_(std::move(op)) {}
   bool test() override {
     std::lock_guard<std::mutex> lock(channel_.mutex_);
-    if (!op_->done && !op_->failed) channel_.PumpLocked();
-    return Check();
+    if (!op_->finished()) channel_.PumpLocked();
+    return op_->Check();
   }
   void wait() override { channel_.Wait(*op_); }
 
  private:
-  bool Check() const {
-    if (op_->failed) throw TransportError(op_->error, op_->error_peer, op_->cause);
-    return op_->done;
-  }
   TaggedChannel& channel_;
   std::shared_ptr<Op> op_;
 };
@@ -124,11 +83,8 @@ void TaggedChannel::CheckPeer(int peer) const {
 
 std::unique_ptr<Link::Request> TaggedChannel::Send(int peer, int tag, const void* buf, size_t n) {
   CheckPeer(peer);
-  auto op = std::make_shared<Op>();
-  op->peer = peer;
-  op->tag = tag;
-  op->sbuf = static_cast<const uint8_t*>(buf);
-  op->n = n;
+  auto op = TaggedOp::Make(peer, tag, buf, nullptr, n);
+  op->header.magic = kFrameMagic;
   op->header.tag = tag;
   op->header.bytes = n;
   std::lock_guard<std::mutex> lock(mutex_);
@@ -144,30 +100,13 @@ std::unique_ptr<Link::Request> TaggedChannel::Send(int peer, int tag, const void
 
 std::unique_ptr<Link::Request> TaggedChannel::Recv(int peer, int tag, void* buf, size_t n) {
   CheckPeer(peer);
-  auto op = std::make_shared<Op>();
-  op->peer = peer;
-  op->tag = tag;
-  op->rbuf = static_cast<uint8_t*>(buf);
-  op->n = n;
+  auto op = TaggedOp::Make(peer, tag, nullptr, buf, n);
   std::lock_guard<std::mutex> lock(mutex_);
   Peer& p = peers_[peer];
-  auto kept = p.unexpected.find(tag);
-  if (kept != p.unexpected.end() && !kept->second.empty()) {
-    // Arrived already (also from a peer lost since: a closed socket's data is read first).
-    std::vector<uint8_t> message = std::move(kept->second.front());
-    kept->second.pop_front();
-    if (message.size() != n) {
-      op->Fail("a tagged message of " + std::to_string(message.size()) + " bytes from rank " +
-               std::to_string(peer) + " for a receive of " + std::to_string(n) + " bytes",
-               peer, TransportError::Cause::kOther);
-    } else {
-      if (n > 0) std::memcpy(op->rbuf, message.data(), n);
-      op->done = true;
-    }
-  } else if (p.lost) {
-    op->Fail(p.lost_why, peer, p.lost_cause);
-  } else {
-    p.posted[tag].push_back(op);
+  p.inbox.Post(op, peer);
+  // A message kept from a peer lost since is still delivered; nothing more comes after it.
+  if (!op->finished() && p.lost) {
+    p.inbox.FailAll(p.lost_why, peer, p.lost_cause);
   }
   return std::make_unique<TcpRequest>(*this, op);
 }
@@ -182,13 +121,7 @@ void TaggedChannel::FailPeerLocked(int peer, const std::string& what,
   p.lost_cause = cause;
   for (auto& op : p.sends) op->Fail(p.lost_why, peer, cause);
   p.sends.clear();
-  for (auto& [tag, ops] : p.posted) {
-    for (auto& op : ops) op->Fail(p.lost_why, peer, cause);
-  }
-  p.posted.clear();
-  if (p.target) p.target->Fail(p.lost_why, peer, cause);
-  p.target.reset();
-  p.in_frame = false;
+  p.inbox.FailAll(p.lost_why, peer, cause);
 }
 
 bool TaggedChannel::WriteLocked(int peer) {
@@ -225,7 +158,7 @@ bool TaggedChannel::WriteLocked(int peer) {
     }
     op.written += static_cast<size_t>(w);
     if (op.written == head + op.n) {
-      op.done = true;
+      op.Complete();
       p.sends.pop_front();
       completed = true;
     }
@@ -233,86 +166,50 @@ bool TaggedChannel::WriteLocked(int peer) {
   return completed;
 }
 
-void TaggedChannel::StartFrameLocked(Peer& p) {
-  std::memcpy(&p.frame, p.in.data() + p.in_begin, sizeof(FrameHeader));
-  p.in_begin += sizeof(FrameHeader);
-  p.in_frame = true;
-  p.frame_got = 0;
-  p.target.reset();
-  auto posted = p.posted.find(p.frame.tag);
-  if (posted != p.posted.end() && !posted->second.empty()) {
-    p.target = posted->second.front();
-    posted->second.pop_front();
-  }
-  const size_t bytes = static_cast<size_t>(p.frame.bytes);
-  if (p.target && p.target->n == bytes) {
-    p.dest = p.target->rbuf;
-  } else {
-    p.stash.assign(bytes, 0);  // kept for a later receive, or read to report a mismatch
-    p.dest = p.stash.data();
-  }
-}
-
-void TaggedChannel::FinishFrameLocked(Peer& p) {
-  p.in_frame = false;
-  if (!p.target) {
-    p.unexpected[p.frame.tag].push_back(std::move(p.stash));
-    p.stash = {};
-    return;
-  }
-  if (p.target->n != p.frame.bytes) {
-    p.target->Fail("a tagged message of " + std::to_string(p.frame.bytes) + " bytes from rank " +
-                   std::to_string(p.target->peer) + " for a receive of " +
-                   std::to_string(p.target->n) + " bytes", p.target->peer,
-                   TransportError::Cause::kOther);
-    p.stash = {};
-  } else {
-    p.target->done = true;
-  }
-  p.target.reset();
-}
-
 bool TaggedChannel::ReadLocked(int peer) {
   Peer& p = peers_[peer];
   while (!p.lost) {
     const size_t buffered = p.in_end - p.in_begin;
-    if (!p.in_frame && buffered >= sizeof(FrameHeader)) {
-      FrameHeader peek;
-      std::memcpy(&peek, p.in.data() + p.in_begin, sizeof(peek));
-      if (peek.magic != kFrameMagic || peek.bytes > kMaxFrameBytes || peek.tag < 0) {
+    if (!p.inbox.reading() && buffered >= sizeof(FrameHeader)) {
+      FrameHeader frame;
+      std::memcpy(&frame, p.in.data() + p.in_begin, sizeof(frame));
+      if (frame.magic != kFrameMagic || frame.bytes > kMaxTaggedMessageBytes || frame.tag < 0) {
         FailPeerLocked(peer, "a corrupt tagged frame", TransportError::Cause::kPeerLost);
         return true;
       }
-      StartFrameLocked(p);
+      p.in_begin += sizeof(FrameHeader);
+      p.inbox.Start(frame.tag, frame.bytes);
     }
-    if (p.in_frame) {
-      const size_t take = std::min<size_t>(p.frame.bytes - p.frame_got, p.in_end - p.in_begin);
-      if (take > 0) std::memcpy(p.dest + p.frame_got, p.in.data() + p.in_begin, take);
-      p.frame_got += take;
+    if (p.inbox.reading()) {
+      const size_t take = std::min<size_t>(p.inbox.left(), p.in_end - p.in_begin);
+      if (take > 0) std::memcpy(p.inbox.dest(), p.in.data() + p.in_begin, take);
+      p.inbox.Advance(take);
       p.in_begin += take;
-      if (p.frame_got == p.frame.bytes) {
-        const bool completes = p.target != nullptr;
-        FinishFrameLocked(p);
+      if (p.inbox.left() == 0) {
         // A completed receive ends the round, so that its owner may post the next one before
         // the following frame is read (a payload then lands in place rather than in a copy).
-        if (completes) return true;
+        if (p.inbox.Finish(peer)) return true;
         continue;
       }
     }
     // Read more: a large rest of a payload straight into place, else into the buffer (less
     // than a header is left in it here).
-    const size_t rest = p.in_frame ? p.frame.bytes - p.frame_got : 0;
+    const size_t rest = p.inbox.reading() ? p.inbox.left() : 0;
     const bool direct = rest >= kInBytes / 2;
     if (!direct && p.in_begin > 0) {
       std::memmove(p.in.data(), p.in.data() + p.in_begin, p.in_end - p.in_begin);
       p.in_end -= p.in_begin;
       p.in_begin = 0;
     }
-    uint8_t* into = direct ? p.dest + p.frame_got : p.in.data() + p.in_end;
+    uint8_t* into = direct ? p.inbox.dest() : p.in.data() + p.in_end;
     const size_t room = direct ? rest : p.in.size() - p.in_end;
     const ssize_t r = ::recv(p.fd, into, room, MSG_DONTWAIT);
     if (r > 0) {
-      (direct ? p.frame_got : p.in_end) += static_cast<size_t>(r);
+      if (direct) {
+        p.inbox.Advance(static_cast<size_t>(r));
+      } else {
+        p.in_end += static_cast<size_t>(r);
+      }
       continue;
     }
     if (r < 0 && WouldBlock(errno)) return false;
@@ -362,9 +259,8 @@ void TaggedChannel::Wait(Op& op) {
   while (true) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      if (!op.done && !op.failed && PumpLocked()) idle_since = Clock::now();
-      if (op.failed) throw TransportError(op.error, op.error_peer, op.cause);
-      if (op.done) return;
+      if (!op.finished() && PumpLocked()) idle_since = Clock::now();
+      if (op.Check()) return;
       const auto idle = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() -
                                                                               idle_since);
       if (idle >= kInterruptAfter && InterruptRequested()) {

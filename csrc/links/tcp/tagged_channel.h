@@ -9,13 +9,13 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
 #include "../link.h"
+#include "../tagged_inbox.h"
 
 namespace horovodlike {
 
@@ -35,7 +35,7 @@ class TaggedChannel {
   void set_timeout_ms(int timeout_ms) { timeout_ms_ = timeout_ms; }
 
  private:
-  struct Op;
+  using Op = TaggedOp;
   struct Peer;
   class TcpRequest;
 
@@ -43,9 +43,6 @@ class TaggedChannel {
   bool PumpLocked();
   bool WriteLocked(int peer);
   bool ReadLocked(int peer);
-  // Starts the frame whose header was just read: picks the receive it fills.
-  void StartFrameLocked(Peer& p);
-  void FinishFrameLocked(Peer& p);
   void FailPeerLocked(int peer, const std::string& what, TransportError::Cause cause);
   // Sleeps until a socket of a peer with work may move, at most timeout_ms.
   void PollPeers(int timeout_ms);
