@@ -136,6 +136,8 @@ void ReadLinkSettings(Config& c) {
   c.shm_spin_given = Get("HOROVOD_SHM_SPIN_US") != nullptr;
   c.shm_spin_us = static_cast<int64_t>(GetBytes("HOROVOD_SHM_SPIN_US",
                                                 static_cast<size_t>(c.shm_spin_us), 0, 1000000));
+  c.shm_yield_us = static_cast<int64_t>(GetBytes("HOROVOD_SHM_YIELD_US",
+                                                 static_cast<size_t>(c.shm_yield_us), 0, 1000000));
   c.mpi_threads_disabled = GetBool("HOROVOD_MPI_THREADS_DISABLE", false);
 }
 

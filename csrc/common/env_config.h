@@ -75,9 +75,9 @@ struct Config {
   // Links (read here so that no link reads the environment): HOROVOD_SHM_DISABLE, the host
   // name the launcher gave this rank (HOROVOD_HOSTNAME; ranks with the same one may share
   // memory), the shared-memory geometry and spinning (HOROVOD_SHM_CHANNEL_BYTES,
-  // HOROVOD_SHM_CHUNK_BYTES, HOROVOD_SHM_SMALL_BYTES, HOROVOD_SHM_SPIN_US; see the README's
-  // Performance section; the defaults were tuned on a 2-core machine), and
-  // HOROVOD_MPI_THREADS_DISABLE.
+  // HOROVOD_SHM_CHUNK_BYTES, HOROVOD_SHM_SMALL_BYTES, HOROVOD_SHM_SPIN_US,
+  // HOROVOD_SHM_YIELD_US; see docs/performance.md; the defaults were tuned on a 2-core
+  // machine), and HOROVOD_MPI_THREADS_DISABLE.
   bool shm_disabled = false;
   std::string launcher_hostname;
   size_t shm_channel_bytes = 1 << 20;
@@ -85,6 +85,7 @@ struct Config {
   size_t shm_small_bytes = 64 << 10;
   int64_t shm_spin_us = 2000;  // longest busy-wait before sleeping
   bool shm_spin_given = false;  // spin even with more ranks than cores
+  int64_t shm_yield_us = 500;  // with more ranks than cores: yield-and-look before sleeping
   bool mpi_threads_disabled = false;
 
   // Reads HOROVOD_* variables; throws InvalidArgument naming the variable on a bad value.

@@ -71,6 +71,7 @@ std::unique_ptr<Link> PerPeerLink::Connect(const Config& config, int generation)
     options.small_bytes = config.shm_small_bytes;
     options.spin_us = config.shm_spin_us;
     options.spin_given = config.shm_spin_given;
+    options.yield_us = config.shm_yield_us;
     shm = ShmLink::Connect(*tcp, group, options);
     if (shm) {
       HVDL_LOG(kDebug, "shared memory with ranks on this host: " << shm->size() << " of "

@@ -45,6 +45,7 @@ class ShmLink : public Link {
     size_t small_bytes = 64 << 10;
     int64_t spin_us = 2000;
     bool spin_given = false;  // spin even with more ranks than cores
+    int64_t yield_us = 500;   // with more ranks than cores: yield this long before sleeping
   };
 
   // Maps one segment shared by `group` (job ranks on this host, ascending, this rank included),
@@ -139,6 +140,7 @@ class ShmLink : public Link {
   size_t small_bytes_;
   shm::Layout layout_;
   int64_t max_spin_ns_;  // HOROVOD_SHM_SPIN_US; 0 with more ranks on this host than cores
+  int64_t yield_ns_;     // HOROVOD_SHM_YIELD_US; used only where max_spin_ns_ is 0
   int loadavg_fd_ = -1;
   int cpus_ = 1;  // the cores the host's ranks may use between them (their masks' union)
   std::atomic<int64_t> last_shared_cpu_ns_{0};
