@@ -47,7 +47,7 @@ import tempfile
 import time
 
 from gpu_setup import bench_device, horovodlike_gpu_report, in_full, require_cuda, torch_peers
-from provenance import footer, header, record
+from provenance import cross_core_ns, footer, header, record
 from source_tree import jobs_pythonpath
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -514,15 +514,19 @@ def main():
     worker_args += ["--cuda"] if args.cuda else []
     # medians[label][size] = per-round medians
     medians = {lib.label: {n: [] for n in sizes} for lib in libs}
+    # probes[label]: per job, the machine probe just before and just after it (cross_core_ns)
+    probes = {lib.label: [] for lib in libs}
     infos = {}
     for round_ in range(args.repeat):
         for lib in (libs[::-1] if args.alternate and round_ % 2 else libs):
             start = time.time()
+            probe_before = cross_core_ns()
             try:
                 result = run_job(lib, args.np, worker_args, args.timeout, settings)
             except RuntimeError as error:
                 print(f"round {round_ + 1}: {error}", flush=True)
                 continue
+            probes[lib.label].append((probe_before, cross_core_ns()))
             infos[lib.label] = result["info"]
             expected = lib.label.split("-", 1)[1] if lib.label.startswith("hvdl-") and \
                 not args.cuda else None
@@ -544,12 +548,13 @@ def main():
             f"{format_size(n)} {mpi_choice[n]}" for n in sizes if n in mpi_choice), flush=True)
     print_table(table, sizes, args.np, " of CUDA tensors" if args.cuda else "")
     print_round_ratios(medians, sizes)
-    print_jobs(medians, sizes)
+    print_jobs(medians, sizes, probes)
     print(footer(), flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({**provenance, "np": args.np, "cuda": args.cuda, "median_seconds": table,
                        "per_round": medians, "mpi_choice": mpi_choice,
+                       "cross_core_ns": probes,
                        "load_average": os.getloadavg(), "settings": settings, "info": infos},
                       f, indent=1, default=str)
 
@@ -576,15 +581,21 @@ def best_mpi(table: dict, medians: dict, sizes: list[int]) -> dict:
     return choice
 
 
-def print_jobs(medians: dict, sizes: list[int]) -> None:
+def print_jobs(medians: dict, sizes: list[int], probes: dict | None = None) -> None:
     """Every job's median, per library and size, with the worst job over the median job (for
-    times: the slowest over the median)."""
+    times: the slowest over the median). With `probes` (cross_core_ns before and after each
+    job), also each job's probes, and the worst over the median among the jobs that ran while
+    the machine was in its usual phase: both probes within 1.5x of the lowest of the run."""
+    probes = probes or {}
+    seen = [ns for per in probes.values() for pair in per for ns in pair if ns]
+    usual = 1.5 * min(seen) if seen else None
     print()
     print("every job's median per call (one job per round), the median job, the worst job, "
           "and worst / median")
     for label, per in medians.items():
         if label.startswith("MPI ") or not any(per.values()):
             continue
+        pairs = probes.get(label) or []
         for n in sizes:
             jobs = per.get(n) or []
             if not jobs:
@@ -593,6 +604,20 @@ def print_jobs(medians: dict, sizes: list[int]) -> None:
             print(f"{label:>12} {format_size(n):>8}: median {_fmt_time(mid)}, worst "
                   f"{_fmt_time(max(jobs))} ({max(jobs) / mid:.2f}x); jobs: "
                   + " ".join(_fmt_time(t) for t in jobs))
+            if usual and len(pairs) == len(jobs):
+                calm = [t for t, pair in zip(jobs, pairs) if all(p and p <= usual for p in pair)]
+                if calm:
+                    calm_mid = statistics.median(calm)
+                    print(f"{'':>12} {'':>8}  in the usual phase ({len(calm)} of {len(jobs)} "
+                          f"jobs): median {_fmt_time(calm_mid)}, worst {_fmt_time(max(calm))} "
+                          f"({max(calm) / calm_mid:.2f}x)")
+    if seen:
+        print(f"\ncross-core round trip (a cache line between two CPUs, before / after each "
+              f"job, ns; usual phase: up to {usual:.0f})")
+        for label, pairs in probes.items():
+            if pairs:
+                print(f"{label:>12}: " + " ".join(
+                    f"{a or 0:.0f}/{b or 0:.0f}" for a, b in pairs))
 
 
 def print_round_ratios(medians: dict, sizes: list[int]) -> None:

@@ -72,3 +72,25 @@ def header() -> str:
 
 def footer() -> str:
     return f"load after: {load()}"
+
+
+def cross_core_ns() -> float | None:
+    """A cache line's round trip between the first two CPUs this process may use, in
+    nanoseconds (horovodlike's machine probe, in a process of its own with the jobs' path), or
+    None without two CPUs or a core that loads. On a virtual machine the host may place the
+    guest's CPUs on one die or across dies and move them while jobs run: taken between jobs,
+    the probe says which phase each job ran in."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return None
+    from source_tree import jobs_pythonpath
+    env = {**os.environ, "PYTHONPATH": jobs_pythonpath()}
+    code = ("import horovodlike._core as c; print(c._testing.core_to_core_round_trip_ns("
+            f"{cpus[0]}, {cpus[1]}))")
+    try:
+        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                              text=True, timeout=60)
+        ns = float(done.stdout.split()[-1]) if done.returncode == 0 else -1
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return None
+    return ns if ns > 0 else None

@@ -151,6 +151,9 @@ void DefineTestingModule(py::module_& core) {
   m.def("hold_runtime", &HoldRuntime, py::arg("seconds"), py::arg("started"));
   m.def("tagged_exchange", &TaggedExchange, py::arg("peer"), py::arg("sends"),
         py::arg("receives"));
+  m.def("core_to_core_round_trip_ns", &CoreToCoreRoundTripNs, py::arg("cpu_a"),
+        py::arg("cpu_b"), py::arg("round_trips") = 4000, py::arg("batches") = 5,
+        py::call_guard<py::gil_scoped_release>());
 }
 
 }  // namespace horovodlike
