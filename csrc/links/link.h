@@ -30,7 +30,10 @@ class ShmLink;
 class Link {
  public:
   // A tagged send or receive in flight. Its buffer must stay valid until it completes (or the
-  // link is aborted); destroying an unfinished request leaves the transfer to the link.
+  // link is aborted). Destroying an unfinished send leaves the rest of it to the link (the
+  // buffer must stay valid); destroying an unfinished receive withdraws it where the link
+  // can (TCP and shared memory: a message meant for it is kept for the next receive of its
+  // tag), so its buffer may go.
   class Request {
    public:
     virtual ~Request() = default;

@@ -97,6 +97,26 @@ bool TaggedInbox::Finish(int who) {
   return true;
 }
 
+void TaggedInbox::Cancel(const std::shared_ptr<TaggedOp>& op) {
+  auto posted = posted_.find(op->tag);
+  if (posted != posted_.end()) {
+    auto& line = posted->second;
+    for (auto it = line.begin(); it != line.end(); ++it) {
+      if (*it == op) {
+        line.erase(it);
+        return;
+      }
+    }
+  }
+  if (target_ != op) return;
+  if (dest_ == op->rbuf) {
+    stash_.assign(op->rbuf, op->rbuf + got_);
+    stash_.resize(bytes_);
+    dest_ = stash_.data();
+  }
+  target_.reset();
+}
+
 void TaggedInbox::FailAll(const std::string& why, int who, TransportError::Cause cause) {
   for (auto& [tag, ops] : posted_) {
     for (auto& op : ops) op->Fail(why, who, cause);

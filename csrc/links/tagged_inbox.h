@@ -73,6 +73,10 @@ class TaggedInbox {
   bool Finish(int who);
   // Fails the receives posted and the one being filled.
   void FailAll(const std::string& why, int who, TransportError::Cause cause);
+  // A receive given up before it completed (its request destroyed): it leaves the line, and a
+  // message being read into it goes on into a buffer of its own and is kept for a later
+  // receive, so that nothing is written into its buffer afterwards.
+  void Cancel(const std::shared_ptr<TaggedOp>& op);
 
  private:
   std::map<int, std::deque<std::shared_ptr<TaggedOp>>> posted_;       // receives per tag

@@ -126,6 +126,15 @@ py::list TaggedExchange(int peer, const std::vector<std::pair<int, py::bytes>>& 
   return result;
 }
 
+// Posts a receive from `peer` on `tag` into a buffer of its own, and gives it up at once (the
+// request and the buffer go): the next message of that tag must reach the next receive.
+void TaggedWithdraw(int peer, int tag, size_t n) {
+  Link* link = Runtime::Get()->TaggedLink();
+  if (link == nullptr) throw py::value_error("this job's link has no tagged messages");
+  std::vector<uint8_t> buffer(n, 0);
+  link->irecv(peer, tag, buffer.data(), n).reset();
+}
+
 }  // namespace
 
 void DefineTestingModule(py::module_& core) {
@@ -151,6 +160,7 @@ void DefineTestingModule(py::module_& core) {
   m.def("hold_runtime", &HoldRuntime, py::arg("seconds"), py::arg("started"));
   m.def("tagged_exchange", &TaggedExchange, py::arg("peer"), py::arg("sends"),
         py::arg("receives"));
+  m.def("tagged_withdraw", &TaggedWithdraw, py::arg("peer"), py::arg("tag"), py::arg("n"));
   m.def("core_to_core_round_trip_ns", &CoreToCoreRoundTripNs, py::arg("cpu_a"),
         py::arg("cpu_b"), py::arg("round_trips") = 4000, py::arg("batches") = 5,
         py::call_guard<py::gil_scoped_release>());

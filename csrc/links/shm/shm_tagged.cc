@@ -55,6 +55,11 @@ class ShmTaggedChannel::ShmRequest : public Link::Request {
  public:
   ShmRequest(ShmTaggedChannel& channel, std::shared_ptr<Op> op)
       : channel_(channel), op_(std::move(op)) {}
+  ~ShmRequest() override {
+    if (op_->finished()) return;
+    std::lock_guard<std::mutex> lock(channel_.mutex_);
+    channel_.peers_[op_->peer].inbox.Cancel(op_);
+  }
   bool test() override {
     if (!op_->finished()) {
       std::lock_guard<std::mutex> lock(channel_.mutex_);

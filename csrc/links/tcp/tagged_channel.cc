@@ -49,6 +49,11 @@ class TaggedChannel::TcpRequest : public Link::Request {
  public:
   TcpRequest(TaggedChannel& channel, std::shared_ptr<Op> op)
       : channel_(channel), op_(std::move(op)) {}
+  ~TcpRequest() override {
+    if (op_->finished()) return;
+    std::lock_guard<std::mutex> lock(channel_.mutex_);
+    channel_.peers_[op_->peer].inbox.Cancel(op_);
+  }
   bool test() override {
     std::lock_guard<std::mutex> lock(channel_.mutex_);
     if (!op_->finished()) channel_.PumpLocked();
