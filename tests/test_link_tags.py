@@ -1,5 +1,5 @@
 """The links' tagged messages through the link API itself (isend/irecv and their requests) on
-every link a job can have: shared memory, shared memory + TCP, TCP alone, Gloo (its TCP mesh) and MPI (MPI's
+every link a job can have: shared memory, shared memory + TCP, TCP alone, Gloo (shared memory and its TCP mesh) and MPI (MPI's
 own tags). Several tags and sizes per pair of ranks, received in another order than sent, the
 bytes checked against NumPy; a receive of the wrong size fails on the receiving rank."""
 
@@ -26,7 +26,7 @@ needs_mpi = pytest.mark.skipif((not BUILD["mpi"] or shutil.which("mpirun") is No
     # over TCP, and each wait moves both.
     (["-H", "localhost:2,127.0.0.1:1"], {}, ["shm+tcp", "shm+tcp", "tcp"]),
     ([], {"HOROVOD_SHM_DISABLE": "1"}, "tcp"),
-    pytest.param(["--gloo"], {}, "tcp", marks=needs_gloo),
+    pytest.param(["--gloo"], {}, "shm", marks=needs_gloo),
     pytest.param(["--mpi"], {}, "mpi", marks=needs_mpi),
 ], ids=["shm", "shm+tcp", "tcp", "gloo", "mpi"])
 def test_tagged_messages_over_every_link(flags, env, carrier):

@@ -33,15 +33,15 @@ def test_p2p_values_ordering_and_process_sets():
 @pytest.mark.parametrize("link,flags,env,p2p_link", [
     ("shm", [], {}, "shm"),
     ("tcp", [], {"HOROVOD_SHM_DISABLE": "1"}, "tcp"),
-    pytest.param("gloo", ["--gloo"], {}, "tcp", marks=needs_gloo),
+    pytest.param("gloo", ["--gloo"], {}, "shm", marks=needs_gloo),
     pytest.param("mpi", ["--mpi"], {}, "mpi", marks=needs_mpi),
 ])
 def test_p2p_over_every_transport(link, flags, env, p2p_link):
     # Whatever carries the collectives, messages (every dtype, ordering per tag, 12 MB, a shape
     # the sender decides) arrive beside collectives in flight. The messages themselves are the
-    # job link's tagged messages: the shared segment's tagged rings between ranks of one host,
-    # the TCP mesh's tagged channel (that of the mesh beside Gloo's pairs in a Gloo job), MPI's
-    # own tagged messages in an MPI job.
+    # job link's tagged messages: the shared segment's tagged rings between ranks of one host
+    # (in a Gloo job too), the TCP mesh's tagged channel between hosts, MPI's own tagged
+    # messages in an MPI job.
     result = launch(2, "p2p_worker.py", "transport", env={**DYNAMIC, **env},
                     launcher_args=flags, transport="tcp")
     assert_all_ranks(result, 2, f"transport={link} point_to_point={p2p_link} p2p OK")

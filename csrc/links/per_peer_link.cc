@@ -32,20 +32,16 @@ std::string HostIdentity(const std::string& launcher_host) {
 
 }  // namespace
 
-std::unique_ptr<Link> PerPeerLink::Connect(const Config& config, int generation) {
-  // Set-up runs under the peer timeout: a peer stopped while the ranks exchange their hosts
-  // and shared-memory segments must fail the others, not hold them.
-  std::unique_ptr<Link> tcp = TcpLink::Connect(config, generation);
-  const int size = tcp->size(), me = tcp->rank();
-  if (size == 1) return tcp;
-
+std::unique_ptr<ShmLink> ConnectHostSharedMemory(Link& tcp, const Config& config,
+                                                 int generation) {
+  const int size = tcp.size(), me = tcp.rank();
   // Every rank tells every other its host identity (empty: shared memory disabled here).
   const std::string mine = config.shm_disabled ? "" : HostIdentity(config.launcher_hostname);
   const uint32_t length = static_cast<uint32_t>(std::min<size_t>(mine.size(), kMaxIdentityBytes));
   for (int peer = 0; peer < size; ++peer) {
     if (peer == me) continue;
-    tcp->send(peer, &length, sizeof(length));
-    if (length > 0) tcp->send(peer, mine.data(), length);
+    tcp.send(peer, &length, sizeof(length));
+    if (length > 0) tcp.send(peer, mine.data(), length);
   }
   std::vector<int> group;
   for (int peer = 0; peer < size; ++peer) {
@@ -54,30 +50,50 @@ std::unique_ptr<Link> PerPeerLink::Connect(const Config& config, int generation)
       continue;
     }
     uint32_t n = 0;
-    tcp->recv(peer, &n, sizeof(n));
+    tcp.recv(peer, &n, sizeof(n));
     if (n > kMaxIdentityBytes) throw TransportError("bad host identity from rank " + std::to_string(peer));
     std::string theirs(n, '\0');
-    if (n > 0) tcp->recv(peer, theirs.data(), n);
+    if (n > 0) tcp.recv(peer, theirs.data(), n);
     if (!mine.empty() && theirs == mine) group.push_back(peer);
   }
-  std::unique_ptr<ShmLink> shm;
-  if (group.size() >= 2) {
-    ShmLink::Options options;
-    options.secret = config.secret_key;
-    options.generation = generation;
-    options.peer_timeout_seconds = config.peer_timeout_seconds;
-    options.channel_bytes = config.shm_channel_bytes;
-    options.chunk_bytes = config.shm_chunk_bytes;
-    options.small_bytes = config.shm_small_bytes;
-    options.spin_us = config.shm_spin_us;
-    options.spin_given = config.shm_spin_given;
-    options.yield_us = config.shm_yield_us;
-    shm = ShmLink::Connect(*tcp, group, options);
-    if (shm) {
-      HVDL_LOG(kDebug, "shared memory with ranks on this host: " << shm->size() << " of "
-                                                                   << size);
-    }
+  if (group.size() < 2) return nullptr;
+  ShmLink::Options options;
+  options.secret = config.secret_key;
+  options.generation = generation;
+  options.peer_timeout_seconds = config.peer_timeout_seconds;
+  options.channel_bytes = config.shm_channel_bytes;
+  options.chunk_bytes = config.shm_chunk_bytes;
+  options.small_bytes = config.shm_small_bytes;
+  options.spin_us = config.shm_spin_us;
+  options.spin_given = config.shm_spin_given;
+  options.yield_us = config.shm_yield_us;
+  std::unique_ptr<ShmLink> shm = ShmLink::Connect(tcp, group, options);
+  if (shm) {
+    HVDL_LOG(kDebug, "shared memory with ranks on this host: " << shm->size() << " of " << size);
   }
+  return shm;
+}
+
+void ProgressTaggedOnBoth(ShmLink* shm, Link& tcp, int timeout_ms) {
+  if (!shm) return tcp.progress(timeout_ms);
+  if (shm->size() == tcp.size()) return shm->progress(timeout_ms);
+  // Peers on both: neither sleep sees the other's traffic, so each waits a short turn.
+  shm->progress(0);
+  tcp.progress(std::min(timeout_ms, 1));
+  shm->progress(0);
+}
+
+const char* TaggedCarrier(const ShmLink* shm, const Link& tcp) {
+  if (!shm) return tcp.tagged_name();
+  return shm->size() == tcp.size() ? "shm" : "shm+tcp";
+}
+
+std::unique_ptr<Link> PerPeerLink::Connect(const Config& config, int generation) {
+  // Set-up runs under the peer timeout: a peer stopped while the ranks exchange their hosts
+  // and shared-memory segments must fail the others, not hold them.
+  std::unique_ptr<Link> tcp = TcpLink::Connect(config, generation);
+  if (tcp->size() == 1) return tcp;
+  std::unique_ptr<ShmLink> shm = ConnectHostSharedMemory(*tcp, config, generation);
   // Every rank takes part, with or without shared memory: each learns every host's ranks.
   std::unique_ptr<HostHierarchy> hierarchy = HostHierarchy::Build(
       *tcp, shm.get(), {config.hierarchical_allreduce, config.hierarchical_allgather});
@@ -144,20 +160,9 @@ std::unique_ptr<Link::Request> PerPeerLink::irecv(int peer, int tag, void* buf, 
   return t.irecv(routed, tag, buf, n);
 }
 
-void PerPeerLink::progress(int timeout_ms) {
-  if (!shm_) return tcp_->progress(timeout_ms);
-  if (shm_->size() == size()) return shm_->progress(timeout_ms);
-  // Peers on both: neither sleep sees the other's traffic, so each waits a short turn.
-  const int turn = std::min(timeout_ms, 1);
-  shm_->progress(0);
-  tcp_->progress(turn);
-  shm_->progress(0);
-}
+void PerPeerLink::progress(int timeout_ms) { ProgressTaggedOnBoth(shm_.get(), *tcp_, timeout_ms); }
 
-const char* PerPeerLink::tagged_name() const {
-  if (!shm_) return tcp_->tagged_name();
-  return shm_->size() == size() ? "shm" : "shm+tcp";
-}
+const char* PerPeerLink::tagged_name() const { return TaggedCarrier(shm_.get(), *tcp_); }
 
 void PerPeerLink::sendrecv(int to, const void* sbuf, size_t sn, int from, void* rbuf,
                            size_t rn) {

@@ -26,6 +26,17 @@ namespace horovodlike {
 
 struct Config;
 
+// The shared memory among the ranks of this host that share it (the host identities exchanged
+// over `tcp`, the job's TCP mesh; every rank must call it); null when this rank has no peer on
+// its host, shared memory is disabled (HOROVOD_SHM_DISABLE) or cannot be mapped.
+std::unique_ptr<ShmLink> ConnectHostSharedMemory(Link& tcp, const Config& config,
+                                                 int generation);
+// For a link whose tagged messages go through `shm` to the ranks of this host (when not null)
+// and `tcp` to the others: progress() over both, and what carries them ("shm", "shm+tcp",
+// "tcp").
+void ProgressTaggedOnBoth(ShmLink* shm, Link& tcp, int timeout_ms);
+const char* TaggedCarrier(const ShmLink* shm, const Link& tcp);
+
 class PerPeerLink : public Link {
  public:
   // Connects TCP, then shared memory among the ranks of each host, then agrees on the host

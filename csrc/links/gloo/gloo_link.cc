@@ -12,6 +12,7 @@
 #include "../../common/env_config.h"
 #include "../../common/logging.h"
 #include "gloo_hangup_watcher.h"
+#include "../per_peer_link.h"
 #include "gloo_store.h"
 #include "../rendezvous_client.h"
 #include "../tcp/tcp_link.h"
@@ -43,7 +44,7 @@ std::unique_ptr<GlooLink> GlooLink::Connect(const Config& config, int generation
                                   Milliseconds(config.start_timeout_seconds));
       client.Put("addr/" + std::to_string(generation) + "/0", "local");
     }
-    return std::unique_ptr<GlooLink>(new GlooLink(0, 1, nullptr, peer_timeout, nullptr));
+    return std::unique_ptr<GlooLink>(new GlooLink(0, 1, nullptr, peer_timeout, nullptr, nullptr));
   }
   if (config.rendezvous_addr.empty() || config.rendezvous_port <= 0) {
     throw InvalidArgument("HOROVOD_SIZE=" + std::to_string(config.size) +
@@ -69,8 +70,11 @@ std::unique_ptr<GlooLink> GlooLink::Connect(const Config& config, int generation
     GlooRendezvousStore store(client, "gloo/" + std::to_string(generation) + "/");
     context->connectFullMesh(store, device);
     context->setTimeout(peer_timeout);
+    // Tagged messages between ranks of this host go through their shared memory.
+    std::unique_ptr<ShmLink> shm = ConnectHostSharedMemory(*liveness, config, generation);
     return std::unique_ptr<GlooLink>(new GlooLink(config.rank, config.size, std::move(context),
-                                                  peer_timeout, std::move(liveness)));
+                                                  peer_timeout, std::move(liveness),
+                                                  std::move(shm)));
   } catch (const TransportError&) {
     throw;
   } catch (const InvalidArgument&) {
@@ -81,10 +85,14 @@ std::unique_ptr<GlooLink> GlooLink::Connect(const Config& config, int generation
 }
 
 GlooLink::GlooLink(int rank, int size, std::shared_ptr<gloo::Context> context,
-                   std::chrono::milliseconds timeout, std::unique_ptr<TcpLink> liveness)
+                   std::chrono::milliseconds timeout, std::unique_ptr<TcpLink> liveness,
+                   std::unique_ptr<ShmLink> shm)
     : rank_(rank), size_(size), context_(std::move(context)), timeout_(timeout),
       lost_(static_cast<size_t>(size)), inbox_(static_cast<size_t>(size)),
-      liveness_(std::move(liveness)) {
+      liveness_(std::move(liveness)), shm_(std::move(shm)), local_(static_cast<size_t>(size), -1) {
+  if (shm_) {
+    for (int i = 0; i < shm_->size(); ++i) local_[shm_->members()[i]] = i;
+  }
   if (liveness_) {
     std::vector<int> sockets(static_cast<size_t>(size), -1);
     for (int peer = 0; peer < size; ++peer) {
@@ -126,6 +134,7 @@ void GlooLink::abort() {
     }
   }
   // The peers' watchers see the liveness connections close.
+  if (shm_) shm_->abort();
   if (liveness_) liveness_->abort();
   if (context_) context_->closeConnections();
 }
@@ -286,17 +295,27 @@ void GlooLink::sendrecv(int to, const void* sbuf, size_t sn, int from, void* rbu
 
 std::unique_ptr<Link::Request> GlooLink::isend(int peer, int tag, const void* buf, size_t n) {
   if (!liveness_) return Link::isend(peer, tag, buf, n);
+  if (Local(peer) >= 0) return shm_->isend(Local(peer), tag, buf, n);
   return liveness_->isend(peer, tag, buf, n);
 }
 
 std::unique_ptr<Link::Request> GlooLink::irecv(int peer, int tag, void* buf, size_t n) {
   if (!liveness_) return Link::irecv(peer, tag, buf, n);
+  if (Local(peer) >= 0) return shm_->irecv(Local(peer), tag, buf, n);
   return liveness_->irecv(peer, tag, buf, n);
+}
+
+int GlooLink::Local(int peer) const {
+  return peer >= 0 && peer < size_ ? local_[static_cast<size_t>(peer)] : -1;
 }
 
 void GlooLink::progress(int timeout_ms) {
   if (!liveness_) return Link::progress(timeout_ms);
-  liveness_->progress(timeout_ms);
+  ProgressTaggedOnBoth(shm_.get(), *liveness_, timeout_ms);
+}
+
+const char* GlooLink::tagged_name() const {
+  return liveness_ ? TaggedCarrier(shm_.get(), *liveness_) : "tcp";
 }
 
 }  // namespace horovodlike

@@ -18,6 +18,7 @@
 
 #include "gloo_hangup_watcher.h"
 #include "../link.h"
+#include "../shm/shm_link.h"
 #include "../tcp/tcp_link.h"
 
 namespace gloo {
@@ -43,18 +44,22 @@ class GlooLink : public Link {
   void sendrecv(int to, const void* sbuf, size_t sn, int from, void* rbuf, size_t rn) override;
   // Wakes a pending wait and closes every pair: the peers' pending and later calls fail too.
   void abort() override;
-  // Tagged messages go over the TCP mesh beside Gloo's pairs (its tagged channel; README.md
-  // says why not Gloo's own slots).
+  // Tagged messages go through shared memory to the ranks of this host and over the TCP mesh
+  // beside Gloo's pairs (its tagged channel) to the others (README.md says why not Gloo's own
+  // slots).
   bool tagged() const override { return liveness_ != nullptr; }
   std::unique_ptr<Link::Request> isend(int peer, int tag, const void* buf, size_t n) override;
   std::unique_ptr<Link::Request> irecv(int peer, int tag, void* buf, size_t n) override;
   void progress(int timeout_ms) override;
-  const char* tagged_name() const override { return "tcp"; }
+  const char* tagged_name() const override;
   const char* name() const override { return "gloo"; }
 
  private:
   GlooLink(int rank, int size, std::shared_ptr<gloo::Context> context,
-           std::chrono::milliseconds timeout, std::unique_ptr<TcpLink> liveness);
+           std::chrono::milliseconds timeout, std::unique_ptr<TcpLink> liveness,
+           std::unique_ptr<ShmLink> shm);
+  // `peer`'s rank in shm_, or -1 when it is not on this host.
+  int Local(int peer) const;
   void CheckUsable(int peer);
   [[noreturn]] void Fail(const std::string& what, int peer, TransportError::Cause cause);
   // The watcher's report: later calls with `peer` fail, and so does a wait on it now.
@@ -92,6 +97,8 @@ class GlooLink : public Link {
   std::vector<char> send_header_;  // the frame header being sent
   std::vector<char> recv_header_;  // the frame header being received
   std::unique_ptr<TcpLink> liveness_;  // null for a job of one
+  std::unique_ptr<ShmLink> shm_;       // tagged messages to this host's ranks; may be null
+  std::vector<int> local_;             // job rank -> rank in shm_, or -1
   std::unique_ptr<GlooHangupWatcher> watcher_;  // last member: it calls back into this one
 };
 
