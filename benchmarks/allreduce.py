@@ -585,10 +585,10 @@ def print_jobs(medians: dict, sizes: list[int], probes: dict | None = None) -> N
     """Every job's median, per library and size, with the worst job over the median job (for
     times: the slowest over the median). With `probes` (cross_core_ns before and after each
     job), also each job's probes, and the worst over the median among the jobs that ran while
-    the machine was in its usual phase: both probes within 1.5x of the lowest of the run."""
+    the machine was in its usual phase: both probes within 1.5x of the run's median probe."""
     probes = probes or {}
     seen = [ns for per in probes.values() for pair in per for ns in pair if ns]
-    usual = 1.5 * min(seen) if seen else None
+    usual = 1.5 * statistics.median(seen) if seen else None
     print()
     print("every job's median per call (one job per round), the median job, the worst job, "
           "and worst / median")
