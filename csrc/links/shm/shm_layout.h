@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 namespace horovodlike {
 namespace shm {
@@ -68,6 +69,22 @@ struct ChannelControl {
 };
 
 inline size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+// Copies n bytes into, or out of, a ring of `size` bytes (a power of two) at byte position
+// `at` (a running count), wrapping at its end.
+inline void RingCopyIn(uint8_t* ring, size_t size, uint64_t at, const void* src, size_t n) {
+  const size_t pos = static_cast<size_t>(at) & (size - 1);
+  const size_t first = n < size - pos ? n : size - pos;
+  std::memcpy(ring + pos, src, first);
+  if (n > first) std::memcpy(ring, static_cast<const uint8_t*>(src) + first, n - first);
+}
+
+inline void RingCopyOut(const uint8_t* ring, size_t size, uint64_t at, void* dst, size_t n) {
+  const size_t pos = static_cast<size_t>(at) & (size - 1);
+  const size_t first = n < size - pos ? n : size - pos;
+  std::memcpy(dst, ring + pos, first);
+  if (n > first) std::memcpy(static_cast<uint8_t*>(dst) + first, ring, n - first);
+}
 
 // Offsets of each region for a given geometry; identical in every process.
 struct Layout {

@@ -455,11 +455,7 @@ size_t ShmLink::TrySend(int to, const uint8_t* buf, size_t n) {
   // Publish in slices so that the receiver starts copying out while this copies in.
   const size_t w = std::min({n, room, slice_bytes_});
   if (w == 0) return 0;
-  const size_t pos = static_cast<size_t>(head) & (channel_bytes_ - 1);
-  const size_t first = std::min(w, channel_bytes_ - pos);
-  uint8_t* data = ring(index_, to);
-  std::memcpy(data + pos, buf, first);
-  if (w > first) std::memcpy(data, buf + first, w - first);
+  shm::RingCopyIn(ring(index_, to), channel_bytes_, head, buf, w);
   c.head.store(head + w, std::memory_order_release);
   Notify(to);
   return w;
@@ -471,11 +467,7 @@ size_t ShmLink::TryRecv(int from, uint8_t* buf, size_t n) {
   const uint64_t head = c.head.load(std::memory_order_acquire);
   const size_t r = std::min({n, static_cast<size_t>(head - tail), slice_bytes_});
   if (r == 0) return 0;
-  const size_t pos = static_cast<size_t>(tail) & (channel_bytes_ - 1);
-  const size_t first = std::min(r, channel_bytes_ - pos);
-  const uint8_t* data = ring(from, index_);
-  std::memcpy(buf, data + pos, first);
-  if (r > first) std::memcpy(buf + first, data, r - first);
+  shm::RingCopyOut(ring(from, index_), channel_bytes_, tail, buf, r);
   c.tail.store(tail + r, std::memory_order_release);
   Notify(from);
   return r;

@@ -26,21 +26,6 @@ using FrameHeader = TaggedFrameHeader;
 
 using Clock = std::chrono::steady_clock;
 
-// Copies n bytes in or out of a ring of `size` bytes (a power of two) at byte position `at`.
-void CopyIn(uint8_t* ring, size_t size, uint64_t at, const void* src, size_t n) {
-  const size_t pos = static_cast<size_t>(at) & (size - 1);
-  const size_t first = std::min(n, size - pos);
-  std::memcpy(ring + pos, src, first);
-  if (n > first) std::memcpy(ring, static_cast<const uint8_t*>(src) + first, n - first);
-}
-
-void CopyOut(const uint8_t* ring, size_t size, uint64_t at, void* dst, size_t n) {
-  const size_t pos = static_cast<size_t>(at) & (size - 1);
-  const size_t first = std::min(n, size - pos);
-  std::memcpy(dst, ring + pos, first);
-  if (n > first) std::memcpy(static_cast<uint8_t*>(dst) + first, ring, n - first);
-}
-
 }  // namespace
 
 struct ShmTaggedChannel::Peer {
@@ -152,12 +137,12 @@ bool ShmTaggedChannel::WriteLocked(int peer) {
     if (op.header.magic == 0) {  // not written yet
       if (room < sizeof(FrameHeader)) break;
       op.header = {kFrameMagic, op.tag, op.n};
-      CopyIn(data, bytes_, at, &op.header, sizeof(op.header));
+      shm::RingCopyIn(data, bytes_, at, &op.header, sizeof(op.header));
       at += sizeof(op.header);
       left -= sizeof(op.header);
     }
     const size_t w = std::min({op.n - op.written, left, slice_});
-    if (w > 0) CopyIn(data, bytes_, at, op.sbuf + op.written, w);
+    if (w > 0) shm::RingCopyIn(data, bytes_, at, op.sbuf + op.written, w);
     at += w;
     op.written += w;
     if (at == head) break;  // the ring is full
@@ -185,7 +170,7 @@ bool ShmTaggedChannel::ReadLocked(int peer) {
     if (!p.inbox.reading()) {
       // Published whole with its first slice: there is all of a header or none.
       FrameHeader frame;
-      CopyOut(data, bytes_, at, &frame, sizeof(frame));
+      shm::RingCopyOut(data, bytes_, at, &frame, sizeof(frame));
       if (available < sizeof(frame) || frame.magic != kFrameMagic || frame.tag < 0 ||
           frame.bytes > kMaxTaggedMessageBytes) {
         FailPeerLocked(peer, "lost connection to " + PeerName(peer) + ": a corrupt tagged "
@@ -197,7 +182,7 @@ bool ShmTaggedChannel::ReadLocked(int peer) {
     }
     const size_t take = std::min<size_t>({p.inbox.left(),
                                           available - static_cast<size_t>(at - tail), slice_});
-    if (take > 0) CopyOut(data, bytes_, at, p.inbox.dest(), take);
+    if (take > 0) shm::RingCopyOut(data, bytes_, at, p.inbox.dest(), take);
     p.inbox.Advance(take);
     at += take;
     c.tail.store(at, std::memory_order_release);
