@@ -149,9 +149,9 @@ SUITE_DIR=$PREPARED/horovod-tests
 step 10-torch-cuda-tests 180 python3 -m pytest -v -rs -p no:cacheprovider tests/test_torch_device.py &
 step 11-standin-tests 150 python3 -m pytest -q -rs -p no:cacheprovider tests/test_gpu.py \
   tests/test_gpu_standins_*.py &
-PYTEST_ADDOPTS=$HANG step 20-horovod-test-torch-np1 240 python3 scripts/horovod_suites.py "$SUITE_DIR" test_torch.py \
+PYTEST_ADDOPTS=$HANG step 20-horovod-test-torch-np1 180 python3 scripts/horovod_suites.py "$SUITE_DIR" test_torch.py \
   --np 1 --timeout 40 --check --progress --record "$RESULTS/20-record.txt" &
-PYTEST_ADDOPTS=$HANG step 21-horovod-test-torch-np2 240 python3 scripts/horovod_suites.py "$SUITE_DIR" test_torch.py \
+PYTEST_ADDOPTS=$HANG step 21-horovod-test-torch-np2 180 python3 scripts/horovod_suites.py "$SUITE_DIR" test_torch.py \
   --np 2 --timeout 40 --check --progress --record "$RESULTS/21-record.txt" &
 (
   export SUITE_K="cuda or gpu" TEST_TIMEOUT=60 PYTEST_ADDOPTS=$HANG
