@@ -13,7 +13,8 @@
 #
 # Environment: RESULTS (folder of the raw outputs, default gpu_check_out), ARCHIVE (also pack
 # RESULTS into this .tgz after every step, so that a run cut short still leaves what it did),
-# BUDGET (seconds for the whole run, default 450: a step gets what is left, never more), ONLY
+# BUDGET (seconds for the whole run, default 450: a step gets what is left, never more),
+# SUITE_SECONDS (for each of Horovod's test_torch.py runs, default 180), ONLY
 # (the steps to run, by number: ONLY="10 20" runs 10-... and 20-... after the build).
 #
 # Steps (docs/gpu.md): 1. the project's GPU tests (one rank on the GPU over NCCL, and 2 and 4
@@ -149,9 +150,9 @@ SUITE_DIR=$PREPARED/horovod-tests
 step 10-torch-cuda-tests 180 python3 -m pytest -v -rs -p no:cacheprovider tests/test_torch_device.py &
 step 11-standin-tests 150 python3 -m pytest -q -rs -p no:cacheprovider tests/test_gpu.py \
   tests/test_gpu_standins_*.py &
-PYTEST_ADDOPTS=$HANG step 20-horovod-test-torch-np1 180 python3 scripts/horovod_suites.py "$SUITE_DIR" test_torch.py \
+PYTEST_ADDOPTS=$HANG step 20-horovod-test-torch-np1 "${SUITE_SECONDS:-180}" python3 scripts/horovod_suites.py "$SUITE_DIR" test_torch.py \
   --np 1 --timeout 40 --check --progress --record "$RESULTS/20-record.txt" &
-PYTEST_ADDOPTS=$HANG step 21-horovod-test-torch-np2 180 python3 scripts/horovod_suites.py "$SUITE_DIR" test_torch.py \
+PYTEST_ADDOPTS=$HANG step 21-horovod-test-torch-np2 "${SUITE_SECONDS:-180}" python3 scripts/horovod_suites.py "$SUITE_DIR" test_torch.py \
   --np 2 --timeout 40 --check --progress --record "$RESULTS/21-record.txt" &
 (
   export SUITE_K="cuda or gpu" TEST_TIMEOUT=60 PYTEST_ADDOPTS=$HANG
