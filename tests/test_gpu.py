@@ -164,3 +164,13 @@ def test_every_dtype_and_shape_as_horovods_suites_send_them(standins, np_, devic
     # the same call on host buffers.
     result = launch(np_, "gpu_dtypes_worker.py", mode, env=gpu_env(standins, devices))
     assert_all_ranks(result, np_, "gpu dtypes ok")
+
+
+@pytest.mark.parametrize("version", [22809, 22907])
+def test_one_rank_averages_on_nccls_with_and_without_the_tail_bug(standins, version):
+    # NCCL before 2.29.7 leaves the tail of a one-rank PreMulSum past 16 KiB unwritten (the
+    # stand-in does the same; NVIDIA/nccl#1950): the core sums instead of averaging with one
+    # rank, and stages scaled sums; 2.29.7 runs them all. Both must equal the host's results.
+    result = launch(1, "gpu_dtypes_worker.py", "nccl",
+                    env=gpu_env(standins, 1, HVDL_STANDIN_NCCL_VERSION=version))
+    assert_all_ranks(result, 1, "gpu dtypes ok")

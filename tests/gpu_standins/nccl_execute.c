@@ -79,6 +79,22 @@ static void plan_op(struct plan* P, const struct coll* op, void** recv, unsigned
   }
 }
 
+/* The elements NCCL writes of a one-rank reduction. Before 2.29.7 (NVIDIA/nccl#1950) a
+ * one-rank PreMulSum (which ncclAvg on floating-point types is) runs on min(32, bytes / 16 KiB
+ * rounded up) blocks of count / blocks elements rounded down, then up to whole 16-byte packs:
+ * the elements past blocks x that are never written. The stand-in leaves them as they were,
+ * as the real library does, so that the core's way around it is tested. */
+static size_t one_rank_written(const struct coll* op) {
+  size_t es = g_type_size[op->dtype], nb = op->count * es;
+  if (op->comm->nranks != 1 || op->red != R_PREMUL || g_version >= 22907 || nb == 0)
+    return op->count;
+  size_t blocks = (nb + (16u << 10) - 1) / (16u << 10);
+  if (blocks > 32) blocks = 32;
+  size_t per_pack = 16 / es, per_block = op->count / blocks;
+  per_block = (per_block + per_pack - 1) / per_pack * per_pack;
+  return blocks * per_block < op->count ? blocks * per_block : op->count;
+}
+
 /* Reduces the ranks' contributions in rank order into out; scal[q]: rank q's factor. */
 static int reduce_ranks(struct coll* op, void** recv, const unsigned char* scal, const char* own,
                         void* out) {
@@ -93,7 +109,7 @@ static int reduce_ranks(struct coll* op, void** recv, const unsigned char* scal,
                q == 0);
   }
   if (op->red == R_SUMDIV) divide(acc, op->count, op->dtype, c->nranks);
-  if (nb) memcpy(out, acc, nb);
+  if (nb) memcpy(out, acc, one_rank_written(op) * g_type_size[op->dtype]);
   free(acc);
   return 0;
 }

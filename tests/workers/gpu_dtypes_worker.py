@@ -57,8 +57,12 @@ def same(gpu, op, name, array, want=None, **kw):
     where = f"rank {basics.rank()}: {op} {name} {array.dtype} {array.shape}"
     assert got.shape == ref.shape and got_ints == ref_ints, \
         f"{where}: GPU gave {got.shape} {got_ints}, the host {ref.shape} {ref_ints}"
-    assert np.array_equal(got, ref, equal_nan=True), \
-        f"{where}: GPU {got.ravel()[:6]} != host {ref.ravel()[:6]}"
+    if not np.array_equal(got, ref, equal_nan=True):
+        differ = np.flatnonzero(~((got == ref) | (np.isnan(got) & np.isnan(ref)))
+                                if got.dtype.kind == "f" else got != ref)
+        raise AssertionError(f"{where}: {differ.size} elements differ, the first at flat index "
+                             f"{differ[0]}: GPU {got.ravel()[differ[:6]]} != host "
+                             f"{ref.ravel()[differ[:6]]}")
     if want is not None:
         assert np.array_equal(got, np.asarray(want, dtype=array.dtype)), \
             f"{where}: {got.ravel()[:6]} != NumPy's {np.asarray(want).ravel()[:6]}"

@@ -70,6 +70,7 @@ std::unique_ptr<NcclCollectives> NcclCollectives::Split(NcclCollectives& parent,
 
 bool NcclCollectives::CanReduce(DataType dtype, ReduceOp op, double scale) const {
   if (NcclType(dtype, nccl_) < 0) return false;
+  if (scale != 1.0 && OneRankScalingBroken()) return false;
   const bool floating = IsFloatingPoint(dtype);
   switch (op) {
     case ReduceOp::kSum:
@@ -101,6 +102,7 @@ ncclRedOp_t NcclCollectives::MakeOp(DataType dtype, ReduceOp op, double scale, b
     default: break;
   }
   if (op == ReduceOp::kSum && scale == 1.0) return kNcclSum;
+  if (op == ReduceOp::kAverage && scale == 1.0 && OneRankScalingBroken()) return kNcclSum;
   if (op == ReduceOp::kAverage && scale == 1.0 && nccl_.has_avg) return kNcclAvg;
   // NCCL multiplies each rank's input by the scalar before summing (PreMulSum).
   const double factor = op == ReduceOp::kAverage ? scale / size_ : scale;

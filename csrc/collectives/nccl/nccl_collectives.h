@@ -60,6 +60,11 @@ class NcclCollectives {
   // The op for `dtype`/`op`/`scale` (a PreMulSum op is created, and destroyed by the caller
   // through ReleaseOp).
   ncclRedOp_t MakeOp(DataType dtype, ReduceOp op, double scale, bool* created);
+  // NCCL before 2.29.7 leaves the last elements of a one-rank PreMulSum (which ncclAvg on
+  // floating-point types is) unwritten once the buffer passes 16 KiB (NVIDIA/nccl#1950). On
+  // such a library and one rank, an average is a plain sum (NCCL copies it) and a scaled sum
+  // goes through the host.
+  bool OneRankScalingBroken() const { return size_ == 1 && nccl_.version < 22907; }
   void ReleaseOp(ncclRedOp_t op, bool created);
 
   const NcclApi& nccl_;
