@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import shutil
 import socket
 import statistics
@@ -328,8 +327,9 @@ def main():
     if not 1 <= args.subnet <= 254:
         raise SystemExit("--subnet must be 1..254")
 
-    command = "python benchmarks/multihost.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    print(f"{command}\nload average {' '.join(f'{x:.2f}' for x in load_average())}", flush=True)
+    from provenance import command_line, header, record as provenance_record
+    command = command_line()
+    print(header(), flush=True)
     hosts = EmulatedHosts(max(host_counts), args.subnet)
     results = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -369,7 +369,8 @@ def main():
     print_tables(results, sizes, rates, host_counts, algorithms)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"command": command, "slots": args.slots, "results": results}, f,
+            json.dump({"command": command, "provenance": provenance_record(), "slots": args.slots,
+                       "results": results}, f,
                       indent=1)
 
 
