@@ -34,7 +34,7 @@ void HierarchicalAllreduce::AcrossLocalRanks(const HostHierarchy& hosts, void* b
   }
   local_reducescatter_.Run(local, buf, block_counts_, dtype, op);
   if (block_counts_[me] > 0) {
-    cross_ring_.Run(cross, static_cast<uint8_t*>(buf) + mine * elem, block_counts_[me], dtype, op);
+    AcrossHosts(cross, static_cast<uint8_t*>(buf) + mine * elem, block_counts_[me], dtype, op);
   }
   RingAllgatherv(local, buf, block_bytes_);
 }
@@ -51,8 +51,17 @@ void HierarchicalAllreduce::ThroughLocalRoots(const HostHierarchy& hosts,
     }
   }
   // Only the local roots have a view across hosts.
-  if (Link* cross = hosts.cross()) cross_ring_.Run(*cross, buf, count, dtype, op);
+  if (Link* cross = hosts.cross()) AcrossHosts(*cross, buf, count, dtype, op);
   if (local != nullptr) ChainBroadcast(*local, buf, count * DataTypeSize(dtype), 0);
+}
+
+void HierarchicalAllreduce::AcrossHosts(Link& cross, void* buf, size_t count, DataType dtype,
+                                        ReduceOp op) {
+  if (count * DataTypeSize(dtype) <= RecursiveDoublingAllreduce::kMaxBytes) {
+    cross_small_.Run(cross, buf, count, dtype, op);
+  } else {
+    cross_ring_.Run(cross, buf, count, dtype, op);
+  }
 }
 
 }  // namespace horovodlike

@@ -3,11 +3,12 @@
 //
 // Hosts with equal numbers of ranks (L each):
 //   1. ring reduce-scatter inside the host: local rank l owns the host's sum of block l (1/L);
-//   2. ring allreduce of block l across hosts, among the ranks with local rank l: the L local
-//      ranks each carry 1/L of the traffic between hosts, at the same time;
+//   2. allreduce of block l across hosts, among the ranks with local rank l: the L local
+//      ranks each carry 1/L of the traffic between hosts, at the same time (recursive doubling
+//      for small blocks, the ring above);
 //   3. ring allgather inside the host.
-// Uneven hosts: the host's own allreduce (shared memory), a ring allreduce across hosts among
-// the local roots, and a broadcast from the root inside the host.
+// Uneven hosts: the host's own allreduce (shared memory), an allreduce across hosts among the
+// local roots (recursive doubling or ring, by size), and a broadcast from the root inside the host.
 // Each partial result is computed in one order, by one rank or identically by all of a host, and
 // is only copied from then on: every rank gets the same bits.
 #pragma once
@@ -18,6 +19,7 @@
 #include "../common/common.h"
 #include "../links/host_hierarchy.h"
 #include "provider.h"
+#include "recursive_doubling_allreduce.h"
 #include "ring_allreduce.h"
 #include "ring_reducescatter.h"
 
@@ -36,11 +38,14 @@ class HierarchicalAllreduce {
                         ReduceOp op);
   void ThroughLocalRoots(const HostHierarchy& hosts, AllreduceProvider* host_allreduce,
                          void* buf, size_t count, DataType dtype, ReduceOp op);
+  // Across hosts: every rank of `cross` passes the same count.
+  void AcrossHosts(Link& cross, void* buf, size_t count, DataType dtype, ReduceOp op);
 
   // Reused across calls: the rings keep one segment of scratch each.
   RingReducescatter local_reducescatter_;
   RingAllreduce local_ring_;
   RingAllreduce cross_ring_;
+  RecursiveDoublingAllreduce cross_small_;  // across hosts up to its kMaxBytes
   std::vector<size_t> block_counts_;
   std::vector<size_t> block_bytes_;
 };

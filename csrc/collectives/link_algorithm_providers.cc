@@ -12,6 +12,7 @@
 #include "hierarchical_allreduce.h"
 #include "pairwise_alltoall.h"
 #include "provider_registry.h"
+#include "recursive_doubling_allreduce.h"
 #include "ring_allgather.h"
 #include "ring_allreduce.h"
 #include "ring_reducescatter.h"
@@ -31,6 +32,23 @@ class RingAllreduceProvider final : public AllreduceProvider {
  private:
   Link& link_;
   RingAllreduce ring_;
+};
+
+class RecursiveDoublingAllreduceProvider final : public AllreduceProvider {
+ public:
+  explicit RecursiveDoublingAllreduceProvider(Link& link) : link_(link) {}
+  const char* name() const override { return "recursive_doubling_allreduce"; }
+  bool Supports(size_t count, DataType dtype, ReduceOp op) const override {
+    return count * DataTypeSize(dtype) <= RecursiveDoublingAllreduce::kMaxBytes;
+  }
+  void Run(void* buf, size_t count, DataType dtype, ReduceOp op, double scale) override {
+    if (link_.size() > 1) algorithm_.Run(link_, buf, count, dtype, op);
+    ScaleInPlace(buf, count, dtype, scale);
+  }
+
+ private:
+  Link& link_;
+  RecursiveDoublingAllreduce algorithm_;
 };
 
 class HierarchicalAllreduceProvider final : public AllreduceProvider {
@@ -151,6 +169,9 @@ std::shared_ptr<AllgatherProvider> HierarchicalAllgatherIfAsked(const ProviderCo
 const ProviderRegistrar<AllreduceProvider> kHierarchicalAllreduce({
     "hierarchical_allreduce", kCpuDevice, 30, "HOROVOD_HIERARCHICAL_ALLREDUCE=1",
     OverBuiltInLinks, HierarchicalAllreduceIfAsked, kByHost});
+const ProviderRegistrar<AllreduceProvider> kRecursiveDoublingAllreduce({
+    "recursive_doubling_allreduce", kCpuDevice, 90, "up to 64 KiB", OverAnyLink,
+    OverLink<AllreduceProvider, RecursiveDoublingAllreduceProvider>, kOverLink});
 const ProviderRegistrar<AllreduceProvider> kRingAllreduce({
     "ring_allreduce", kCpuDevice, 100, "", OverAnyLink,
     OverLink<AllreduceProvider, RingAllreduceProvider>, kOverLink});

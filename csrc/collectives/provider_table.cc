@@ -77,8 +77,14 @@ void AppendAvailable(const char* device, const std::string& cpu_operations,
     }
     if (!providers.empty()) providers += ", ";
     providers += registration.name;
-    providers += *registration.applies != '\0' ? std::string(" (") + registration.applies + ")"
-                                               : over;
+    if (*registration.applies == '\0') {
+      providers += over;
+    } else if ((registration.traits & kOverLink) && !over.empty()) {
+      // " (up to 64 KiB, over mpi)"
+      providers += std::string(" (") + registration.applies + ", " + over.substr(2);
+    } else {
+      providers += std::string(" (") + registration.applies + ")";
+    }
   }
   if (providers.empty()) return;
   const std::string operation = Provider::kOperation;

@@ -121,6 +121,19 @@ for step in range(3):
     for i, h in enumerate(hs):
         check(torch.all(hvd.synchronize(h) == float((step + i) * size)).item(), "cached wrong")
 
+# Every rank gets the same bits, whatever the algorithm's order of combination: NaNs in some
+# ranks' inputs of a Min and a Max, and sums of floats that round, around the 64 KiB line
+# between the recursive doubling and the ring.
+for count in (3, 16384, 16385):
+    values = np.random.default_rng(7 + rank).standard_normal(count).astype(np.float32)
+    values[rank % 3::5] = np.nan if rank % 2 else values[rank % 3::5]
+    for op_name in ("Min", "Max", "Sum"):
+        out = hvd.allreduce(torch.from_numpy(values.copy()), op=OPS[op_name],
+                            name=f"same.bits.{op_name}.{count}")
+        bits = hvd.allgather(out.view(torch.int32).unsqueeze(0), name=f"bits.{op_name}.{count}")
+        check(bool(torch.all(bits == bits[0]).item()),
+              f"{op_name} of {count} floats: the ranks' results differ in their bits")
+
 # Poll and barrier.
 h = hvd.allreduce_async(torch.ones(4), name="polled")
 while not hvd.poll(h):
