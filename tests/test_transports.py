@@ -135,7 +135,7 @@ def test_collectives_over(transport, np_):
 
 @pytest.mark.parametrize("np_", [3, 4])
 def test_collectives_over_tcp_alone(np_):
-    # Shared memory off: allreduces up to 64 KiB take the recursive doubling (3 ranks fold a
+    # Shared memory off: allreduces up to 32 KiB take the recursive doubling (3 ranks fold a
     # pair first), larger ones the ring.
     result = launch(np_, "collectives_worker.py", transport="tcp",
                     env={"HOROVOD_SHM_DISABLE": "1"})
@@ -308,11 +308,11 @@ def test_an_abandoned_mpi_collective_is_released_once_it_completes(tmp_path):
 @pytest.mark.parametrize("operations,flags,ran,check_build", [
     pytest.param("mpi", ["--mpi"], "MPI_ALLREDUCE,MPI_RING_ALLGATHER",
                  "allreduce: mpi_allreduce (every size, HOROVOD_CPU_OPERATIONS=mpi), "
-                 "recursive_doubling_allreduce (up to 64 KiB, over mpi), ring_allreduce (over mpi)",
+                 "recursive_doubling_allreduce (up to 32 KiB, over mpi), ring_allreduce (over mpi)",
                  marks=needs_mpi),
     pytest.param("gloo", [],
                  "GLOO_RECURSIVE_DOUBLING_ALLREDUCE,GLOO_RING_ALLGATHER,GLOO_RING_ALLREDUCE",
-                 "allreduce: recursive_doubling_allreduce (up to 64 KiB, over gloo), "
+                 "allreduce: recursive_doubling_allreduce (up to 32 KiB, over gloo), "
                  "ring_allreduce (over gloo)", marks=needs_gloo),
 ])
 def test_cpu_operations_choose_the_providers(operations, flags, ran, check_build):

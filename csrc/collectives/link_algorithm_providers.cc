@@ -170,7 +170,7 @@ const ProviderRegistrar<AllreduceProvider> kHierarchicalAllreduce({
     "hierarchical_allreduce", kCpuDevice, 30, "HOROVOD_HIERARCHICAL_ALLREDUCE=1",
     OverBuiltInLinks, HierarchicalAllreduceIfAsked, kByHost});
 const ProviderRegistrar<AllreduceProvider> kRecursiveDoublingAllreduce({
-    "recursive_doubling_allreduce", kCpuDevice, 90, "up to 64 KiB", OverAnyLink,
+    "recursive_doubling_allreduce", kCpuDevice, 90, "up to 32 KiB", OverAnyLink,
     OverLink<AllreduceProvider, RecursiveDoublingAllreduceProvider>, kOverLink});
 const ProviderRegistrar<AllreduceProvider> kRingAllreduce({
     "ring_allreduce", kCpuDevice, 100, "", OverAnyLink,

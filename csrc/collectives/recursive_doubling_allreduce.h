@@ -20,8 +20,10 @@ namespace horovodlike {
 
 class RecursiveDoublingAllreduce {
  public:
-  // The largest message it is used for: above, the ring's lower bytes per rank win.
-  static constexpr size_t kMaxBytes = 64 << 10;
+  // The largest message it is used for: above, the ring's fewer bytes per rank win on slow
+  // links (measured across emulated hosts on 1 Gbit/s links: recursive doubling faster at
+  // 16 and 32 KiB, the ring at 64 KiB on 2 hosts; docs/performance-multihost.md).
+  static constexpr size_t kMaxBytes = 32 << 10;
 
   // Reduces `count` elements of `buf` in place across all ranks of `link`; Average is reduced
   // as Sum (the caller scales).

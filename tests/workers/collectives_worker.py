@@ -122,9 +122,9 @@ for step in range(3):
         check(torch.all(hvd.synchronize(h) == float((step + i) * size)).item(), "cached wrong")
 
 # Every rank gets the same bits, whatever the algorithm's order of combination: NaNs in some
-# ranks' inputs of a Min and a Max, and sums of floats that round, around the 64 KiB line
+# ranks' inputs of a Min and a Max, and sums of floats that round, around the 32 KiB line
 # between the recursive doubling and the ring.
-for count in (3, 16384, 16385):
+for count in (3, 8192, 8193):
     values = np.random.default_rng(7 + rank).standard_normal(count).astype(np.float32)
     values[rank % 3::5] = np.nan if rank % 2 else values[rank % 3::5]
     for op_name in ("Min", "Max", "Sum"):
