@@ -23,6 +23,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import train_step  # noqa: E402
+from provenance import footer, header, record  # noqa: E402
 
 
 def main():
@@ -40,6 +41,7 @@ def main():
     parser.add_argument("--json")
     parser.add_argument("--timeout", type=float, default=1200)
     args = parser.parse_args()
+    print(header(), flush=True)
 
     configs = {}
     for threshold in args.thresholds.split(","):
@@ -88,9 +90,11 @@ def main():
               f", tuning finished: {settings['autotune_done']}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"np": args.np, "samples_per_s": table, "per_round": per_round,
+            json.dump({"provenance": record(), "np": args.np, "samples_per_s": table,
+                       "per_round": per_round,
                        "best_hand_picked": best, "autotune_settings": chosen,
                        "load_average_at_starts": loads}, f, indent=1)
+    print(footer(), flush=True)
 
 
 if __name__ == "__main__":
