@@ -1,6 +1,7 @@
 // Our algorithms over links as providers, registered for every link: the ring, pairwise and
 // chain ones over the set's own link (tried last: they take every argument), and the
 // hierarchical ones over the job's ranks grouped by host when the job asked for them.
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -20,26 +21,15 @@
 namespace horovodlike {
 namespace {
 
-class RingAllreduceProvider final : public AllreduceProvider {
+// One of our allreduce algorithms over the set's link, for messages up to `max_bytes`.
+template <class Algorithm>
+class AllreduceOverLink : public AllreduceProvider {
  public:
-  explicit RingAllreduceProvider(Link& link) : link_(link) {}
-  const char* name() const override { return "ring_allreduce"; }
-  void Run(void* buf, size_t count, DataType dtype, ReduceOp op, double scale) override {
-    if (link_.size() > 1) ring_.Run(link_, buf, count, dtype, op);
-    ScaleInPlace(buf, count, dtype, scale);
-  }
-
- private:
-  Link& link_;
-  RingAllreduce ring_;
-};
-
-class RecursiveDoublingAllreduceProvider final : public AllreduceProvider {
- public:
-  explicit RecursiveDoublingAllreduceProvider(Link& link) : link_(link) {}
-  const char* name() const override { return "recursive_doubling_allreduce"; }
+  AllreduceOverLink(Link& link, const char* name, size_t max_bytes)
+      : link_(link), name_(name), max_bytes_(max_bytes) {}
+  const char* name() const override { return name_; }
   bool Supports(size_t count, DataType dtype, ReduceOp op) const override {
-    return count * DataTypeSize(dtype) <= RecursiveDoublingAllreduce::kMaxBytes;
+    return count * DataTypeSize(dtype) <= max_bytes_;
   }
   void Run(void* buf, size_t count, DataType dtype, ReduceOp op, double scale) override {
     if (link_.size() > 1) algorithm_.Run(link_, buf, count, dtype, op);
@@ -48,7 +38,23 @@ class RecursiveDoublingAllreduceProvider final : public AllreduceProvider {
 
  private:
   Link& link_;
-  RecursiveDoublingAllreduce algorithm_;
+  const char* name_;
+  size_t max_bytes_;
+  Algorithm algorithm_;
+};
+
+class RingAllreduceProvider final : public AllreduceOverLink<RingAllreduce> {
+ public:
+  explicit RingAllreduceProvider(Link& link)
+      : AllreduceOverLink(link, "ring_allreduce", SIZE_MAX) {}
+};
+
+class RecursiveDoublingAllreduceProvider final
+    : public AllreduceOverLink<RecursiveDoublingAllreduce> {
+ public:
+  explicit RecursiveDoublingAllreduceProvider(Link& link)
+      : AllreduceOverLink(link, "recursive_doubling_allreduce",
+                          RecursiveDoublingAllreduce::kMaxBytes) {}
 };
 
 class HierarchicalAllreduceProvider final : public AllreduceProvider {
