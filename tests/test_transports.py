@@ -105,8 +105,8 @@ def test_the_transports_installed_or_required_are_built(name):
 # silent fall-back (shared memory to TCP, MPI's own allreduce to the ring) fails here.
 EXPECTED_PROVIDERS = {
     "shm": "SHM_ALLREDUCE,SHM_RING_ALLGATHER",
-    "tcp": "TCP_RING_ALLGATHER,TCP_RING_ALLREDUCE",
-    "gloo": "GLOO_RING_ALLGATHER,GLOO_RING_ALLREDUCE",
+    "tcp": "TCP_RECURSIVE_DOUBLING_ALLREDUCE,TCP_RING_ALLGATHER,TCP_RING_ALLREDUCE",
+    "gloo": "GLOO_RECURSIVE_DOUBLING_ALLREDUCE,GLOO_RING_ALLGATHER,GLOO_RING_ALLREDUCE",
     "mpi": "MPI_ALLREDUCE,MPI_RING_ALLGATHER,MPI_RING_ALLREDUCE",
 }
 
