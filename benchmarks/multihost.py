@@ -39,6 +39,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from allreduce import _check, format_size, iterations, own_session, parse_size  # noqa: E402
+from provenance import command_line, header  # noqa: E402
+from provenance import record as provenance_record  # noqa: E402  (main() has a `record`)
 from source_tree import jobs_pythonpath  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -327,7 +329,6 @@ def main():
     if not 1 <= args.subnet <= 254:
         raise SystemExit("--subnet must be 1..254")
 
-    from provenance import command_line, header, record as provenance_record
     command = command_line()
     print(header(), flush=True)
     hosts = EmulatedHosts(max(host_counts), args.subnet)

@@ -57,7 +57,7 @@ void HierarchicalAllreduce::ThroughLocalRoots(const HostHierarchy& hosts,
 
 void HierarchicalAllreduce::AcrossHosts(Link& cross, void* buf, size_t count, DataType dtype,
                                         ReduceOp op) {
-  if (count * DataTypeSize(dtype) <= RecursiveDoublingAllreduce::kMaxBytes) {
+  if (RecursiveDoublingAllreduce::Fits(count, dtype)) {
     cross_small_.Run(cross, buf, count, dtype, op);
   } else {
     cross_ring_.Run(cross, buf, count, dtype, op);

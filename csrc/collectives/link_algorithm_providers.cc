@@ -1,7 +1,6 @@
 // Our algorithms over links as providers, registered for every link: the ring, pairwise and
 // chain ones over the set's own link (tried last: they take every argument), and the
 // hierarchical ones over the job's ranks grouped by host when the job asked for them.
-#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -21,15 +20,17 @@
 namespace horovodlike {
 namespace {
 
-// One of our allreduce algorithms over the set's link, for messages up to `max_bytes`.
+// One of our allreduce algorithms over the set's link; `fits`: the messages it takes (null:
+// every one).
 template <class Algorithm>
 class AllreduceOverLink : public AllreduceProvider {
  public:
-  AllreduceOverLink(Link& link, const char* name, size_t max_bytes)
-      : link_(link), name_(name), max_bytes_(max_bytes) {}
+  using Fits = bool (*)(size_t count, DataType dtype);
+  AllreduceOverLink(Link& link, const char* name, Fits fits)
+      : link_(link), name_(name), fits_(fits) {}
   const char* name() const override { return name_; }
   bool Supports(size_t count, DataType dtype, ReduceOp op) const override {
-    return count * DataTypeSize(dtype) <= max_bytes_;
+    return fits_ == nullptr || fits_(count, dtype);
   }
   void Run(void* buf, size_t count, DataType dtype, ReduceOp op, double scale) override {
     if (link_.size() > 1) algorithm_.Run(link_, buf, count, dtype, op);
@@ -39,14 +40,13 @@ class AllreduceOverLink : public AllreduceProvider {
  private:
   Link& link_;
   const char* name_;
-  size_t max_bytes_;
+  Fits fits_;
   Algorithm algorithm_;
 };
 
 class RingAllreduceProvider final : public AllreduceOverLink<RingAllreduce> {
  public:
-  explicit RingAllreduceProvider(Link& link)
-      : AllreduceOverLink(link, "ring_allreduce", SIZE_MAX) {}
+  explicit RingAllreduceProvider(Link& link) : AllreduceOverLink(link, "ring_allreduce", nullptr) {}
 };
 
 class RecursiveDoublingAllreduceProvider final
@@ -54,7 +54,7 @@ class RecursiveDoublingAllreduceProvider final
  public:
   explicit RecursiveDoublingAllreduceProvider(Link& link)
       : AllreduceOverLink(link, "recursive_doubling_allreduce",
-                          RecursiveDoublingAllreduce::kMaxBytes) {}
+                          &RecursiveDoublingAllreduce::Fits) {}
 };
 
 class HierarchicalAllreduceProvider final : public AllreduceProvider {

@@ -67,9 +67,8 @@ void AppendAvailable(const char* device, const std::string& cpu_operations,
                      std::vector<std::pair<std::string, std::string>>* available) {
   const bool cpu = std::strcmp(device, kCpuDevice) == 0;
   // Over the link HOROVOD_CPU_OPERATIONS names, the providers for any link say which it is.
-  const std::string over = OverBuiltInLinks(cpu_operations) || !cpu
-                               ? ""
-                               : " (over " + cpu_operations + ")";
+  const std::string over = OverBuiltInLinks(cpu_operations) || !cpu ? ""
+                                                                   : "over " + cpu_operations;
   std::string providers;
   for (const ProviderRegistration<Provider>& registration : ProviderRegistry<Provider>::All()) {
     if (std::strcmp(registration.device, device) != 0 || !registration.offered(cpu_operations)) {
@@ -77,14 +76,12 @@ void AppendAvailable(const char* device, const std::string& cpu_operations,
     }
     if (!providers.empty()) providers += ", ";
     providers += registration.name;
-    if (*registration.applies == '\0') {
-      providers += over;
-    } else if ((registration.traits & kOverLink) && !over.empty()) {
-      // " (up to 64 KiB, over mpi)"
-      providers += std::string(" (") + registration.applies + ", " + over.substr(2);
-    } else {
-      providers += std::string(" (") + registration.applies + ")";
+    // "(when it applies, over the link)", either part alone, or nothing.
+    std::string note = registration.applies;
+    if (!over.empty() && (note.empty() || (registration.traits & kOverLink))) {
+      note += note.empty() ? over : ", " + over;
     }
+    if (!note.empty()) providers += " (" + note + ")";
   }
   if (providers.empty()) return;
   const std::string operation = Provider::kOperation;

@@ -24,6 +24,10 @@ class RecursiveDoublingAllreduce {
   // links (measured across emulated hosts on 1 Gbit/s links: recursive doubling faster at
   // 16 and 32 KiB, the ring at 64 KiB on 2 hosts; docs/performance-multihost.md).
   static constexpr size_t kMaxBytes = 32 << 10;
+  // Whether a message of `count` elements of `dtype` is small enough for it.
+  static bool Fits(size_t count, DataType dtype) {
+    return count * DataTypeSize(dtype) <= kMaxBytes;
+  }
 
   // Reduces `count` elements of `buf` in place across all ranks of `link`; Average is reduced
   // as Sum (the caller scales).
