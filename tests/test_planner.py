@@ -16,6 +16,7 @@ from horovodlike.torch.planner.calibration import layout_sizes
 from horovodlike.torch.planner.calibration import shared_cores
 from horovodlike.torch.planner.cost_model import (Contention, busy_fraction, layer_compute_s,
                                                   links_by_dimension, predict, tp_skew_s)
+from horovodlike.torch.planner.pipeline_sim import StageWork, simulate_1f1b
 from horovodlike.torch.planner.profiling import linear_calls, slice_share
 
 MB = 1 << 20
@@ -184,9 +185,67 @@ def test_tensor_parallel_latency_is_paid_per_micro_batch():
     profile = layers([0.008] * 2, 0, 1024, tp_sizes=(2,), tp_messages=(1024, 1024))
     result = plan(None, torch.zeros(8, 1), 4, link=link, layers=profile, verbose=False)
     piped = layout(result, "pp=2 dp=1 tp=2")
-    slot = 0.0005 + 2 * (1e-3 + 128e-9) + 2 * (0.5e-3 + 128e-9)
+    # The layer's forward share is 0 (all backward): a stage's forward is its wait for the
+    # forward message, its backward the compute and the backward message.
+    tp_message = 1e-3 + 128e-9
+    send = 0.5e-3 + 128e-9
     assert piped.micro_batches == 8
-    assert piped.step_s == pytest.approx(9 * slot, rel=1e-9)
+    assert piped.step_s == pytest.approx(
+        one_f_one_b_by_hand([tp_message] * 2, [0.0005 + tp_message] * 2, [send], 8), rel=1e-9)
+
+
+def one_f_one_b_by_hand(forward, backward, send, m):
+    """Schedule1F1B's end with a core per rank, worked out action by action: each action
+    starts when its stage's previous one ended and its input arrived."""
+    pp = len(forward)
+    order = []
+    for s in range(pp):
+        warmup = min(pp - 1 - s, m)
+        acts = [("F", i) for i in range(warmup)]
+        for i in range(m - warmup):
+            acts += [("F", warmup + i), ("B", i)]
+        order.append(acts + [("B", i) for i in range(m - warmup, m)])
+    end = {}
+    position, clock = [0] * pp, [0.0] * pp
+    while any(position[s] < len(order[s]) for s in range(pp)):
+        for s in range(pp):
+            while position[s] < len(order[s]):
+                kind, i = order[s][position[s]]
+                if kind == "F":
+                    need = end.get(("F", s - 1, i), None) if s else 0.0
+                    ready = None if need is None else need + (send[s - 1] if s else 0.0)
+                else:
+                    need = end.get(("B", s + 1, i)) if s < pp - 1 else end[("F", s, i)]
+                    ready = None if need is None else need + (
+                        send[s] if s < pp - 1 else 0.0)
+                if ready is None:
+                    break
+                clock[s] = max(clock[s], ready) + (forward[s] if kind == "F" else backward[s])
+                end[(kind, s, i)] = clock[s]
+                position[s] += 1
+    return max(clock)
+
+
+def test_pipeline_played_out_shares_the_cores():
+    # Two stages on one core, forward and backward 1 s each, no send time, 2 micro-batches.
+    # Alone on cores: F0 0-1; F1 (stage 0) and F0 (stage 1) 1-2; B0 (1) 2-3; B0 (0) and
+    # F1 (1) 3-4; B1 (1) 4-5; B1 (0) 5-6. On one core the overlapping pairs run at half
+    # speed: F1/F0 1-3, B0 (1) 3-4, B0 (0)/F1 (1) 4-6, B1 (1) 6-7, B1 (0) 7-8.
+    work = [StageWork(1.0, 1.0), StageWork(1.0, 1.0)]
+    assert simulate_1f1b(work, 2, [0.0]) == pytest.approx([6.0, 5.0])
+    assert simulate_1f1b(work, 2, [0.0], cores=1) == pytest.approx([8.0, 7.0])
+    # Two cores for the two: as alone; a hand-off's wake-up delays every hand-off.
+    assert simulate_1f1b(work, 2, [0.0], cores=2) == pytest.approx([6.0, 5.0])
+    # Neighbours on the other core slow each other by 1.5 while both compute: F1/F0 take
+    # 1.5 s, B0 (0)/F1 (1) too.
+    slow = simulate_1f1b(work, 2, [0.0], cores=2, slowdown=lambda k: 1.5 if k >= 2 else 1.0)
+    assert slow == pytest.approx([7.0, 6.0])
+    # Against the schedule worked out by hand, with sends and uneven stages.
+    f, b, send = [0.3, 0.5, 0.2], [0.7, 0.4, 0.9], [0.05, 0.11]
+    ends = simulate_1f1b([StageWork(x, y) for x, y in zip(f, b)], 5, send)
+    assert max(ends) == pytest.approx(one_f_one_b_by_hand(f, b, send, 5))
+    ends = simulate_1f1b([StageWork(x, y) for x, y in zip(f, b)], 5, send, wake_s=0.02)
+    assert max(ends) == pytest.approx(one_f_one_b_by_hand(f, b, [x + 0.02 for x in send], 5))
 
 
 def test_gradient_allreduce_overlaps_the_backward_as_the_optimizer_does():
@@ -208,6 +267,12 @@ FREE = {"pp": LINK, "dp": LINK, "tp": LINK}
 CROWDED = Contention(cores=2, ranks=4, profiled_busy=4)
 
 
+def played_on_two_cores():
+    """pp=4 x 8 micro-batches of stages of 0.5 ms alone (a third forward) on 2 cores."""
+    alone = [StageWork(0.0005 / 3, 0.001 / 3, host=0, ranks=1)] * 4
+    return max(simulate_1f1b(alone, 8, [0.0] * 3, cores=2))
+
+
 def test_pipeline_computes_faster_while_its_ranks_wait():
     # 4 layers of 8 ms on the batch of 8 (as profiled: all 4 ranks busy on 2 cores), no
     # activations to send. pp=4 runs 8 micro-batches of one row, 1 ms each as profiled, in
@@ -219,7 +284,12 @@ def test_pipeline_computes_faster_while_its_ranks_wait():
     assert CROWDED.oversubscription(8 / 11) == pytest.approx(16 / 11)
     assert CROWDED.compute_scale(8 / 11) == pytest.approx(8 / 11)
     piped = predict(profile, FREE, 4, 1, 1, 8, contention=CROWDED)
-    assert piped.micro_batches == 8 and piped.step_s == pytest.approx(0.008)
+    # Played out (pipeline_sim), the fill and drain crowd the cores less than the average:
+    # between a core per rank (11 x 0.5 ms) and two ranks per core all along (11 ms), at
+    # what the schedule on 2 cores gives with each stage's 0.5 ms alone (a third forward).
+    played = played_on_two_cores()
+    assert 0.0055 < played < 0.011
+    assert piped.micro_batches == 8 and piped.step_s == pytest.approx(played)
     assert predict(profile, FREE, 4, 1, 1, 8).step_s == pytest.approx(0.011)
     # Data parallel keeps every rank busy, as profiled: 4 x 8 ms on 2 rows each, unchanged.
     assert predict(profile, FREE, 1, 4, 1, 8, contention=CROWDED).step_s == \
@@ -265,7 +335,12 @@ def test_calibration_records_the_cores_its_ranks_shared(tmp_path):
     calibration.save(path)
     result = plan(None, torch.zeros(8, 1), 4, calibration=str(path), fsdp=False,
                   verbose=False)
-    assert layout(result, "pp=4 dp=1 tp=1").step_s == pytest.approx(0.008)
+    assert layout(result, "pp=4 dp=1 tp=1").step_s == pytest.approx(played_on_two_cores())
+    # Profiled alone (calibrate() now does), the same figures are twice the compute.
+    calibration.conditions["profiled_busy"] = 1
+    result = plan(None, torch.zeros(8, 1), 4, calibration=calibration, fsdp=False,
+                  verbose=False)
+    assert layout(result, "pp=4 dp=1 tp=1").step_s == pytest.approx(2 * played_on_two_cores())
     # One written before the cores were recorded is taken as profiled.
     calibration.conditions = {}
     result = plan(None, torch.zeros(8, 1), 4, calibration=calibration, fsdp=False,

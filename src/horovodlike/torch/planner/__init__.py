@@ -128,7 +128,11 @@ def _contention(calibration, world_size, slots, profiled_here, in_job):
         if not cores or not sharing:   # written before it recorded them
             return None
         ranks = max(1, round(sharing * world_size / calibration.world_size))
-        return Contention(cores=cores, ranks=ranks, profiled_busy=sharing)
+        # Calibrations written before rank 0 profiled alone profiled with every rank busy.
+        return Contention(cores=cores, ranks=ranks,
+                          profiled_busy=calibration.conditions.get("profiled_busy", sharing),
+                          slowdown=calibration.conditions.get("slowdown", 1.0),
+                          wake_s=calibration.conditions.get("wake_s", 0.0))
     if not profiled_here:
         return None
     cores, sharing = shared_cores()

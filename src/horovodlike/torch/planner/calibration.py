@@ -7,12 +7,14 @@ import dataclasses
 import json
 import os
 import socket
+import statistics
 import time
 
 import torch
 
 from horovodlike.common import basics
 from horovodlike.common.objects import allgather_object, broadcast_object
+from horovodlike.torch.mpi_ops import barrier
 from horovodlike.torch.planner.cost_model import factorisations, micro_batch_count
 from horovodlike.torch.planner.links import LinkProfile, measure_link
 from horovodlike.torch.planner.profiling import LayerProfile, profile_layers
@@ -87,6 +89,106 @@ def shared_cores():
     return len(keys[0][1]), keys.count(keys[0])
 
 
+def _machine_ranks():
+    """The ranks that share rank 0's cores (same machine, same affinity), in rank order.
+    Collective."""
+    cpus = (sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+            else list(range(os.cpu_count() or 1)))
+    keys = allgather_object([_machine(), cpus], name="plan.sharing.keys")
+    return [r for r, key in enumerate(keys) if key == keys[0]]
+
+
+def _model_unit(model, sample_input, rows):
+    """The model's forward and backward on ``rows`` rows: the work the sharing is measured on
+    (how much neighbours slow it depends on how it uses caches and memory)."""
+    x = sample_input[:max(1, rows)].detach()
+
+    def unit():
+        out = model(x)
+        out.float().sum().backward()
+    return unit
+
+
+def _small_unit():
+    """A fixed piece of work of about a millisecond: forward and backward of a Linear."""
+    layer = torch.nn.Linear(512, 1024)
+    x = torch.randn(16, 512)
+
+    def unit():
+        out = layer(x)
+        out.backward(torch.ones_like(out))
+    return unit
+
+
+def _per_unit(unit, seconds, partner=None, leads=False):
+    """Seconds per ``unit`` run for about ``seconds``; with a ``partner`` rank, the two
+    exchange a flag after every unit (``leads``: this rank's clock says when both stop)."""
+    from horovodlike.torch.p2p import recv, send
+    flag = torch.zeros(1)
+    count, start = 0, time.perf_counter()
+    while True:
+        unit()
+        count += 1
+        over = time.perf_counter() - start > seconds
+        if partner is None:
+            if over:
+                break
+            continue
+        if leads:
+            flag[0] = float(over)
+            send(flag, partner, tag=7)
+            recv(flag, partner, tag=8)
+        else:
+            recv(flag, partner, tag=7)
+            send(flag, partner, tag=8)
+        if flag[0] > 0:
+            break
+    return (time.perf_counter() - start) / count
+
+
+def measure_sharing(unit, cores, rounds=7, seconds=0.1):
+    """(slowdown, wake_s) of rank 0's machine, as Contention takes them: how much slower
+    ``unit()`` (the model's work) runs while ``cores`` ranks of the machine compute at once
+    than alone, and (with more ranks than cores) what an exchange between two ranks costs
+    beyond its link while the machine's other ranks compute: pairs of ranks exchanging a flag
+    after every piece of a fixed small work (about a layer's) against the same work with no
+    exchange. The medians of ``rounds`` interleaved rounds; every rank
+    gets rank 0's. Collective."""
+    machine = _machine_ranks()
+    rank = basics.rank()
+    piece = _small_unit()
+    unit()
+    piece()
+    alone, together, crowded, paired = [], [], [], []
+    for _ in range(rounds):
+        barrier()
+        if rank == 0:
+            alone.append(_per_unit(unit, seconds))
+        barrier()
+        if rank in machine[:cores]:
+            together.append(_per_unit(unit, seconds))
+        if len(machine) <= cores:
+            continue
+        barrier()
+        if rank in machine:
+            crowded.append(_per_unit(piece, seconds))
+        barrier()
+        if rank in machine:
+            index = machine.index(rank)
+            mate = index ^ 1
+            partner = machine[mate] if mate < len(machine) else None
+            paired.append(_per_unit(piece, seconds, partner, leads=index % 2 == 0))
+    barrier()
+    figures = None
+    if rank == 0:
+        single = statistics.median(alone)
+        slowdown = max(1.0, statistics.median(together) / single)
+        wake = (max(0.0, statistics.median(paired) - statistics.median(crowded))
+                if paired else 0.0)
+        figures = (slowdown, wake)
+    return tuple(broadcast_object(figures, root_rank=0, name="plan.sharing"))
+
+
 def measure_links():
     """{"inside": link between the ranks of a host, "between": link between hosts (only with
     several hosts of two or more ranks each)}, and the ranks per host then (else None).
@@ -125,18 +227,29 @@ def calibrate(model, sample_input, path=None, micro_batches=None, repeats=7):
                          f"the global batch, got {getattr(sample_input, 'shape', sample_input)!r}")
     world_size, batch = basics.size(), sample_input.shape[0]
     cores, sharing = shared_cores()
-    layers = profile_layers(model, sample_input,
-                            sizes=layout_sizes(world_size, batch, micro_batches),
-                            repeats=repeats)
+    # Rank 0 profiles alone while the others wait: with more ranks than cores, figures taken
+    # all at once are mostly the scheduler's time slices (a 0.2 ms layer measured at 0.2 or
+    # at 6 ms, by luck), which no rescaling recovers. The cost model applies the layouts'
+    # own competition for cores to these figures.
+    layers = (profile_layers(model, sample_input,
+                             sizes=layout_sizes(world_size, batch, micro_batches),
+                             repeats=repeats) if basics.rank() == 0 else None)
     layers = broadcast_object(layers, root_rank=0, name="plan.calibrate.layers")
     links, slots = measure_links() if world_size > 1 else ({}, None)
+    slowdown, wake = (measure_sharing(_model_unit(model, sample_input, batch // world_size),
+                                      cores) if world_size > 1 else (1.0, 0.0))
+    model.zero_grad(set_to_none=True)
     result = Calibration(layers=layers, links=links, world_size=world_size, batch=batch,
                          slots_per_host=slots,
                          conditions={"load_average": list(os.getloadavg()),
                                      "cpus": os.cpu_count(),
-                                     # the layers were profiled with every rank busy:
-                                     # ``ranks_sharing_cores`` ranks on ``cores`` CPUs
+                                     # ``ranks_sharing_cores`` ranks of the job on
+                                     # ``cores`` CPUs; the layers profiled by one of them
+                                     # while the others waited (``profiled_busy``)
                                      "cores": cores, "ranks_sharing_cores": sharing,
+                                     "profiled_busy": 1,
+                                     # Contention's slowdown and wake_s
+                                     "slowdown": slowdown, "wake_s": wake,
                                      "torch_threads": torch.get_num_threads(),
                                      "time": time.strftime("%Y-%m-%d %H:%M:%S %Z")})
     if path and basics.rank() == 0:

@@ -37,6 +37,7 @@ of them, / tp, and min(pp, m)/m of them under 1F1B).
 import dataclasses
 import itertools
 
+from horovodlike.torch.planner.pipeline_sim import StageWork, simulate_1f1b
 from horovodlike.torch.planner.profiling import timing_key
 
 
@@ -123,28 +124,55 @@ def links_by_dimension(link, inter_host_link, slots_per_host, pp, dp, tp):
 class Contention:
     """The ranks of one host sharing its cores. ``cores``: the cores they may run on;
     ``ranks``: the planned job's ranks on them; ``profiled_busy``: the ranks that computed on
-    them at once while the layer profiles were taken (every rank of the job on them, as
-    calibrate() profiles; 1 for a profile taken alone). A rank computes
-    max(1, busy ranks / cores) times slower than alone."""
+    them at once while the layer profiles were taken (1 for profiles taken alone, as
+    calibrate() takes them; every rank of the job in calibrations written before). A rank
+    computes max(1, busy ranks / cores) times slower than alone, and ``slowdown`` times slower
+    again while every core computes (neighbours on the other cores share caches and memory
+    bandwidth; linear in between). ``wake_s``: while the host's ranks outnumber its cores, what
+    a synchronisation of a group smaller than the host's ranks (a collective, a pipeline
+    hand-off) costs beyond its link: its members are runnable all along but each gets a core
+    only in the scheduler's turn, among ranks outside the group. calibrate() measures both;
+    1 and 0 when not measured."""
     cores: int
     ranks: int
     profiled_busy: float = 1.0
+    slowdown: float = 1.0
+    wake_s: float = 0.0
 
     def __post_init__(self):
-        if self.cores < 1 or self.ranks < 1 or self.profiled_busy < 1:
-            raise ValueError(f"Contention: cores, ranks and profiled_busy must be at least "
-                             f"1, got {self.cores}, {self.ranks}, {self.profiled_busy}")
+        if self.cores < 1 or self.ranks < 1 or self.profiled_busy < 1 or self.slowdown < 1:
+            raise ValueError(f"Contention: cores, ranks, profiled_busy and slowdown must be at "
+                             f"least 1, got {self.cores}, {self.ranks}, {self.profiled_busy}, "
+                             f"{self.slowdown}")
+        if self.wake_s < 0:
+            raise ValueError(f"Contention: wake_s must be >= 0, got {self.wake_s}")
 
     def oversubscription(self, busy_share=1.0):
         """How much slower than alone a rank computes while ``busy_share`` of the ranks are
-        busy at once."""
+        busy at once, for want of a core."""
         return max(1.0, self.ranks * busy_share / self.cores)
+
+    def core_slowdown(self, computing):
+        """How much slower each of ``computing`` ranks on as many cores runs than one alone."""
+        if self.cores <= 1:
+            return 1.0
+        share = (min(max(computing, 1.0), self.cores) - 1) / (self.cores - 1)
+        return 1.0 + (self.slowdown - 1.0) * share
+
+    def alone_scale(self):
+        """The factor from the profiled compute to a rank's alone on a core."""
+        return 1.0 / max(1.0, self.profiled_busy / self.cores)
 
     def compute_scale(self, busy_share=1.0):
         """The factor from the profiled compute to a layout's whose ranks are busy
         ``busy_share`` of the step."""
         return (self.oversubscription(busy_share)
-                / max(1.0, self.profiled_busy / self.cores))
+                * self.core_slowdown(self.ranks * busy_share) * self.alone_scale())
+
+    def sync_s(self, group_on_host):
+        """What a synchronisation of a group with ``group_on_host`` ranks on this host costs
+        beyond its link: ``wake_s`` when ranks outside the group compete for the cores."""
+        return self.wake_s if self.ranks > self.cores and group_on_host < self.ranks else 0.0
 
 
 def busy_fraction(pp, micro_batches):
@@ -234,11 +262,23 @@ def fsdp_sync_s(parameter_bytes, link, dp, micro_batches):
 
 
 def pipeline_s(stage_slots, boundary_bytes, link, micro_batches):
-    """1F1B's time: (m + pp - 1) slots of the slowest stage's per-micro-batch seconds plus the
-    boundary activation's send forward and its gradient's back; and that slot."""
+    """1F1B's time in closed form: (m + pp - 1) slots of the slowest stage's per-micro-batch
+    seconds plus the boundary activation's send forward and its gradient's back; and that
+    slot. (predict() plays the schedule out instead: ``pipeline_sim``.)"""
     send = max((2 * link.send_s(b) for b in boundary_bytes), default=0.0)
     slot = max(stage_slots) + send
     return (micro_batches + len(stage_slots) - 1) * slot, slot
+
+
+def stage_hosts(pp, dp, tp, ranks_per_machine):
+    """(machine of each stage, ranks of a machine running it): ranks are laid out tp fastest,
+    then dp, then pp, so a stage's dp x tp ranks are consecutive. A machine is what shares
+    cores (emulated hosts of one machine share its cores)."""
+    group = dp * tp
+    if not ranks_per_machine:
+        return [0] * pp, group
+    return ([s * group // ranks_per_machine for s in range(pp)],
+            min(group, ranks_per_machine))
 
 
 def stage_memory_bytes(layers, dp, tp, pp, micro_batches, state_factor, fsdp):
@@ -248,6 +288,27 @@ def stage_memory_bytes(layers, dp, tp, pp, micro_batches, state_factor, fsdp):
         state = state / dp + max(stage_parameter_bytes([layer], tp) for layer in layers)
     kept = sum(layer.activation_bytes for layer in layers) / dp / tp
     return state + kept * min(pp, micro_batches) / micro_batches
+
+
+def _played_pipeline(layers, compute, waits, stages, boundary, link, m, dp, tp, contention,
+                     scale):
+    """Each stage's end of its last backward under Schedule1F1B (pipeline_sim): compute back
+    to its alone figure, each machine's sharing of its cores played out event by event."""
+    hosts, ranks = stage_hosts(len(stages), dp, tp, contention.ranks if contention else None)
+    alone = contention.alone_scale() / scale if contention else 1.0
+    work = []
+    for (first, last), host in zip(stages, hosts):
+        forward = backward = waited = 0.0
+        for c, w, layer in zip(compute[first:last], waits[first:last], layers[first:last]):
+            share = backward_share(layer)
+            forward += c * alone * (1 - share)
+            backward += c * alone * share
+            waited += w
+        work.append(StageWork(forward, backward, waited / 2, waited / 2, host, ranks))
+    if contention is None:
+        return simulate_1f1b(work, m, [link.send_s(b) for b in boundary])
+    return simulate_1f1b(work, m, [link.send_s(b) for b in boundary], cores=contention.cores,
+                         wake_s=contention.sync_s(2), slowdown=contention.core_slowdown)
 
 
 def predict(layers, links, pp, dp, tp, batch, micro_batches=None, state_factor=2,
@@ -266,28 +327,34 @@ def predict(layers, links, pp, dp, tp, batch, micro_batches=None, state_factor=2
     busy = busy_fraction(pp, m)
     scale = contention.compute_scale(busy) if contention else 1.0
     crowd = contention.oversubscription(busy) if contention else 1.0
+    # A calibration that measured the skew gives the waits for peers; older ones estimate
+    # them (tp_skew_s).
+    measured = contention is not None and contention.wake_s > 0
     compute = [layer_compute_s(layer, rows, tp) * scale for layer in layers]
-    per_layer = [c + tp_communication_s(layer, links["tp"], rows, tp)
-                 + tp_skew_s(c, tp, crowd) for c, layer in zip(compute, layers)]
+    waits = [tp_communication_s(layer, links["tp"], rows, tp)
+             + (contention.sync_s(min(tp, contention.ranks)) * len(layer.tp_messages)
+                if measured else tp_skew_s(c, tp, crowd)) for c, layer in zip(compute, layers)]
+    per_layer = [c + w for c, w in zip(compute, waits)]
     stages = balanced_stages(per_layer, pp)
     slots = [sum(per_layer[a:b]) for a, b in stages]
     boundary = [layers[last - 1].activation_bytes / batch * rows for _, last in stages[:-1]]
-    pipeline, slot = pipeline_s(slots, boundary, links["pp"], m)
+    if pp > 1:
+        ends = _played_pipeline(layers, compute, waits, stages, boundary, links["pp"], m,
+                                dp, tp, contention, scale)
+    else:
+        ends = [slots[0]]
     finish, moved = [], []
     for index, (first, last) in enumerate(stages):
         stage = layers[first:last]
         params = stage_parameter_bytes(stage, tp)
         if fsdp:
             sync, nbytes = fsdp_sync_s(params, links["dp"], dp, m)
-            ahead = 0.0
         else:
             sync, nbytes = gradient_sync_s(stage, links["dp"], rows, dp, tp, overlap,
                                            scale), 2 * params * (dp - 1) / dp
-            backward = max(sum(c * backward_share(layer)
-                               for c, layer in zip(compute[a:b], layers[a:b]))
-                           for a, b in stages)
-            ahead = (pp - 1 - index) * (backward + slot - max(slots))
-        finish.append(max(pipeline - ahead + sync, pipeline))
+        if dp > 1 and measured:
+            sync += contention.sync_s(min(dp, max(1, contention.ranks // tp)))
+        finish.append(ends[index] + sync)
         moved.append(nbytes)
     step = max(finish)
     compute_s = (m + pp - 1) * max(sum(compute[a:b]) for a, b in stages)
