@@ -146,47 +146,51 @@ def _per_unit(unit, seconds, partner=None, leads=False):
     return (time.perf_counter() - start) / count
 
 
-def measure_sharing(unit, cores, rounds=7, seconds=0.1):
+def measure_sharing(unit, cores, rounds=15, seconds=0.04):
     """(slowdown, wake_s) of rank 0's machine, as Contention takes them: how much slower
     ``unit()`` (the model's work) runs while ``cores`` ranks of the machine compute at once
     than alone, and (with more ranks than cores) what an exchange between two ranks costs
     beyond its link while the machine's other ranks compute: pairs of ranks exchanging a flag
     after every piece of a fixed small work (about a layer's) against the same work with no
-    exchange. The medians of ``rounds`` interleaved rounds; every rank
-    gets rank 0's. Collective."""
+    exchange. Short windows of each kind in turn, ``rounds`` times (the machine's speed
+    drifts: each kind sees the same drift), the medians over the rounds and over the ranks
+    that took part. Collective; every rank gets the same figures."""
     machine = _machine_ranks()
     rank = basics.rank()
     piece = _small_unit()
     unit()
     piece()
-    alone, together, crowded, paired = [], [], [], []
+    mine = {"alone": [], "together": [], "crowded": [], "paired": []}
+    crowded_machine = len(machine) > cores
     for _ in range(rounds):
         barrier()
         if rank == 0:
-            alone.append(_per_unit(unit, seconds))
+            mine["alone"].append(_per_unit(unit, seconds))
         barrier()
         if rank in machine[:cores]:
-            together.append(_per_unit(unit, seconds))
-        if len(machine) <= cores:
+            mine["together"].append(_per_unit(unit, seconds))
+        if not crowded_machine:
             continue
         barrier()
         if rank in machine:
-            crowded.append(_per_unit(piece, seconds))
+            mine["crowded"].append(_per_unit(piece, seconds))
         barrier()
         if rank in machine:
             index = machine.index(rank)
             mate = index ^ 1
             partner = machine[mate] if mate < len(machine) else None
-            paired.append(_per_unit(piece, seconds, partner, leads=index % 2 == 0))
-    barrier()
-    figures = None
-    if rank == 0:
-        single = statistics.median(alone)
-        slowdown = max(1.0, statistics.median(together) / single)
-        wake = (max(0.0, statistics.median(paired) - statistics.median(crowded))
-                if paired else 0.0)
-        figures = (slowdown, wake)
-    return tuple(broadcast_object(figures, root_rank=0, name="plan.sharing"))
+            mine["paired"].append(_per_unit(piece, seconds, partner, leads=index % 2 == 0))
+    everyone = allgather_object(mine, name="plan.sharing")
+    alone = statistics.median(everyone[0]["alone"])
+    together = statistics.median(statistics.median(f["together"])
+                                 for f in everyone if f["together"])
+    slowdown = max(1.0, together / alone)
+    wake = 0.0
+    if crowded_machine:
+        wake = max(0.0, statistics.median(
+            statistics.median(f["paired"]) - statistics.median(f["crowded"])
+            for f in everyone if f["paired"]))
+    return slowdown, wake
 
 
 def measure_links():
