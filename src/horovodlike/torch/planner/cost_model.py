@@ -7,23 +7,26 @@ function of its own, for a search over other splits to reuse.
   measures every size the layouts use) or scaled from the whole batch; tensor parallelism
   divides only the layer's split part (its paired Linears, layers between a pair);
 - cores (``Contention``): with more ranks than cores on a host a rank computes slower by
-  the ranks busy at once over the cores; the profiles were taken with every rank busy, a
-  pipeline's ranks are busy m / (m + pp - 1) of the step (``busy_fraction``), so their
-  compute is rescaled from the one under which it was profiled;
-- tensor parallel skew (``tp_skew_s``): with more busy ranks than cores the peers of a tp
-  collective each lose a random part of the interval before it to the others, and the
-  collective waits for the last of them;
+  the ranks busy at once over the cores, and slower again while every core computes (the
+  measured ``slowdown``: neighbours share caches and memory); calibrate() profiles alone, a
+  layout's ranks are busy m / (m + pp - 1) of the step under a pipeline (``busy_fraction``),
+  always otherwise;
+- synchronisations: with more ranks than cores, a collective of a group smaller than the
+  host's ranks, or a pipeline hand-off, costs the measured ``wake_s`` beyond its link (its
+  members get a core only in the scheduler's turn); calibrations without that figure
+  estimate tensor parallel's wait for its slowest peer instead (``tp_skew_s``);
 - tensor parallel (``tp_communication_s``): each column/row pair allreduces once in forward
   (the row's output) and once in backward (the column's input gradient), per micro-batch,
   each message paying the link's latency;
-- pipeline (``pipeline_s``): 1F1B over m micro-batches and pp stages takes (m + pp - 1) slots
-  of the slowest stage's per-micro-batch time plus a send of the boundary activation forward
-  and its gradient back;
+- pipeline (``pipeline_sim``): Schedule1F1B played out action by action, each stage's
+  forward and backward of a micro-batch waiting for its neighbour's, each machine's cores
+  shared by the ranks computing at that moment (processor sharing); the boundary activation
+  sent forward and its gradient back, each a send on the link;
 - data parallel (``gradient_sync_s``): as DistributedOptimizer does it, each layer's gradients
   are allreduced over dp as soon as its last backward produced them, one after another, while
   the backward of earlier layers runs; only what is left after the stage's last backward is
-  added. Under 1F1B stage s finishes its last backward (pp - 1 - s) backward slots before the
-  first stage does, so its allreduce can hide there;
+  added, after that stage's own last backward in the played-out schedule (a later stage
+  finishes first, so its allreduce can hide while the earlier ones drain);
 - fully sharded data parallel (``fsdp_sync_s``, fully_shard over dp, each layer wrapped): the
   parameters allgathered for each micro-batch's forward and again for its backward, the
   gradients reduce-scattered once per step: (2m + 1) x the parameter bytes x (dp-1)/dp
@@ -259,15 +262,6 @@ def fsdp_sync_s(parameter_bytes, link, dp, micro_batches):
     collectives = 2 * micro_batches + 1
     return (collectives * link.gather_s(parameter_bytes, dp),
             collectives * parameter_bytes * (dp - 1) / dp)
-
-
-def pipeline_s(stage_slots, boundary_bytes, link, micro_batches):
-    """1F1B's time in closed form: (m + pp - 1) slots of the slowest stage's per-micro-batch
-    seconds plus the boundary activation's send forward and its gradient's back; and that
-    slot. (predict() plays the schedule out instead: ``pipeline_sim``.)"""
-    send = max((2 * link.send_s(b) for b in boundary_bytes), default=0.0)
-    slot = max(stage_slots) + send
-    return (micro_batches + len(stage_slots) - 1) * slot, slot
 
 
 def stage_hosts(pp, dp, tp, ranks_per_machine):

@@ -2,12 +2,12 @@
 event, each stage's forward and backward of a micro-batch waiting for its input from the
 neighbouring stage, and the ranks of a host sharing its cores.
 
-Sharing is processor sharing: while k ranks of a host compute on c cores, each advances at
-min(1, c / k) of its speed alone (and slower still when its neighbours on the other cores
-take a share of the caches and memory bandwidth: ``slowdown``), so a pipeline's bubbles (stages waiting for a neighbour) give
-their cores to the stages that compute. A hand-off on a host whose ranks outnumber its cores arrives
-``wake_s`` later (sender and receiver get a core only in the scheduler's turn; calibrate()
-measures it: cost_model.Contention).
+Sharing is processor sharing: while k ranks of a machine compute on c cores, each advances at
+min(1, c / k) of its speed alone, and slower again while its neighbours on the other cores
+take their share of the caches and memory bandwidth (``slowdown``), so a pipeline's bubbles
+(stages waiting for a neighbour) give their cores to the stages that compute. A hand-off on a
+machine whose ranks outnumber its cores arrives ``wake_s`` later: sender and receiver get a
+core only in the scheduler's turn (calibrate() measures it: cost_model.Contention).
 """
 
 import dataclasses
