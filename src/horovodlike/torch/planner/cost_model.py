@@ -321,8 +321,8 @@ def predict(layers, links, pp, dp, tp, batch, micro_batches=None, state_factor=2
     busy = busy_fraction(pp, m)
     scale = contention.compute_scale(busy) if contention else 1.0
     crowd = contention.oversubscription(busy) if contention else 1.0
-    # A calibration that measured the skew gives the waits for peers; older ones estimate
-    # them (tp_skew_s).
+    # A calibration that measured the synchronisation cost charges it; one that did not
+    # (older files, no point-to-point) estimates tensor parallel's wait (tp_skew_s).
     measured = contention is not None and contention.wake_s > 0
     compute = [layer_compute_s(layer, rows, tp) * scale for layer in layers]
     waits = [tp_communication_s(layer, links["tp"], rows, tp)
