@@ -322,6 +322,36 @@ def test_tensor_parallel_waits_for_its_slowest_peer():
     assert predict(profile, FREE, 1, 1, 4, 8).step_s == pytest.approx(0.0015)
 
 
+def test_synchronisations_of_part_of_a_crowded_host_pay_the_measured_cost():
+    # One layer of 6 ms alone on the batch of 8, all of it split, one column/row pair (two
+    # messages), 1 MB of parameters; a free link; 4 ranks on 2 cores, every core computing
+    # 1.5x slower than one alone; a synchronisation of a group smaller than the 4 ranks costs
+    # 1 ms.
+    profile = layers([0.006], 1_000_000, 0, tp_sizes=(4,), tp_messages=(1024, 1024), batch=8)
+    crowded = Contention(cores=2, ranks=4, profiled_busy=1, slowdown=1.5, wake_s=0.001)
+    # Every rank computes at once: 2 ranks per core, each 1.5x slower: x3.
+    compute = 3.0
+    # tp=4 is the whole host: its two allreduces (1 KiB, 2 x 3/4 x 1024 ns each) wait for
+    # nobody outside.
+    tp4 = predict(profile, FREE, 1, 1, 4, 8, contention=crowded, overlap=False)
+    assert tp4.step_s == pytest.approx(0.006 / 4 * compute + 2 * 1.5 * 1024e-9)
+    # dp=4 likewise (1.5 ms of the batch's 6 per rank, its allreduce of 1 MB: 2 x 3/4 ms);
+    # tp=1 has no tensor parallel messages to charge.
+    dp4 = predict(profile, FREE, 1, 4, 1, 8, contention=crowded, overlap=False)
+    assert dp4.step_s == pytest.approx(0.006 / 4 * compute + 2 * 0.75 * 1_000_000 / 1e9)
+    # dp=2 x tp=2: pairs, with two other ranks on the host: each tp message (512 bytes on
+    # a replica's 4 rows: 2 x 1/2 x 512 ns) pays 1 ms, the gradient allreduce of 0.5 MB per
+    # rank (2 x 1/2 x 0.5 ms) another.
+    messages = 2 * 512e-9
+    mixed = predict(profile, FREE, 1, 2, 2, 8, contention=crowded, overlap=False)
+    assert mixed.step_s == pytest.approx(0.006 / 4 * compute + messages + 2 * 0.001
+                                         + 2 * 0.5 * 500_000 / 1e9 + 0.001)
+    # With a core per rank nothing is charged.
+    roomy = Contention(cores=4, ranks=4, profiled_busy=1, slowdown=1.0, wake_s=0.001)
+    assert predict(profile, FREE, 1, 2, 2, 8, contention=roomy, overlap=False).step_s == \
+        pytest.approx(0.006 / 4 + messages + 2 * 0.5 * 500_000 / 1e9)
+
+
 def test_calibration_records_the_cores_its_ranks_shared(tmp_path):
     # Outside a job: this process alone on the CPUs it may run on.
     cores, sharing = shared_cores()

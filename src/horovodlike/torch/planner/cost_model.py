@@ -326,8 +326,9 @@ def predict(layers, links, pp, dp, tp, batch, micro_batches=None, state_factor=2
     measured = contention is not None and contention.wake_s > 0
     compute = [layer_compute_s(layer, rows, tp) * scale for layer in layers]
     waits = [tp_communication_s(layer, links["tp"], rows, tp)
-             + (contention.sync_s(min(tp, contention.ranks)) * len(layer.tp_messages)
-                if measured else tp_skew_s(c, tp, crowd)) for c, layer in zip(compute, layers)]
+             + ((contention.sync_s(min(tp, contention.ranks)) * len(layer.tp_messages)
+                 if tp > 1 else 0.0) if measured else tp_skew_s(c, tp, crowd))
+             for c, layer in zip(compute, layers)]
     per_layer = [c + w for c, w in zip(compute, waits)]
     stages = balanced_stages(per_layer, pp)
     slots = [sum(per_layer[a:b]) for a, b in stages]
@@ -346,7 +347,7 @@ def predict(layers, links, pp, dp, tp, batch, micro_batches=None, state_factor=2
         else:
             sync, nbytes = gradient_sync_s(stage, links["dp"], rows, dp, tp, overlap,
                                            scale), 2 * params * (dp - 1) / dp
-        if dp > 1 and measured:
+        if dp > 1 and measured and params:
             sync += contention.sync_s(min(dp, max(1, contention.ranks // tp)))
         finish.append(ends[index] + sync)
         moved.append(nbytes)
