@@ -118,6 +118,14 @@ def test_plan_in_a_job_builds_the_mesh():
     assert "layout" in result.stdout and "step ms" in result.stdout
 
 
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_calibrate_in_a_job(ranks):
+    # 3 ranks on this machine's 2 cores measure the synchronisation cost (one rank without a
+    # partner); 2 have a core each.
+    result = launch(ranks, "calibrate_worker.py")
+    assert_all_ranks(result, ranks, "calibrate OK")
+
+
 def test_launcher_plan_entry():
     command = [sys.executable, "-m", "horovodlike.runner.launch", "-np", "2", "--plan",
                "plan_model:build"]

@@ -17,7 +17,8 @@ from horovodlike.common.objects import allgather_object, broadcast_object
 from horovodlike.torch.mpi_ops import barrier
 from horovodlike.torch.planner.cost_model import factorisations, micro_batch_count
 from horovodlike.torch.planner.links import LinkProfile, measure_link
-from horovodlike.torch.planner.profiling import LayerProfile, profile_layers
+from horovodlike.torch.planner.profiling import (LayerProfile, profile_layers,
+                                                  sequential_children)
 
 
 @dataclasses.dataclass
@@ -221,10 +222,10 @@ def measure_links():
 
 def calibrate(model, sample_input, path=None, micro_batches=None, repeats=7):
     """Measures ``model`` (a ``torch.nn.Sequential``) on batches like ``sample_input`` (the
-    global batch) and this job's links; collective: every rank of the job calls it, all
-    profile at once (so the figures include the ranks' competition for cores, which it records
-    with the cores and the ranks sharing them, for the model to rescale) and every rank gets
-    rank 0's figures. Writes them to ``path`` (rank 0) when given; pass the result, or
+    global batch), this job's links and how its ranks share the cores (measure_sharing);
+    collective: every rank of the job calls it. Rank 0 profiles the layers while the others
+    wait (figures of a rank alone on a core; the cost model applies each layout's sharing),
+    and every rank gets rank 0's figures. Writes them to ``path`` (rank 0) when given; pass the result, or
     the path, to ``plan(calibration=...)``."""
     if not basics.is_initialized():
         raise ValueError("calibrate: call hvd.init() first; calibrate() runs in the job that "
@@ -235,13 +236,25 @@ def calibrate(model, sample_input, path=None, micro_batches=None, repeats=7):
     world_size, batch = basics.size(), sample_input.shape[0]
     cores, sharing = shared_cores()
     # Rank 0 profiles alone while the others wait: with more ranks than cores, figures taken
-    # all at once are mostly the scheduler's time slices (a 0.2 ms layer measured at 0.2 or
-    # at 6 ms, by luck), which no rescaling recovers. The cost model applies the layouts'
-    # own competition for cores to these figures.
-    layers = (profile_layers(model, sample_input,
-                             sizes=layout_sizes(world_size, batch, micro_batches),
-                             repeats=repeats) if basics.rank() == 0 else None)
-    layers = broadcast_object(layers, root_rank=0, name="plan.calibrate.layers")
+    # all at once are mostly the scheduler's time slices (a Linear of 1.0-2.1 ms alone
+    # measured at 1.4-9.3 ms, by luck), which no rescaling recovers. The cost model applies
+    # the layouts' own sharing of the cores to these figures.
+    sequential_children(model)   # every rank raises alike on a model of the wrong kind
+    layers, error = None, None
+    if basics.rank() == 0:
+        try:
+            layers = profile_layers(model, sample_input,
+                                    sizes=layout_sizes(world_size, batch, micro_batches),
+                                    repeats=repeats)
+        except Exception as e:  # noqa: BLE001 - the other ranks wait for it: tell them
+            error = e
+    layers, message = broadcast_object(
+        (layers, None if error is None else f"{type(error).__name__}: {error}"),
+        root_rank=0, name="plan.calibrate.layers")
+    if error is not None:
+        raise error
+    if message is not None:
+        raise ValueError(f"calibrate: rank 0 could not profile the model: {message}")
     links, slots = measure_links() if world_size > 1 else ({}, None)
     slowdown, wake = (measure_sharing(_model_unit(model, sample_input, batch // world_size),
                                       cores) if world_size > 1 else (1.0, 0.0))

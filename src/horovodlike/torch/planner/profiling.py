@@ -45,9 +45,9 @@ def timing_key(rows, tp):
 
 def median_time(fn, repeats):
     """The median of ``repeats`` runs after two warm-ups (the first calls allocate and start
-    autograd's threads). All ranks of a job profile at once, so the figure includes the
-    ranks' competition for cores; calibrate() records it for the cost model to rescale to
-    each layout's (cost_model.Contention)."""
+    autograd's threads). calibrate() profiles on one rank while the others wait, so the
+    figures are a rank's alone on a core; the cost model applies each layout's sharing of the
+    cores (cost_model.Contention)."""
     for _ in range(2):
         fn()
     times = []
@@ -226,15 +226,21 @@ def _timed_work(children, calls, sample_input, sizes):
     return timer, tps
 
 
-def profile_layers(model, sample_input, sizes=(), repeats=7):
-    """LayerProfile of every child of a sequential ``model`` on ``sample_input`` (the whole
-    batch), and on each (rows, tp) of ``sizes``: the first ``rows`` rows of it, with the
-    paired Linears cut ``tp`` ways (the per-rank work of a layout)."""
+def sequential_children(model):
+    """The layers of a sequential ``model``; a clear error for any other model."""
     children = list(model.children()) if isinstance(model, torch.nn.Sequential) else None
     if not children:
         raise ValueError("plan: the model must be a torch.nn.Sequential (its children are the "
                          "layers that stages are cut between), got "
                          f"{type(model).__name__}")
+    return children
+
+
+def profile_layers(model, sample_input, sizes=(), repeats=7):
+    """LayerProfile of every child of a sequential ``model`` on ``sample_input`` (the whole
+    batch), and on each (rows, tp) of ``sizes``: the first ``rows`` rows of it, with the
+    paired Linears cut ``tp`` ways (the per-rank work of a layout)."""
+    children = sequential_children(model)
     batch = sample_input.shape[0]
     calls = linear_calls(children, sample_input)
     inside = _between_pairs(calls)
