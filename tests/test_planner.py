@@ -399,6 +399,16 @@ def test_lines_leaving_a_host_share_its_wire():
     piped = links_by_dimension(inside, between, 2, 2, 2, 1)
     assert piped["pp"].bus_bytes_per_s == pytest.approx(1e8) and piped["dp"] is inside
     assert piped["pp"].latency_s == 1e-4
+    # Measured over every rank (2 per host): a line with several ranks on each host takes it
+    # (tp=4, dp=4); lines with one rank per host keep the link between hosts.
+    across = LinkProfile(5e-4, 3e8, ranks=4)
+    whole = links_by_dimension(inside, between, 2, 1, 1, 4, across_link=across)
+    assert whole["tp"] is not across and whole["tp"].latency_s == 5e-4
+    assert whole["tp"].bus_bytes_per_s == pytest.approx(3e8)
+    assert links_by_dimension(inside, between, 2, 1, 4, 1, across_link=across)["dp"] \
+        .bus_bytes_per_s == pytest.approx(3e8)
+    pairs = links_by_dimension(inside, between, 2, 1, 2, 2, across_link=across)
+    assert pairs["dp"].bus_bytes_per_s == pytest.approx(1e8) and pairs["tp"] is inside
 
 
 class Pair(torch.nn.Module):

@@ -175,8 +175,13 @@ def plan(model, sample_input, world_size, hosts=None, link=None, inter_host_link
         raise ValueError("plan: sample_input must be a tensor whose first dimension is the "
                          f"global batch, got {getattr(sample_input, 'shape', sample_input)!r}")
     in_job = basics.is_initialized() and basics.size() > 1
+    given_between = inter_host_link is not None
     calibration, hosts, link, inter_host_link, layers = _from_calibration(
         calibration, hosts, link, inter_host_link, layers)
+    # A line of several ranks per host across the hosts, as the calibration measured it
+    # (not when the caller gave the link between hosts).
+    across_link = (calibration.links.get("across")
+                   if calibration is not None and not given_between else None)
     cores = (calibration and calibration.conditions.get("cpus")) or os.cpu_count()
     profiled_here = layers is None
     if layers is None:
@@ -205,7 +210,8 @@ def plan(model, sample_input, world_size, hosts=None, link=None, inter_host_link
         if reason:
             rejected.append((f"pp={pp} dp={dp} tp={tp}", reason))
             continue
-        links = links_by_dimension(link, inter_host_link or link, slots, pp, dp, tp)
+        links = links_by_dimension(link, inter_host_link or link, slots, pp, dp, tp,
+                                   across_link=across_link)
         for sharded in (False, True) if dp > 1 and fsdp else (False,):
             candidates.append(predict(layers, links, pp, dp, tp, batch, micro_batches,
                                       optimizer_state_factor, memory_limit, fsdp=sharded,

@@ -24,8 +24,8 @@ from horovodlike.torch.planner.profiling import (LayerProfile, profile_layers,
 @dataclasses.dataclass
 class Calibration:
     """Measured layer profiles and links. ``links``: "inside" (ranks of one host) and, with
-    several hosts, "between" (one rank per host). ``slots_per_host``: ranks per host when the
-    job had several hosts, else None."""
+    several hosts, "between" (one rank per host) and "across" (every rank, several per
+    host). ``slots_per_host``: ranks per host when the job had several hosts, else None."""
     layers: list
     links: dict
     world_size: int
@@ -198,8 +198,9 @@ def measure_sharing(unit, cores, rounds=15, seconds=0.04):
 
 
 def measure_links():
-    """{"inside": link between the ranks of a host, "between": link between hosts (only with
-    several hosts of two or more ranks each)}, and the ranks per host then (else None).
+    """{"inside": link between the ranks of a host, "between": link between hosts (one rank
+    per host) and "across": a line of every rank (only with several hosts of two or more
+    ranks each)}, and the ranks per host then (else None).
     Collective: every rank of the job calls it."""
     names = allgather_object(os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname(),
                              name="plan.hosts")
@@ -217,7 +218,10 @@ def measure_links():
     between = (measure_link(mesh.process_set("host"), kind="TCP between hosts", share=False)
                if mesh.coordinate("local") == 0 else None)
     between = broadcast_object(between, root_rank=0, name="plan.link.between")
-    return {"inside": inside, "between": between}, slots[0]
+    # And the whole job, several ranks on each host: a line like it (tp or dp over every
+    # rank) keeps part of its steps inside the hosts.
+    across = measure_link(kind="TCP across hosts")
+    return {"inside": inside, "between": between, "across": across}, slots[0]
 
 
 def calibrate(model, sample_input, path=None, micro_batches=None, repeats=7):

@@ -107,19 +107,24 @@ def lines_per_host(slots_per_host, stride, size):
     return max(1, slots_per_host // members)
 
 
-def links_by_dimension(link, inter_host_link, slots_per_host, pp, dp, tp):
+def links_by_dimension(link, inter_host_link, slots_per_host, pp, dp, tp, across_link=None):
     """The link each dimension's lines use: ranks are laid out tp fastest, then dp, then pp
     (as ProcessMesh((pp, dp, tp)) does), so a line leaves its host when it spans more
     consecutive ranks than a host has slots; then every line of that dimension with a rank
-    on the host shares the host's wire."""
+    on the host shares the host's wire. A line leaving its host with several ranks on each
+    host takes ``across_link`` when given (measured over such a line: part of its steps stay
+    inside the hosts), else ``inter_host_link`` (one rank per host)."""
     stride = {"tp": 1, "dp": tp, "pp": tp * dp}
     sizes = {"tp": tp, "dp": dp, "pp": pp}
     links = {}
     for dim in sizes:
         leaves = slots_per_host and stride[dim] * sizes[dim] > slots_per_host and sizes[dim] > 1
-        links[dim] = (inter_host_link.shared_by(lines_per_host(slots_per_host, stride[dim],
-                                                               sizes[dim]))
-                      if leaves else link)
+        if not leaves:
+            links[dim] = link
+            continue
+        members = min(sizes[dim], max(1, slots_per_host // stride[dim]))
+        wire = across_link if across_link is not None and members > 1 else inter_host_link
+        links[dim] = wire.shared_by(lines_per_host(slots_per_host, stride[dim], sizes[dim]))
     return links
 
 
