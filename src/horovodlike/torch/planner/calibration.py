@@ -147,7 +147,7 @@ def _per_unit(unit, seconds, partner=None, leads=False):
     return (time.perf_counter() - start) / count
 
 
-def measure_sharing(unit, cores, rounds=15, seconds=0.04):
+def measure_sharing(unit, cores, rounds=25, seconds=0.04):
     """(slowdown, wake_s) of rank 0's machine, as Contention takes them: how much slower
     ``unit()`` (the model's work) runs while ``cores`` ranks of the machine compute at once
     than alone, and (with more ranks than cores) what an exchange between two ranks costs
@@ -161,6 +161,11 @@ def measure_sharing(unit, cores, rounds=15, seconds=0.04):
     piece = _small_unit()
     unit()
     piece()
+    # Each window holds several of the model's pieces of work, however long one takes.
+    start = time.perf_counter()
+    unit()
+    one = broadcast_object(time.perf_counter() - start, root_rank=0, name="plan.sharing.unit")
+    long = max(seconds, 5 * one)
     mine = {"alone": [], "together": [], "crowded": [], "paired": []}
     # The exchanges are point-to-point messages; without them (a job started without the
     # launcher's rendezvous or MPI) the cost stays unmeasured (0: the cost model estimates).
@@ -169,10 +174,10 @@ def measure_sharing(unit, cores, rounds=15, seconds=0.04):
     for _ in range(rounds):
         barrier()
         if rank == 0:
-            mine["alone"].append(_per_unit(unit, seconds))
+            mine["alone"].append(_per_unit(unit, long))
         barrier()
         if rank in machine[:cores]:
-            mine["together"].append(_per_unit(unit, seconds))
+            mine["together"].append(_per_unit(unit, long))
         if not crowded_machine:
             continue
         barrier()
