@@ -102,10 +102,12 @@ def _slots_per_host(hosts, world_size):
 
 
 def _from_calibration(calibration, hosts, link, inter_host_link, layers):
-    """(calibration, hosts, link, inter_host_link, layers) with what ``calibration`` (a
-    Calibration or the path of one, loaded) measured filling those not given."""
+    """(calibration, hosts, link, inter_host_link, across_link, layers) with what
+    ``calibration`` (a Calibration or the path of one, loaded) measured filling those not
+    given; ``across_link`` (a line of several ranks per host across the hosts) only when the
+    link between hosts is the calibration's too."""
     if calibration is None:
-        return None, hosts, link, inter_host_link, layers
+        return None, hosts, link, inter_host_link, None, layers
     if isinstance(calibration, (str, bytes)) or hasattr(calibration, "__fspath__"):
         calibration = Calibration.load(calibration)
     if not isinstance(calibration, Calibration):
@@ -114,8 +116,10 @@ def _from_calibration(calibration, hosts, link, inter_host_link, layers):
     if hosts is None and calibration.slots_per_host:
         hosts = [calibration.slots_per_host] * (calibration.world_size
                                                 // calibration.slots_per_host)
+    across_link = None if inter_host_link else calibration.links.get("across")
     return (calibration, hosts, link or calibration.links.get("inside"),
-            inter_host_link or calibration.links.get("between"), layers or calibration.layers)
+            inter_host_link or calibration.links.get("between"), across_link,
+            layers or calibration.layers)
 
 
 def _contention(calibration, world_size, slots, profiled_here, in_job):
@@ -175,13 +179,8 @@ def plan(model, sample_input, world_size, hosts=None, link=None, inter_host_link
         raise ValueError("plan: sample_input must be a tensor whose first dimension is the "
                          f"global batch, got {getattr(sample_input, 'shape', sample_input)!r}")
     in_job = basics.is_initialized() and basics.size() > 1
-    given_between = inter_host_link is not None
-    calibration, hosts, link, inter_host_link, layers = _from_calibration(
+    calibration, hosts, link, inter_host_link, across_link, layers = _from_calibration(
         calibration, hosts, link, inter_host_link, layers)
-    # A line of several ranks per host across the hosts, as the calibration measured it
-    # (not when the caller gave the link between hosts).
-    across_link = (calibration.links.get("across")
-                   if calibration is not None and not given_between else None)
     cores = (calibration and calibration.conditions.get("cpus")) or os.cpu_count()
     profiled_here = layers is None
     if layers is None:

@@ -15,6 +15,7 @@ import torch
 from horovodlike.common import basics
 from horovodlike.common.objects import allgather_object, broadcast_object
 from horovodlike.torch.mpi_ops import barrier
+from horovodlike.torch.p2p import recv, send
 from horovodlike.torch.planner.cost_model import factorisations, micro_batch_count
 from horovodlike.torch.planner.links import LinkProfile, measure_link
 from horovodlike.torch.planner.profiling import (LayerProfile, profile_layers,
@@ -78,25 +79,23 @@ def _machine():
         return socket.gethostname()
 
 
-def shared_cores():
+def machine_of_rank0():
     """(cores, ranks): how many CPUs rank 0 (whose profiles every rank uses) may run on, and
-    how many ranks of the job run on the same ones (same machine, same affinity), itself
-    included. Collective when the job has several ranks."""
+    the ranks of the job that run on the same ones (same machine, same affinity), itself
+    included, in rank order. Collective when the job has several ranks."""
     cpus = (sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
             else list(range(os.cpu_count() or 1)))
     key = [_machine(), cpus]
     keys = (allgather_object(key, name="plan.cores")
             if basics.is_initialized() and basics.size() > 1 else [key])
-    return len(keys[0][1]), keys.count(keys[0])
+    return len(keys[0][1]), [r for r, k in enumerate(keys) if k == keys[0]]
 
 
-def _machine_ranks():
-    """The ranks that share rank 0's cores (same machine, same affinity), in rank order.
-    Collective."""
-    cpus = (sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-            else list(range(os.cpu_count() or 1)))
-    keys = allgather_object([_machine(), cpus], name="plan.sharing.keys")
-    return [r for r, key in enumerate(keys) if key == keys[0]]
+def shared_cores():
+    """(cores, ranks): how many CPUs rank 0 may run on, and how many ranks of the job run on
+    the same ones, itself included (machine_of_rank0). Collective."""
+    cores, machine = machine_of_rank0()
+    return cores, len(machine)
 
 
 def _model_unit(model, sample_input, rows):
@@ -124,7 +123,6 @@ def _small_unit():
 def _per_unit(unit, seconds, partner=None, leads=False):
     """Seconds per ``unit`` run for about ``seconds``; with a ``partner`` rank, the two
     exchange a flag after every unit (``leads``: this rank's clock says when both stop)."""
-    from horovodlike.torch.p2p import recv, send
     flag = torch.zeros(1)
     count, start = 0, time.perf_counter()
     while True:
@@ -147,16 +145,16 @@ def _per_unit(unit, seconds, partner=None, leads=False):
     return (time.perf_counter() - start) / count
 
 
-def measure_sharing(unit, cores, rounds=25, seconds=0.04):
+def measure_sharing(unit, cores, machine, rounds=25, seconds=0.04):
     """(slowdown, wake_s) of rank 0's machine, as Contention takes them: how much slower
-    ``unit()`` (the model's work) runs while ``cores`` ranks of the machine compute at once
-    than alone, and (with more ranks than cores) what an exchange between two ranks costs
-    beyond its link while the machine's other ranks compute: pairs of ranks exchanging a flag
-    after every piece of a fixed small work (about a layer's) against the same work with no
-    exchange. Short windows of each kind in turn, ``rounds`` times (the machine's speed
-    drifts: each kind sees the same drift), the medians over the rounds and over the ranks
-    that took part. Collective; every rank gets the same figures."""
-    machine = _machine_ranks()
+    ``unit()`` (the model's work) runs while ``cores`` ranks of the machine (``machine``: its
+    ranks, from machine_of_rank0) compute at once than alone, and (with more ranks than cores)
+    what an exchange between two ranks costs beyond its link while the machine's other ranks
+    compute: pairs of ranks exchanging a flag after every piece of a fixed small work (about a
+    layer's) against the same work with no exchange. Short windows of each kind in turn,
+    ``rounds`` times (the machine's speed drifts: each kind sees the same drift), the medians
+    over the rounds and over the ranks that took part. Collective; every rank gets the same
+    figures."""
     rank = basics.rank()
     piece = _small_unit()
     unit()
@@ -243,7 +241,8 @@ def calibrate(model, sample_input, path=None, micro_batches=None, repeats=7):
         raise ValueError("calibrate: sample_input must be a tensor whose first dimension is "
                          f"the global batch, got {getattr(sample_input, 'shape', sample_input)!r}")
     world_size, batch = basics.size(), sample_input.shape[0]
-    cores, sharing = shared_cores()
+    cores, machine = machine_of_rank0()
+    sharing = len(machine)
     # Rank 0 profiles alone while the others wait: with more ranks than cores, figures taken
     # all at once are mostly the scheduler's time slices (a Linear of 1.0-2.1 ms alone
     # measured at 1.4-9.3 ms, by luck), which no rescaling recovers. The cost model applies
@@ -266,7 +265,7 @@ def calibrate(model, sample_input, path=None, micro_batches=None, repeats=7):
         raise ValueError(f"calibrate: rank 0 could not profile the model: {message}")
     links, slots = measure_links() if world_size > 1 else ({}, None)
     slowdown, wake = (measure_sharing(_model_unit(model, sample_input, batch // world_size),
-                                      cores) if world_size > 1 else (1.0, 0.0))
+                                      cores, machine) if world_size > 1 else (1.0, 0.0))
     model.zero_grad(set_to_none=True)
     result = Calibration(layers=layers, links=links, world_size=world_size, batch=batch,
                          slots_per_host=slots,

@@ -100,11 +100,16 @@ def why_not(layers, pp, dp, tp, batch):
     return None
 
 
+def members_per_host(slots_per_host, stride, size):
+    """How many ranks of one line of a dimension (``size`` ranks ``stride`` apart) lie on one
+    host of ``slots_per_host`` consecutive ranks."""
+    return min(size, max(1, slots_per_host // stride))
+
+
 def lines_per_host(slots_per_host, stride, size):
     """How many lines of a dimension (``size`` ranks ``stride`` apart) have a rank on one
     host of ``slots_per_host`` consecutive ranks: the lines that share its wire."""
-    members = min(size, max(1, slots_per_host // stride))
-    return max(1, slots_per_host // members)
+    return max(1, slots_per_host // members_per_host(slots_per_host, stride, size))
 
 
 def links_by_dimension(link, inter_host_link, slots_per_host, pp, dp, tp, across_link=None):
@@ -122,8 +127,8 @@ def links_by_dimension(link, inter_host_link, slots_per_host, pp, dp, tp, across
         if not leaves:
             links[dim] = link
             continue
-        members = min(sizes[dim], max(1, slots_per_host // stride[dim]))
-        wire = across_link if across_link is not None and members > 1 else inter_host_link
+        several = members_per_host(slots_per_host, stride[dim], sizes[dim]) > 1
+        wire = across_link if across_link is not None and several else inter_host_link
         links[dim] = wire.shared_by(lines_per_host(slots_per_host, stride[dim], sizes[dim]))
     return links
 
@@ -289,19 +294,18 @@ def stage_memory_bytes(layers, dp, tp, pp, micro_batches, state_factor, fsdp):
     return state + kept * min(pp, micro_batches) / micro_batches
 
 
-def _played_pipeline(layers, compute, waits, stages, boundary, link, m, dp, tp, contention,
-                     scale):
-    """Each stage's end of its last backward under Schedule1F1B (pipeline_sim): compute back
-    to its alone figure, each machine's sharing of its cores played out event by event."""
+def _played_pipeline(layers, alone, waits, stages, boundary, link, m, dp, tp, contention):
+    """Each stage's end of its last backward under Schedule1F1B (pipeline_sim), from each
+    layer's compute ``alone`` on a core: each machine's sharing of its cores played out event
+    by event."""
     hosts, ranks = stage_hosts(len(stages), dp, tp, contention.ranks if contention else None)
-    alone = contention.alone_scale() / scale if contention else 1.0
     work = []
     for (first, last), host in zip(stages, hosts):
         forward = backward = waited = 0.0
-        for c, w, layer in zip(compute[first:last], waits[first:last], layers[first:last]):
+        for c, w, layer in zip(alone[first:last], waits[first:last], layers[first:last]):
             share = backward_share(layer)
-            forward += c * alone * (1 - share)
-            backward += c * alone * share
+            forward += c * (1 - share)
+            backward += c * share
             waited += w
         work.append(StageWork(forward, backward, waited / 2, waited / 2, host, ranks))
     if contention is None:
@@ -329,9 +333,12 @@ def predict(layers, links, pp, dp, tp, batch, micro_batches=None, state_factor=2
     # A calibration that measured the synchronisation cost charges it; one that did not
     # (older files, no point-to-point) estimates tensor parallel's wait (tp_skew_s).
     measured = contention is not None and contention.wake_s > 0
-    compute = [layer_compute_s(layer, rows, tp) * scale for layer in layers]
+    profiled = [layer_compute_s(layer, rows, tp) for layer in layers]
+    compute = [p * scale for p in profiled]
+    alone = [p * (contention.alone_scale() if contention else 1.0) for p in profiled]
     waits = [tp_communication_s(layer, links["tp"], rows, tp)
-             + ((contention.sync_s(min(tp, contention.ranks)) * len(layer.tp_messages)
+             + ((contention.sync_s(members_per_host(contention.ranks, 1, tp))
+                 * len(layer.tp_messages)
                  if tp > 1 else 0.0) if measured else tp_skew_s(c, tp, crowd))
              for c, layer in zip(compute, layers)]
     per_layer = [c + w for c, w in zip(compute, waits)]
@@ -339,8 +346,8 @@ def predict(layers, links, pp, dp, tp, batch, micro_batches=None, state_factor=2
     slots = [sum(per_layer[a:b]) for a, b in stages]
     boundary = [layers[last - 1].activation_bytes / batch * rows for _, last in stages[:-1]]
     if pp > 1:
-        ends = _played_pipeline(layers, compute, waits, stages, boundary, links["pp"], m,
-                                dp, tp, contention, scale)
+        ends = _played_pipeline(layers, alone, waits, stages, boundary, links["pp"], m,
+                                dp, tp, contention)
     else:
         ends = [slots[0]]
     finish, moved = [], []
@@ -353,7 +360,7 @@ def predict(layers, links, pp, dp, tp, batch, micro_batches=None, state_factor=2
             sync, nbytes = gradient_sync_s(stage, links["dp"], rows, dp, tp, overlap,
                                            scale), 2 * params * (dp - 1) / dp
         if dp > 1 and measured and params:
-            sync += contention.sync_s(min(dp, max(1, contention.ranks // tp)))
+            sync += contention.sync_s(members_per_host(contention.ranks, tp, dp))
         finish.append(ends[index] + sync)
         moved.append(nbytes)
     step = max(finish)
