@@ -15,6 +15,10 @@ alike. Two kinds of job:
   and MPI (what carries the collectives; the messages go where each build sends them): a
   ping-pong of `_core.send`/`_core.recv` + `_core.wait` per size, the median of half a round
   trip (latency for small sizes; the size over it is the bandwidth for large ones).
+- with --subsets, an allreduce over a process set of half the ranks (the first half), while
+  the other half waits in a barrier ("idle"), or runs the same over its own set at once
+  ("busy"); and over every rank ("global"), for reference: the median per call on rank 0,
+  through horovodlike.torch. Needs an even --np of 4 or more.
 The table gives, per size, each build's median over the rounds of the per-round medians and its
 best round, and the ratios after/before of both.
 """
@@ -114,6 +118,56 @@ def p2p_worker(args):
         with open(args.out, "w") as f:
             json.dump(results, f)
     _core.shutdown()
+
+
+SUBSET_SCENARIOS = {
+    "idle": "over the first half of the ranks, the other half waiting in a barrier",
+    "busy": "over each half of the ranks at once, each its own process set",
+    "global": "over every rank",
+}
+
+
+def subset_worker(args):
+    """One rank of the process-set job: the median per call of an allreduce over this rank's
+    half of the ranks (or over every rank) in the scenario asked, from rank 0."""
+    import numpy as np
+    import torch
+    import horovodlike.torch as hvd
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    halves = [hvd.add_process_set(list(range(size // 2))),
+              hvd.add_process_set(list(range(size // 2, size)))]
+    mine = halves[0] if rank < size // 2 else halves[1]
+    calls = mine if args.scenario != "global" else hvd.global_process_set
+    works = args.scenario != "idle" or rank < size // 2
+    results = {}
+    for nbytes in args.sizes:
+        buf = torch.full((nbytes // 4,), float(rank + 1))
+        if works:
+            members = (range(size) if args.scenario == "global" else
+                       range(size // 2) if rank < size // 2 else range(size // 2, size))
+            one = lambda: hvd.allreduce_(buf, op=hvd.Sum, process_set=calls, name="subset")
+            buf.fill_(float(rank + 1))
+            one()
+            bench._check(float(buf[0]), float(sum(r + 1 for r in members)),
+                         f"allreduce of {nbytes} B over ranks {list(members)}")
+            results[nbytes] = median_call(one, nbytes, args)
+        hvd.barrier()
+    if rank == 0:
+        with open(args.out, "w") as f:
+            json.dump(results, f)
+    hvd.shutdown()
+
+
+def subset_job(build, scenario, sizes, args, settings):
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "out.json")
+        run(build, [sys.executable, "-m", "horovodlike.runner.launch", "-np", str(args.np),
+                    sys.executable, os.path.abspath(__file__), "--subset-worker", scenario,
+                    "--out", out, "--sizes", args.sizes, "--iter-scale", str(args.iter_scale)],
+            {**settings, "HOROVOD_DYNAMIC_PROCESS_SETS": "1"}, args.timeout)
+        with open(out) as f:
+            return {n: v for n, v in ((int(k), v) for k, v in json.load(f).items())}
 
 
 def run(build: str, command: list[str], env: dict, timeout: float) -> None:
@@ -242,6 +296,9 @@ def main():
     parser.add_argument("--p2p", default="",
                         help="jobs for the point-to-point ping-pong, from shm,tcp,gloo,mpi "
                         "(default: none)")
+    parser.add_argument("--subsets", default="",
+                        help="process-set jobs, from " + ",".join(SUBSET_SCENARIOS) +
+                        " (default: none; an even --np of 4 or more)")
     parser.add_argument("--before-env", action="append", default=[], metavar="NAME=VALUE",
                         help="a setting for the before build's horovodlike jobs (repeatable)")
     parser.add_argument("--after-env", action="append", default=[], metavar="NAME=VALUE",
@@ -253,12 +310,15 @@ def main():
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--p2p-worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--subset-worker", choices=list(SUBSET_SCENARIOS), dest="scenario",
+                        help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     sizes = [bench.parse_size(s) for s in args.sizes.split(",") if s.strip()]
-    if args.worker or args.p2p_worker:
+    if args.worker or args.p2p_worker or args.scenario:
         args.sizes = sizes
-        (core_worker if args.worker else p2p_worker)(args)
+        (core_worker if args.worker else p2p_worker if args.p2p_worker else
+         subset_worker)(args)
         return
     if args.report:
         report(args.report)
@@ -273,6 +333,13 @@ def main():
     for link in filter(None, args.p2p.split(",")):
         if link not in P2P_LINKS:
             parser.error(f"--p2p: {link!r} is not one of {', '.join(P2P_LINKS)}")
+    scenarios = list(filter(None, args.subsets.split(",")))
+    for scenario in scenarios:
+        if scenario not in SUBSET_SCENARIOS:
+            parser.error(f"--subsets: {scenario!r} is not one of {', '.join(SUBSET_SCENARIOS)}")
+    if scenarios and (args.np < 4 or args.np % 2):
+        parser.error(f"--subsets needs an even --np of 4 or more, got {args.np}")
+    jobs += [(f"allreduce {SUBSET_SCENARIOS[s]}", subset_job, s) for s in scenarios]
     jobs += [(f"core alone over {link}", core_job, link)
              for link in filter(None, args.core.split(","))]
     jobs += [(f"point-to-point, half a round trip, job over {link}", p2p_job, link)

@@ -182,6 +182,27 @@ Runtime::Runtime(Config config, std::unique_ptr<Link> link, int generation,
   loop_ = std::thread([this] { Loop(); });
   // Named for top, gdb and py-spy (and tests that look at this thread alone).
   pthread_setname_np(loop_.native_handle(), "hvdl-loop");
+  if (ShmLink* shm = link_->shared_memory(); shm != nullptr && shm->size() > 1) {
+    bell_ = std::thread([this, shm] { ListenForRoundBell(shm); });
+    pthread_setname_np(bell_.native_handle(), "hvdl-bell");
+  }
+}
+
+bool Runtime::BellAnswered() {
+  const int64_t rung = bell_round_.exchange(-1, std::memory_order_acq_rel);
+  return rung >= 0 && rounds_begun_.load(std::memory_order_acquire) > rung;
+}
+
+void Runtime::ListenForRoundBell(ShmLink* shm) {
+  uint32_t seen = shm->round_bell();
+  while (!bell_stop_.load(std::memory_order_acquire)) {
+    const uint32_t now = shm->WaitForRoundBell(seen, 200);
+    if (now != seen && !bell_stop_.load(std::memory_order_acquire)) {
+      seen = now;
+      bell_round_.store(rounds_begun_.load(std::memory_order_acquire), std::memory_order_release);
+      queue_.Notify();
+    }
+  }
 }
 
 Runtime::~Runtime() { Close(); }
@@ -189,6 +210,11 @@ Runtime::~Runtime() { Close(); }
 void Runtime::Close() {
   std::lock_guard<std::mutex> lock(close_mutex_);
   shutdown_requested_ = true;
+  if (bell_.joinable()) {
+    bell_stop_ = true;
+    link_->shared_memory()->WakeRoundListener();
+    bell_.join();
+  }
   queue_.Notify();
   if (loop_.joinable()) loop_.join();
   gpu_completions_.WaitIdle(10.0);  // GPU work already queued finishes; then the rest fails
@@ -407,6 +433,7 @@ void Runtime::Loop() {
     // only make the peers run one too.
     if (!shutdown_requested_ &&
         ((wake == TensorQueue::Wake::kNewRequests && !queue_.HasNewRequests()) ||
+         (wake == TensorQueue::Wake::kNotified && BellAnswered() && !queue_.HasNewRequests()) ||
          (wake == TensorQueue::Wake::kTimeout && since_last_round() < cycle))) {
       continue;
     }
@@ -419,11 +446,23 @@ bool Runtime::RunRoundLocked() {
   RoundState& state = round_state_;
   try {
     if (gpu_completions_.failed()) throw TransportError(gpu_completions_.failure());
+    rounds_begun_.fetch_add(1, std::memory_order_acq_rel);
+    ShmLink* shm = bell_.joinable() ? link_->shared_memory() : nullptr;
+    if (shm != nullptr) shm->RoundStarted();
     TakeNewRequests(state);
+    if (shm != nullptr) {
+      for (const auto& [set_id, request] : state.popped) {
+        if (set_id != 0) {
+          shm->RingRoundBells(kBellIdleNs);
+          break;
+        }
+      }
+    }
     std::vector<int> shutdown_ranks;
     const bool shutdown = RunSets(state, &shutdown_ranks);
     FailRequestsOfRemovedSets(state);
     cycle_time_us_ = static_cast<int64_t>(state.in_force.cycle_time_ms * 1000);
+    if (shm != nullptr) shm->RoundEnded();
     last_round_end_ns_ = std::chrono::duration_cast<std::chrono::nanoseconds>(
                              std::chrono::steady_clock::now().time_since_epoch())
                              .count();

@@ -18,7 +18,7 @@
 namespace horovodlike {
 namespace shm {
 
-constexpr uint64_t kMagic = 0x33484d534c445648ULL;  // "HVDLSMH3"
+constexpr uint64_t kMagic = 0x34484d534c445648ULL;  // "HVDLSMH4"
 constexpr size_t kPage = 4096;
 constexpr size_t kLine = 64;
 // Larger groups use TCP: the channels grow with the square of the ranks.
@@ -55,6 +55,14 @@ struct alignas(kLine) RankControl {
   std::atomic<uint32_t> aborted;                  // set when this rank's link stopped
   int32_t pid;                                    // for liveness checks through /proc
   uint64_t start_time;                            // /proc/<pid>/stat field 22, against pid reuse
+  // Others write: bumped to ask the owner for a negotiation round at once (a peer began a
+  // round with work for a process set this rank may not be in: Runtime's round bell).
+  alignas(kLine) std::atomic<uint32_t> round_bell;
+  // The owner writes: 1 while its bell listener is about to sleep or sleeps on round_bell;
+  // whether it is in a round, and when (CLOCK_MONOTONIC, ns) its last round ended.
+  alignas(kLine) std::atomic<uint32_t> round_listening;
+  std::atomic<uint32_t> in_round;
+  std::atomic<int64_t> round_end_ns;
   // The owner writes: the CPU its latest spinning thread ran on (-1 before any), so that a
   // peer spinning on the same CPU gives way instead of spinning out its time slice.
   alignas(kLine) std::atomic<int32_t> cpu;

@@ -283,6 +283,59 @@ void ShmLink::Notify(int peer) {
   }
 }
 
+namespace {
+int64_t MonotonicNs() {
+  timespec ts;
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+}  // namespace
+
+void ShmLink::RoundStarted() { control(index_).in_round.store(1, std::memory_order_relaxed); }
+
+void ShmLink::RoundEnded() {
+  shm::RankControl& mine = control(index_);
+  mine.round_end_ns.store(MonotonicNs(), std::memory_order_relaxed);
+  mine.in_round.store(0, std::memory_order_relaxed);
+}
+
+void ShmLink::RingRoundBells(int64_t idle_ns) {
+  const int64_t now = MonotonicNs();
+  for (int p = 0; p < size(); ++p) {
+    if (p == index_) continue;
+    shm::RankControl& c = control(p);
+    if (c.in_round.load(std::memory_order_relaxed) != 0 ||
+        now - c.round_end_ns.load(std::memory_order_relaxed) < idle_ns) {
+      continue;
+    }
+    c.round_bell.fetch_add(1, std::memory_order_release);
+    // Pairs with the fence in WaitForRoundBell: the listener sees the new value, or this sees
+    // it listening and wakes it.
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (c.round_listening.load(std::memory_order_relaxed) != 0) FutexWakeAll(&c.round_bell);
+  }
+}
+
+uint32_t ShmLink::round_bell() const {
+  return control(index_).round_bell.load(std::memory_order_acquire);
+}
+
+uint32_t ShmLink::WaitForRoundBell(uint32_t seen, int timeout_ms) {
+  shm::RankControl& mine = control(index_);
+  mine.round_listening.store(1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (mine.round_bell.load(std::memory_order_acquire) == seen) {
+    FutexWait(&mine.round_bell, seen, timeout_ms);
+  }
+  mine.round_listening.store(0, std::memory_order_relaxed);
+  return mine.round_bell.load(std::memory_order_acquire);
+}
+
+void ShmLink::WakeRoundListener() {
+  control(index_).round_bell.fetch_add(1, std::memory_order_release);
+  FutexWakeAll(&control(index_).round_bell);
+}
+
 void ShmLink::NotifyAll() {
   for (int p = 0; p < size(); ++p) {
     if (p != index_) Notify(p);

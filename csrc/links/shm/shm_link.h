@@ -84,6 +84,18 @@ class ShmLink : public Link {
   // Waits until every other rank's `progress` counter reached `step`; throws TransportError as
   // send/recv do (aborted, a peer stopped or died, the peer timeout).
   void WaitForPeers(Progress progress, uint64_t step);
+  // The round bell (Runtime): asks the other ranks of the host for a negotiation round now,
+  // those that are not in a round and have not ended one for `idle_ns` (a rank that ran one
+  // more recently is busy with work of its own and comes by itself). RoundStarted/Ended say
+  // where this rank is.
+  void RingRoundBells(int64_t idle_ns);
+  void RoundStarted();
+  void RoundEnded();
+  // This rank's round bell, and a sleep while it still reads `seen` (at most timeout_ms);
+  // returns its value then. WakeRoundListener ends such a sleep in this process.
+  uint32_t round_bell() const;
+  uint32_t WaitForRoundBell(uint32_t seen, int timeout_ms);
+  void WakeRoundListener();
   // Throws TransportError once abort() was called.
   void CheckUsable() const;
   // How this rank waits (_core.stats()): whether it spins before sleeping, the cores the host's
