@@ -450,7 +450,8 @@ bool Runtime::RunRoundLocked() {
     ShmLink* shm = bell_.joinable() ? link_->shared_memory() : nullptr;
     if (shm != nullptr) shm->RoundStarted();
     TakeNewRequests(state);
-    if (shm != nullptr) {
+    if (shm != nullptr && !state.popped.empty()) {
+      shm->TookWork();
       for (const auto& [set_id, request] : state.popped) {
         if (set_id != 0) {
           shm->RingRoundBells(kBellIdleNs);

@@ -179,7 +179,7 @@ class Runtime {
   void ListenForRoundBell(ShmLink* shm);
   // Whether the bell rang and a round began since (then the loop need not run one for it).
   bool BellAnswered();
-  static constexpr int64_t kBellIdleNs = 0;
+  static constexpr int64_t kBellIdleNs = 200000;
   // Rounds begun on this rank, and their count when the bell last rang: the loop skips the
   // bell's round when one began since (it met the ringing rank's negotiation already).
   std::atomic<int64_t> rounds_begun_{0};

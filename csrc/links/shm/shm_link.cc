@@ -293,11 +293,11 @@ int64_t MonotonicNs() {
 
 void ShmLink::RoundStarted() { control(index_).in_round.store(1, std::memory_order_relaxed); }
 
-void ShmLink::RoundEnded() {
-  shm::RankControl& mine = control(index_);
-  mine.round_end_ns.store(MonotonicNs(), std::memory_order_relaxed);
-  mine.in_round.store(0, std::memory_order_relaxed);
+void ShmLink::TookWork() {
+  control(index_).work_ns.store(MonotonicNs(), std::memory_order_relaxed);
 }
+
+void ShmLink::RoundEnded() { control(index_).in_round.store(0, std::memory_order_relaxed); }
 
 void ShmLink::RingRoundBells(int64_t idle_ns) {
   const int64_t now = MonotonicNs();
@@ -305,7 +305,7 @@ void ShmLink::RingRoundBells(int64_t idle_ns) {
     if (p == index_) continue;
     shm::RankControl& c = control(p);
     if (c.in_round.load(std::memory_order_relaxed) != 0 ||
-        now - c.round_end_ns.load(std::memory_order_relaxed) < idle_ns) {
+        now - c.work_ns.load(std::memory_order_relaxed) < idle_ns) {
       continue;
     }
     c.round_bell.fetch_add(1, std::memory_order_release);

@@ -85,11 +85,12 @@ class ShmLink : public Link {
   // send/recv do (aborted, a peer stopped or died, the peer timeout).
   void WaitForPeers(Progress progress, uint64_t step);
   // The round bell (Runtime): asks the other ranks of the host for a negotiation round now,
-  // those that are not in a round and have not ended one for `idle_ns` (a rank that ran one
-  // more recently is busy with work of its own and comes by itself). RoundStarted/Ended say
-  // where this rank is.
+  // those that are not in a round and whose rounds took in no work of their own for
+  // `idle_ns` (a rank with work of its own more recently is busy and comes by itself).
+  // RoundStarted, TookWork and RoundEnded say where this rank is.
   void RingRoundBells(int64_t idle_ns);
   void RoundStarted();
+  void TookWork();
   void RoundEnded();
   // This rank's round bell, and a sleep while it still reads `seen` (at most timeout_ms);
   // returns its value then. WakeRoundListener ends such a sleep in this process.
