@@ -448,22 +448,16 @@ bool Runtime::RunRoundLocked() {
     if (gpu_completions_.failed()) throw TransportError(gpu_completions_.failure());
     rounds_begun_.fetch_add(1, std::memory_order_acq_rel);
     ShmLink* shm = bell_.joinable() ? link_->shared_memory() : nullptr;
-    if (shm != nullptr) shm->RoundStarted();
+    struct InRound {
+      ShmLink* shm;
+      explicit InRound(ShmLink* s) : shm(s) { if (shm != nullptr) shm->RoundStarted(); }
+      ~InRound() { if (shm != nullptr) shm->RoundEnded(); }
+    } in_round(shm);
     TakeNewRequests(state);
-    if (shm != nullptr && !state.popped.empty()) {
-      shm->TookWork();
-      for (const auto& [set_id, request] : state.popped) {
-        if (set_id != 0) {
-          shm->RingRoundBells(kBellIdleNs);
-          break;
-        }
-      }
-    }
     std::vector<int> shutdown_ranks;
     const bool shutdown = RunSets(state, &shutdown_ranks);
     FailRequestsOfRemovedSets(state);
     cycle_time_us_ = static_cast<int64_t>(state.in_force.cycle_time_ms * 1000);
-    if (shm != nullptr) shm->RoundEnded();
     last_round_end_ns_ = std::chrono::duration_cast<std::chrono::nanoseconds>(
                              std::chrono::steady_clock::now().time_since_epoch())
                              .count();

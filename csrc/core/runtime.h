@@ -171,15 +171,14 @@ class Runtime {
   // With deferred_, the threads in WaitDriving waiting for a handle the rounds have not
   // completed: the loop runs rounds back to back while there is one (see Loop).
   std::atomic<int> waiting_callers_{0};
-  // The round bell (one host's ranks, over their shared memory): a round that takes in work
-  // for a process set other than the global one rings the host's other ranks, whose listener
-  // thread wakes their loop for a round at once. Every round negotiates every set of the rank,
-  // the global one first, so a rank outside the set that is idle would otherwise hold the
-  // set's ranks back until its loop's next cycle (HOROVOD_CYCLE_TIME) for every collective.
+  // The round bell (one host's ranks, over their shared memory; ShmLink::RoundStarted): a
+  // round waiting for a peer of the host that is in no round rings it, and the peer's
+  // listener thread wakes its loop for a round at once. Every round negotiates every set of
+  // the rank, the global one first, so a rank outside a process set that is idle would
+  // otherwise hold the set's collectives back until its loop's next cycle (HOROVOD_CYCLE_TIME).
   void ListenForRoundBell(ShmLink* shm);
   // Whether the bell rang and a round began since (then the loop need not run one for it).
   bool BellAnswered();
-  static constexpr int64_t kBellIdleNs = 200000;
   // Rounds begun on this rank, and their count when the bell last rang: the loop skips the
   // bell's round when one began since (it met the ringing rank's negotiation already).
   std::atomic<int64_t> rounds_begun_{0};

@@ -300,6 +300,8 @@ py::dict Stats() {
     d["shm_cpu_moves"] = shm->cpu_moves();
     d["shm_sleeps"] = shm->sleeps();
     d["shm_busy_sleeps"] = shm->busy_sleeps();
+    // Round bells this rank rang: its rounds waited for a peer of the host in no round.
+    d["shm_round_bells"] = shm->round_bells();
   }
   return d;
 }

@@ -284,36 +284,30 @@ void ShmLink::Notify(int peer) {
 }
 
 namespace {
-int64_t MonotonicNs() {
-  timespec ts;
-  ::clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
-}
+// Whether this thread is in a negotiation round (RoundStarted): only its waits ring.
+thread_local bool t_in_round = false;
 }  // namespace
 
-void ShmLink::RoundStarted() { control(index_).in_round.store(1, std::memory_order_relaxed); }
-
-void ShmLink::TookWork() {
-  control(index_).work_ns.store(MonotonicNs(), std::memory_order_relaxed);
+void ShmLink::RoundStarted() {
+  t_in_round = true;
+  control(index_).in_round.store(1, std::memory_order_relaxed);
 }
 
-void ShmLink::RoundEnded() { control(index_).in_round.store(0, std::memory_order_relaxed); }
+void ShmLink::RoundEnded() {
+  t_in_round = false;
+  control(index_).in_round.store(0, std::memory_order_relaxed);
+}
 
-void ShmLink::RingRoundBells(int64_t idle_ns) {
-  const int64_t now = MonotonicNs();
-  for (int p = 0; p < size(); ++p) {
-    if (p == index_) continue;
-    shm::RankControl& c = control(p);
-    if (c.in_round.load(std::memory_order_relaxed) != 0 ||
-        now - c.work_ns.load(std::memory_order_relaxed) < idle_ns) {
-      continue;
-    }
-    c.round_bell.fetch_add(1, std::memory_order_release);
-    // Pairs with the fence in WaitForRoundBell: the listener sees the new value, or this sees
-    // it listening and wakes it.
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-    if (c.round_listening.load(std::memory_order_relaxed) != 0) FutexWakeAll(&c.round_bell);
-  }
+void ShmLink::RingIfIdle(int peer) {
+  if (!t_in_round || peer < 0 || peer == index_ || peer >= size()) return;
+  shm::RankControl& c = control(peer);
+  if (c.in_round.load(std::memory_order_relaxed) != 0) return;
+  c.round_bell.fetch_add(1, std::memory_order_release);
+  round_bells_.fetch_add(1, std::memory_order_relaxed);
+  // Pairs with the fence in WaitForRoundBell: the listener sees the new value, or this sees it
+  // listening and wakes it.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (c.round_listening.load(std::memory_order_relaxed) != 0) FutexWakeAll(&c.round_bell);
 }
 
 uint32_t ShmLink::round_bell() const {
@@ -369,6 +363,15 @@ template <class Ready, class Culprit>
 void ShmLink::WaitUntil(const Ready& ready, const Culprit& culprit, int watch) {
   if (ready()) return;
   const auto start = Clock::now();
+  // A wait inside a round for a peer that is in none: ring it (see RoundStarted).
+  bool rang = !t_in_round;
+  auto ring_late = [&](Clock::time_point now) {
+    if (rang || now - start < kRingAfter) return;
+    const int peer = culprit();
+    if (peer < 0 || control(peer).in_round.load(std::memory_order_relaxed) != 0) return;
+    RingIfIdle(peer);
+    rang = true;
+  };
   // A peer may write its last bytes and then stop (point-to-point: send, then shut down) in
   // the moment between a look at the ring and a look at the peer: what it wrote is still read,
   // as a closed socket's data is, before its stopping counts.
@@ -396,6 +399,7 @@ void ShmLink::WaitUntil(const Ready& ready, const Culprit& culprit, int watch) {
       }
       if (peers_failed(false)) return;
       const auto now = Clock::now();
+      ring_late(now);
       if (now >= spin_end) break;
       if (now >= next_check) {
         if (CpusOversubscribed()) {
@@ -411,10 +415,13 @@ void ShmLink::WaitUntil(const Ready& ready, const Culprit& culprit, int watch) {
   // yields hands it over at once, and sees the peer's answer sooner than a sleeper would.
   if (max_spin_ns_ == 0 && yield_ns_ > 0) {
     const auto yield_end = start + std::chrono::nanoseconds(yield_ns_);
+    Clock::time_point now;
     do {
       sched_yield();
       if (ready() || peers_failed(false)) return;
-    } while (Clock::now() < yield_end);
+      now = Clock::now();
+      ring_late(now);
+    } while (now < yield_end);
   }
   // 2. Sleep on the doorbell, in slices, checking the peers between them. `sleeping` counts
   // this rank's sleeping threads (point-to-point has several), so that a peer rings while any
@@ -432,6 +439,10 @@ void ShmLink::WaitUntil(const Ready& ready, const Culprit& culprit, int watch) {
     ~Asleep() { set(false); }
   } asleep{mine.sleeping};
   sleeps_.fetch_add(1, std::memory_order_relaxed);
+  if (!rang) {  // asleep, this wait cannot ring later: ring now if the peer is idle
+    rang = true;
+    RingIfIdle(culprit());
+  }
   auto last_progress_check = start;
   while (true) {
     const uint32_t key = mine.doorbell.load(std::memory_order_acquire);
