@@ -18,7 +18,9 @@ alike. Two kinds of job:
 - with --subsets, an allreduce over a process set of half the ranks (the first half), while
   the other half waits in a barrier ("idle"), or runs the same over its own set at once
   ("busy"); and over every rank ("global"), for reference: the median per call on rank 0,
-  through horovodlike.torch. Needs an even --np of 4 or more.
+  through horovodlike.torch. Needs an even --np of 4 or more. With --hosts 2 the jobs run on
+  two emulated hosts (multihost.py's network namespaces, joined by a link shaped to --rate;
+  needs root), each half of the ranks on a host of its own.
 The table gives, per size, each build's median over the rounds of the per-round medians and its
 best round, and the ratios after/before of both.
 """
@@ -132,6 +134,7 @@ def subset_worker(args):
     half of the ranks (or over every rank) in the scenario asked, from rank 0."""
     import numpy as np
     import torch
+    os.environ["HOROVOD_DYNAMIC_PROCESS_SETS"] = "1"
     import horovodlike.torch as hvd
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
@@ -162,10 +165,25 @@ def subset_worker(args):
 def subset_job(build, scenario, sizes, args, settings):
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "out.json")
-        run(build, [sys.executable, "-m", "horovodlike.runner.launch", "-np", str(args.np),
-                    sys.executable, os.path.abspath(__file__), "--subset-worker", scenario,
-                    "--out", out, "--sizes", args.sizes, "--iter-scale", str(args.iter_scale)],
-            {**settings, "HOROVOD_DYNAMIC_PROCESS_SETS": "1"}, args.timeout)
+        worker = [os.path.abspath(__file__), "--subset-worker", scenario, "--out", out,
+                  "--sizes", args.sizes, "--iter-scale", str(args.iter_scale)]
+        if args.hosts > 1:
+            if settings:
+                raise SystemExit("--hosts: the jobs on emulated hosts take no --*-env settings")
+            from planner import run_job as run_on_hosts
+            saved = os.environ.get("PYTHONPATH")
+            os.environ["PYTHONPATH"] = build   # the job's PYTHONPATH starts with it
+            try:
+                run_on_hosts(worker, "two-hosts", args.rate, args.timeout, ranks=args.np,
+                             slots=args.np // args.hosts)
+            finally:
+                if saved is None:
+                    os.environ.pop("PYTHONPATH")
+                else:
+                    os.environ["PYTHONPATH"] = saved
+        else:
+            run(build, [sys.executable, "-m", "horovodlike.runner.launch", "-np",
+                        str(args.np), sys.executable, *worker], settings, args.timeout)
         with open(out) as f:
             return {n: v for n, v in ((int(k), v) for k, v in json.load(f).items())}
 
@@ -299,6 +317,10 @@ def main():
     parser.add_argument("--subsets", default="",
                         help="process-set jobs, from " + ",".join(SUBSET_SCENARIOS) +
                         " (default: none; an even --np of 4 or more)")
+    parser.add_argument("--hosts", type=int, default=1, choices=(1, 2),
+                        help="--subsets jobs on this many emulated hosts (2 needs root)")
+    parser.add_argument("--rate", default="1gbit",
+                        help="with --hosts 2, the link between the hosts (tc rate)")
     parser.add_argument("--before-env", action="append", default=[], metavar="NAME=VALUE",
                         help="a setting for the before build's horovodlike jobs (repeatable)")
     parser.add_argument("--after-env", action="append", default=[], metavar="NAME=VALUE",

@@ -137,6 +137,14 @@ void Controller::ReserveRoundStorage(std::vector<Request>& new_requests) {
   round_.ends.reserve(slots);
 }
 
+bool Controller::HasWork() const {
+  if (!local_.empty() || !uncached_.empty()) return true;
+  for (uint64_t word : cached_ready_) {
+    if (word != 0) return true;
+  }
+  return false;
+}
+
 const Controller::Round& Controller::Negotiate(std::vector<Request>& new_requests,
                                                bool shutdown_requested) {
   CommitPreviousRound();

@@ -59,6 +59,8 @@ class Controller {
   // happens to carry: the bit vectors, the list of parts and the cache keep their storage from
   // round to round, sized for every cached tensor when the cache grows (ReserveRoundStorage).
   const Round& Negotiate(std::vector<Request>& new_requests, bool shutdown_requested);
+  // Whether this rank has requests of this set not yet executed (negotiated or not).
+  bool HasWork() const;
 
   // Global set, coordinator: the parameters the next round puts in force (ignored elsewhere).
   void Propose(const TunedParameters& parameters) { proposal_ = parameters; }

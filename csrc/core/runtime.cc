@@ -179,12 +179,31 @@ Runtime::Runtime(Config config, std::unique_ptr<Link> link, int generation,
   tuned_.parameters.tuning = config_.autotune;  // until rank 0's first round says otherwise
   round_state_.in_force = tuned_.parameters;
   cycle_time_us_ = static_cast<int64_t>(round_state_.in_force.cycle_time_ms * 1000);
+  if (TcpLink* tcp = link_->tcp_mesh(); tcp != nullptr && tcp->size() > 1) {
+    net_bell_ = NetworkBell::Connect(*tcp);  // collective: before any thread uses the mesh
+  }
   loop_ = std::thread([this] { Loop(); });
   // Named for top, gdb and py-spy (and tests that look at this thread alone).
   pthread_setname_np(loop_.native_handle(), "hvdl-loop");
   if (ShmLink* shm = link_->shared_memory(); shm != nullptr && shm->size() > 1) {
     bell_ = std::thread([this, shm] { ListenForRoundBell(shm); });
     pthread_setname_np(bell_.native_handle(), "hvdl-bell");
+  }
+  if (net_bell_) {
+    net_bell_thread_ = std::thread([this] { ListenForNetworkBell(); });
+    pthread_setname_np(net_bell_thread_.native_handle(), "hvdl-netbell");
+  }
+}
+
+void Runtime::ListenForNetworkBell() {
+  while (!bell_stop_.load(std::memory_order_acquire)) {
+    if (!net_bell_->Wait(200) || bell_stop_.load(std::memory_order_acquire)) continue;
+    const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                            std::chrono::steady_clock::now().time_since_epoch()).count();
+    if (now - last_work_ns_.load(std::memory_order_relaxed) >= kBusyNs) {
+      bell_round_.store(rounds_begun_.load(std::memory_order_acquire), std::memory_order_release);
+      queue_.Notify();
+    }
   }
 }
 
@@ -210,10 +229,14 @@ Runtime::~Runtime() { Close(); }
 void Runtime::Close() {
   std::lock_guard<std::mutex> lock(close_mutex_);
   shutdown_requested_ = true;
+  bell_stop_ = true;
   if (bell_.joinable()) {
-    bell_stop_ = true;
     link_->shared_memory()->WakeRoundListener();
     bell_.join();
+  }
+  if (net_bell_thread_.joinable()) {
+    net_bell_->Wake();
+    net_bell_thread_.join();
   }
   queue_.Notify();
   if (loop_.joinable()) loop_.join();
@@ -454,6 +477,11 @@ bool Runtime::RunRoundLocked() {
       ~InRound() { if (shm != nullptr) shm->RoundEnded(); }
     } in_round(shm);
     TakeNewRequests(state);
+    if (!state.popped.empty()) {
+      last_work_ns_.store(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                              std::chrono::steady_clock::now().time_since_epoch()).count(),
+                          std::memory_order_relaxed);
+    }
     std::vector<int> shutdown_ranks;
     const bool shutdown = RunSets(state, &shutdown_ranks);
     FailRequestsOfRemovedSets(state);
@@ -540,6 +568,13 @@ bool Runtime::RunSets(RoundState& state, std::vector<int>* shutdown_ranks) {
     } else if (id != 0) {
       set->controller->SetParameters(state.in_force);
     }
+    // A set in which this rank has no work of its own: its peers may have none either, and
+    // then come only at their next cycle; this negotiation rings them (links/link.h).
+    const bool in_step_only = state.by_set[id].empty() && !set->controller->HasWork();
+    struct Negotiating {
+      Negotiating(bool ring, PeerBell* network) { SetNegotiationRinging(ring, network); }
+      ~Negotiating() { SetNegotiationRinging(false, nullptr); }
+    } negotiating(in_step_only && (bell_.joinable() || net_bell_), net_bell_.get());
     const Controller::Round& round = set->controller->Negotiate(
         state.by_set[id], id == 0 && shutdown_requested_.load());
     if (timeline_->active()) {

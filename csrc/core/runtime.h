@@ -23,6 +23,7 @@
 #include "tensor_queue.h"
 #include "timeline.h"
 #include "../links/link.h"
+#include "../links/tcp/network_bell.h"
 
 namespace horovodlike {
 
@@ -79,6 +80,8 @@ class Runtime {
     return p2p_link_ ? p2p_link_.get() : link_->tagged() ? link_.get() : nullptr;
   }
   Executor::Stats stats() { return process_sets_.TotalStats(); }
+  // Round bells this rank rang to peers on other hosts (-1 without a network bell).
+  int64_t network_bells() const { return net_bell_ ? net_bell_->rings() : -1; }
   // Ranks of a process set; throws InvalidArgument when it does not exist.
   std::vector<int> ProcessSetRanks(int id);
   std::vector<int> ProcessSetIds() { return process_sets_.Ids(); }
@@ -177,6 +180,16 @@ class Runtime {
   // the rank, the global one first, so a rank outside a process set that is idle would
   // otherwise hold the set's collectives back until its loop's next cycle (HOROVOD_CYCLE_TIME).
   void ListenForRoundBell(ShmLink* shm);
+  // The same across hosts, by datagram (links/tcp/network_bell.h): a negotiation's wait for a
+  // TCP peer rings it; this rank's listener wakes the loop.
+  void ListenForNetworkBell();
+  std::unique_ptr<NetworkBell> net_bell_;
+  std::thread net_bell_thread_;
+  // When (steady clock, ns) a round last took in new requests: a network bell heard within
+  // kBusyNs of it is let go (a rank with work of its own comes to the next round by itself,
+  // and the peer that rang cannot see that, as a peer on the host can).
+  std::atomic<int64_t> last_work_ns_{0};
+  static constexpr int64_t kBusyNs = 200000;
   // Whether the bell rang and a round began since (then the loop need not run one for it).
   bool BellAnswered();
   // Rounds begun on this rank, and their count when the bell last rang: the loop skips the

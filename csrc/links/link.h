@@ -26,6 +26,24 @@ namespace horovodlike {
 class HostHierarchy;
 class MpiLink;
 class ShmLink;
+class TcpLink;
+
+// The round bells (shm/shm_link.h inside a host, tcp/network_bell.h between hosts): every
+// negotiation round involves every rank of each of a rank's process sets, so a round that has
+// no work of its own in a set (its part there is only to keep in step) but waits for a peer
+// that is in no round asks that peer for one. The Runtime turns ringing on for such a
+// negotiation, on the thread that runs it; a wait of that thread for a peer that has sent
+// nothing for kRingAfterUs then rings the peer: through the shared segment, or `network`
+// (null: no bell between hosts).
+class PeerBell {
+ public:
+  virtual ~PeerBell() = default;
+  virtual void Ring(int peer) = 0;
+  static constexpr int kRingAfterUs = 50;
+};
+void SetNegotiationRinging(bool on, PeerBell* network);
+bool NegotiationRinging();
+PeerBell* NegotiationBell();  // the network bell while ringing is on, else null
 
 class Link {
  public:
@@ -88,6 +106,8 @@ class Link {
   virtual ShmLink* shared_memory() const { return nullptr; }
   virtual const HostHierarchy* hosts() const { return nullptr; }
   virtual MpiLink* mpi() { return nullptr; }
+  // The TCP mesh this link runs over, or null.
+  virtual TcpLink* tcp_mesh() { return nullptr; }
 };
 
 }  // namespace horovodlike

@@ -65,6 +65,7 @@ class PerPeerLink : public Link {
   // hierarchical collectives (null otherwise; the same on every rank).
   ShmLink* shared_memory() const override { return shm_.get(); }
   const HostHierarchy* hosts() const override { return hierarchy_.get(); }
+  TcpLink* tcp_mesh() override { return tcp_->tcp_mesh(); }
 
  private:
   PerPeerLink(std::unique_ptr<Link> tcp, std::unique_ptr<ShmLink> shm,

@@ -293,6 +293,9 @@ py::dict Stats() {
   const Runtime::RoundCounts rounds = runtime->round_counts();
   d["loop_rounds"] = rounds.loop;
   d["caller_rounds"] = rounds.caller;
+  // Round bells this rank rang to peers on other hosts (links/tcp/network_bell.h); absent
+  // without a TCP mesh.
+  if (runtime->network_bells() >= 0) d["network_round_bells"] = runtime->network_bells();
   // How the ranks of this host wait for each other (links/shm/shm_link.h); absent without one.
   if (const ShmLink* shm = runtime->shared_memory()) {
     d["shm_spins"] = shm->spins();

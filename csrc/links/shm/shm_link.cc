@@ -283,23 +283,12 @@ void ShmLink::Notify(int peer) {
   }
 }
 
-namespace {
-// Whether this thread is in a negotiation round (RoundStarted): only its waits ring.
-thread_local bool t_in_round = false;
-}  // namespace
+void ShmLink::RoundStarted() { control(index_).in_round.store(1, std::memory_order_relaxed); }
 
-void ShmLink::RoundStarted() {
-  t_in_round = true;
-  control(index_).in_round.store(1, std::memory_order_relaxed);
-}
-
-void ShmLink::RoundEnded() {
-  t_in_round = false;
-  control(index_).in_round.store(0, std::memory_order_relaxed);
-}
+void ShmLink::RoundEnded() { control(index_).in_round.store(0, std::memory_order_relaxed); }
 
 void ShmLink::RingIfIdle(int peer) {
-  if (!t_in_round || peer < 0 || peer == index_ || peer >= size()) return;
+  if (!NegotiationRinging() || peer < 0 || peer == index_ || peer >= size()) return;
   shm::RankControl& c = control(peer);
   if (c.in_round.load(std::memory_order_relaxed) != 0) return;
   c.round_bell.fetch_add(1, std::memory_order_release);
@@ -363,10 +352,10 @@ template <class Ready, class Culprit>
 void ShmLink::WaitUntil(const Ready& ready, const Culprit& culprit, int watch) {
   if (ready()) return;
   const auto start = Clock::now();
-  // A wait inside a round for a peer that is in none: ring it (see RoundStarted).
-  bool rang = !t_in_round;
+  // A wait of a negotiation that rings for a peer that is in no round: ring it (link.h).
+  bool rang = !NegotiationRinging();
   auto ring_late = [&](Clock::time_point now) {
-    if (rang || now - start < kRingAfter) return;
+    if (rang || now - start < std::chrono::microseconds(PeerBell::kRingAfterUs)) return;
     const int peer = culprit();
     if (peer < 0 || control(peer).in_round.load(std::memory_order_relaxed) != 0) return;
     RingIfIdle(peer);

@@ -84,16 +84,13 @@ class ShmLink : public Link {
   // Waits until every other rank's `progress` counter reached `step`; throws TransportError as
   // send/recv do (aborted, a peer stopped or died, the peer timeout).
   void WaitForPeers(Progress progress, uint64_t step);
-  // The round bell (Runtime): every round negotiates every process set of the rank, so a
-  // rank whose round waits for a peer that is in none (its loop idle until the next cycle)
-  // asks that peer for one now. While a thread is in a round (RoundStarted until RoundEnded),
-  // a wait of its for a peer of the host that has not answered within kRingAfter and is not
-  // in a round itself rings that peer's bell, once per wait; the peer's listener then wakes
-  // its loop. A peer busy with work of its own answers before that, and is never rung.
+  // The round bell inside a host (link.h's PeerBell says when a negotiation rings): a wait
+  // of such a negotiation for a peer of the host that has not answered within kRingAfterUs
+  // and is in no round itself (RoundStarted until RoundEnded) rings that peer's bell, once
+  // per wait; the peer's listener (WaitForRoundBell) then wakes its loop.
   void RoundStarted();
   void RoundEnded();
   int64_t round_bells() const { return round_bells_.load(std::memory_order_relaxed); }
-  static constexpr std::chrono::microseconds kRingAfter{50};
   // This rank's round bell, and a sleep while it still reads `seen` (at most timeout_ms);
   // returns its value then. WakeRoundListener ends such a sleep in this process.
   uint32_t round_bell() const;
@@ -122,7 +119,7 @@ class ShmLink : public Link {
   // Copies what fits of buf into the ring to `to`; returns the bytes moved.
   size_t TrySend(int to, const uint8_t* buf, size_t n);
   size_t TryRecv(int from, uint8_t* buf, size_t n);
-  // Rings `peer`'s round bell when this thread is in a round and `peer` is not.
+  // Rings `peer`'s round bell when this thread's negotiation rings and `peer` is in no round.
   void RingIfIdle(int peer);
   // Wakes `peer` if it sleeps (call after publishing what it may wait for).
   void Notify(int peer);

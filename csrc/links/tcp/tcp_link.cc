@@ -206,6 +206,9 @@ void TcpLink::sendrecv(int to, const void* sbuf, size_t sn, int from, void* rbuf
   const bool interruptible = InterruptCheckInstalled();
   std::chrono::steady_clock::time_point idle_since;
   if (interruptible) idle_since = std::chrono::steady_clock::now();
+  // A negotiation that rings (link.h): a peer that sends nothing for a moment may be in no
+  // round.
+  PeerBell* bell = rn > 0 ? NegotiationBell() : nullptr;
   while (sn > 0 || rn > 0) {
     bool progressed = false;
     if (sn > 0) {
@@ -235,6 +238,13 @@ void TcpLink::sendrecv(int to, const void* sbuf, size_t sn, int from, void* rbuf
     int count = 0;
     if (sn > 0) p[count++] = {sfd, POLLOUT, 0};
     if (rn > 0) p[count++] = {rfd, POLLIN, 0};
+    if (bell != nullptr && rn > 0) {
+      const timespec moment{0, PeerBell::kRingAfterUs * 1000};
+      const int ready = ::ppoll(p, count, &moment, nullptr);
+      if (ready == 0) bell->Ring(from);
+      bell = nullptr;  // once per wait
+      if (ready != 0) continue;
+    }
     int slice_ms = timeout_ms_;
     if (interruptible) {
       const auto idle = std::chrono::duration_cast<std::chrono::milliseconds>(

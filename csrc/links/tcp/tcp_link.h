@@ -44,6 +44,7 @@ class TcpLink : public Link {
   void progress(int timeout_ms) override { tagged_.Progress(timeout_ms); }
   const char* name() const override { return "tcp"; }
   bool interruptible() const override { return true; }
+  TcpLink* tcp_mesh() override { return this; }
   // The connected socket to `peer` (-1 for this rank), for a watcher that only polls it.
   int socket(int peer) const { return fds_[peer]; }
   // How long a peer may stay silent from now on; set before the link is shared between threads
