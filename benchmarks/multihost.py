@@ -155,6 +155,10 @@ class EmulatedHosts:
                 for ns in self.namespaces]
 
     def destroy(self):
+        # The veths first: a namespace's deletion frees its end later, and the next hosts of
+        # this process take the same names.
+        for outer in self.outer:
+            _sh("ip", "link", "del", outer, check=False)
         for ns in self.namespaces:
             _sh("ip", "netns", "del", ns, check=False)
         _sh("ip", "link", "del", self.bridge, check=False)
