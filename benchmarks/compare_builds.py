@@ -135,6 +135,9 @@ def subset_worker(args):
     import numpy as np
     import torch
     os.environ["HOROVOD_DYNAMIC_PROCESS_SETS"] = "1"
+    for setting in args.subset_setting:
+        name, value = setting.split("=", 1)
+        os.environ[name] = value
     import horovodlike.torch as hvd
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
@@ -168,8 +171,8 @@ def subset_job(build, scenario, sizes, args, settings):
         worker = [os.path.abspath(__file__), "--subset-worker", scenario, "--out", out,
                   "--sizes", args.sizes, "--iter-scale", str(args.iter_scale)]
         if args.hosts > 1:
-            if settings:
-                raise SystemExit("--hosts: the jobs on emulated hosts take no --*-env settings")
+            # The emulated hosts' jobs start with no HOROVOD_ variables: each rank sets them.
+            worker += [f"--subset-setting={k}={v}" for k, v in settings.items()]
             from planner import run_job as run_on_hosts
             saved = os.environ.get("PYTHONPATH")
             os.environ["PYTHONPATH"] = build   # the job's PYTHONPATH starts with it
@@ -333,6 +336,8 @@ def main():
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--p2p-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--subset-worker", choices=list(SUBSET_SCENARIOS), dest="scenario",
+                        help=argparse.SUPPRESS)
+    parser.add_argument("--subset-setting", action="append", default=[],
                         help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()

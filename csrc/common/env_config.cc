@@ -139,6 +139,7 @@ void ReadLinkSettings(Config& c) {
   c.shm_yield_us = static_cast<int64_t>(GetBytes("HOROVOD_SHM_YIELD_US",
                                                  static_cast<size_t>(c.shm_yield_us), 0, 1000000));
   c.mpi_threads_disabled = GetBool("HOROVOD_MPI_THREADS_DISABLE", false);
+  c.network_round_bell = GetBool("HOROVOD_NETWORK_ROUND_BELL", false);
 }
 
 }  // namespace

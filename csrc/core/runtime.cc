@@ -180,7 +180,8 @@ Runtime::Runtime(Config config, std::unique_ptr<Link> link, int generation,
   round_state_.in_force = tuned_.parameters;
   cycle_time_us_ = static_cast<int64_t>(round_state_.in_force.cycle_time_ms * 1000);
   if (TcpLink* tcp = link_->tcp_mesh(); tcp != nullptr && tcp->size() > 1) {
-    net_bell_ = NetworkBell::Connect(*tcp);  // collective: before any thread uses the mesh
+    // Collective, whatever the setting: before any thread uses the mesh.
+    net_bell_ = NetworkBell::Connect(*tcp, config_.network_round_bell);
   }
   loop_ = std::thread([this] { Loop(); });
   // Named for top, gdb and py-spy (and tests that look at this thread alone).

@@ -59,9 +59,11 @@ struct alignas(kLine) RankControl {
   // round with work for a process set this rank may not be in: Runtime's round bell).
   alignas(kLine) std::atomic<uint32_t> round_bell;
   // The owner writes: 1 while its bell listener is about to sleep or sleeps on round_bell;
-  // and whether it is in a negotiation round.
+  // whether it is in a negotiation round, and when (CLOCK_MONOTONIC, ns) a round of its last
+  // took in work of its own.
   alignas(kLine) std::atomic<uint32_t> round_listening;
   std::atomic<uint32_t> in_round;
+  std::atomic<int64_t> work_ns;
   // The owner writes: the CPU its latest spinning thread ran on (-1 before any), so that a
   // peer spinning on the same CPU gives way instead of spinning out its time slice.
   alignas(kLine) std::atomic<int32_t> cpu;

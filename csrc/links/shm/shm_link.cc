@@ -287,10 +287,17 @@ void ShmLink::RoundStarted() { control(index_).in_round.store(1, std::memory_ord
 
 void ShmLink::RoundEnded() { control(index_).in_round.store(0, std::memory_order_relaxed); }
 
+void ShmLink::TookWork(int64_t now_ns) {
+  control(index_).work_ns.store(now_ns, std::memory_order_relaxed);
+}
+
 void ShmLink::RingIfIdle(int peer) {
   if (!NegotiationRinging() || peer < 0 || peer == index_ || peer >= size()) return;
   shm::RankControl& c = control(peer);
   if (c.in_round.load(std::memory_order_relaxed) != 0) return;
+  const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                          Clock::now().time_since_epoch()).count();
+  if (now - c.work_ns.load(std::memory_order_relaxed) < kBusyNs) return;
   c.round_bell.fetch_add(1, std::memory_order_release);
   round_bells_.fetch_add(1, std::memory_order_relaxed);
   // Pairs with the fence in WaitForRoundBell: the listener sees the new value, or this sees it

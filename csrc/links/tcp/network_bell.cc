@@ -13,14 +13,15 @@
 
 namespace horovodlike {
 
-std::unique_ptr<NetworkBell> NetworkBell::Connect(TcpLink& tcp) {
+std::unique_ptr<NetworkBell> NetworkBell::Connect(TcpLink& tcp, bool enabled) {
   const int rank = tcp.rank(), size = tcp.size();
   // This rank's TCP address: the one its peers reach it by.
   sockaddr_in local{};
   socklen_t length = sizeof(local);
   const int any_peer = rank == 0 ? 1 : 0;
   int fd = -1;
-  if (::getsockname(tcp.socket(any_peer), reinterpret_cast<sockaddr*>(&local), &length) == 0 &&
+  if (enabled &&
+      ::getsockname(tcp.socket(any_peer), reinterpret_cast<sockaddr*>(&local), &length) == 0 &&
       local.sin_family == AF_INET) {
     fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     local.sin_port = 0;

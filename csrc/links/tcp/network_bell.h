@@ -7,6 +7,11 @@
 // random token are sent to every peer over the TCP mesh (authenticated by its handshake), and a
 // bell only answers datagrams that carry its own token. A datagram lost costs what the bell
 // saves: the peer comes at its next cycle, as without it.
+//
+// Off unless HOROVOD_NETWORK_ROUND_BELL=1: where the ranks outside a set are busy, each wait
+// of a negotiation that rings costs a timer's wake-up, and across hosts a peer's answer takes
+// longer than the wait before ringing, so busy sets pay more than idle ones gain on some
+// machines (docs/process-sets.md has the figures).
 #pragma once
 
 #include <netinet/in.h>
@@ -24,10 +29,11 @@ class TcpLink;
 
 class NetworkBell : public PeerBell {
  public:
-  // Collective over `tcp` (every rank calls it at the same point): throws TransportError when
-  // the mesh fails; returns nullptr (on this rank only) when no UDP socket can be opened, then
-  // this rank's peers' datagrams to it are lost and it is rung by none.
-  static std::unique_ptr<NetworkBell> Connect(TcpLink& tcp);
+  // Collective over `tcp` (every rank calls it at the same point, `enabled` or not, so that
+  // ranks whose settings differ still agree): throws TransportError when the mesh fails;
+  // returns nullptr (on this rank only) when not `enabled` or no UDP socket can be opened;
+  // such a rank rings none and is rung by none.
+  static std::unique_ptr<NetworkBell> Connect(TcpLink& tcp, bool enabled);
   ~NetworkBell() override;
 
   // Asks job rank `peer` for a round; best effort, never blocks.
