@@ -569,13 +569,14 @@ bool Runtime::RunSets(RoundState& state, std::vector<int>* shutdown_ranks) {
     } else if (id != 0) {
       set->controller->SetParameters(state.in_force);
     }
-    // A set in which this rank has no work of its own: its peers may have none either, and
-    // then come only at their next cycle; this negotiation rings them (links/link.h).
+    // Peers asleep until their next cycle are rung (links/link.h); between hosts only for a
+    // set in which this rank has no work of its own (network_bell.h says why).
     const bool in_step_only = state.by_set[id].empty() && !set->controller->HasWork();
     struct Negotiating {
       Negotiating(bool ring, PeerBell* network) { SetNegotiationRinging(ring, network); }
       ~Negotiating() { SetNegotiationRinging(false, nullptr); }
-    } negotiating(in_step_only && (bell_.joinable() || net_bell_), net_bell_.get());
+    } negotiating(bell_.joinable() || (net_bell_ && in_step_only),
+                  in_step_only ? net_bell_.get() : nullptr);
     const Controller::Round& round = set->controller->Negotiate(
         state.by_set[id], id == 0 && shutdown_requested_.load());
     if (timeline_->active()) {

@@ -291,19 +291,20 @@ void ShmLink::TookWork(int64_t now_ns) {
   control(index_).work_ns.store(now_ns, std::memory_order_relaxed);
 }
 
-void ShmLink::RingIfIdle(int peer) {
-  if (!NegotiationRinging() || peer < 0 || peer == index_ || peer >= size()) return;
+bool ShmLink::RingIfIdle(int peer) {
+  if (!NegotiationRinging() || peer < 0 || peer == index_ || peer >= size()) return false;
   shm::RankControl& c = control(peer);
-  if (c.in_round.load(std::memory_order_relaxed) != 0) return;
+  if (c.in_round.load(std::memory_order_relaxed) != 0) return false;
   const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
                           Clock::now().time_since_epoch()).count();
-  if (now - c.work_ns.load(std::memory_order_relaxed) < kBusyNs) return;
+  if (now - c.work_ns.load(std::memory_order_relaxed) < kBusyNs) return false;
   c.round_bell.fetch_add(1, std::memory_order_release);
   round_bells_.fetch_add(1, std::memory_order_relaxed);
   // Pairs with the fence in WaitForRoundBell: the listener sees the new value, or this sees it
   // listening and wakes it.
   std::atomic_thread_fence(std::memory_order_seq_cst);
   if (c.round_listening.load(std::memory_order_relaxed) != 0) FutexWakeAll(&c.round_bell);
+  return true;
 }
 
 uint32_t ShmLink::round_bell() const {
@@ -361,12 +362,10 @@ void ShmLink::WaitUntil(const Ready& ready, const Culprit& culprit, int watch) {
   const auto start = Clock::now();
   // A wait of a negotiation that rings for a peer that is in no round: ring it (link.h).
   bool rang = !NegotiationRinging();
+  // A peer in a round or busy is looked at again later (it may go idle without coming).
   auto ring_late = [&](Clock::time_point now) {
     if (rang || now - start < std::chrono::microseconds(PeerBell::kRingAfterUs)) return;
-    const int peer = culprit();
-    if (peer < 0 || control(peer).in_round.load(std::memory_order_relaxed) != 0) return;
-    RingIfIdle(peer);
-    rang = true;
+    rang = RingIfIdle(culprit());
   };
   // A peer may write its last bytes and then stop (point-to-point: send, then shut down) in
   // the moment between a look at the ring and a look at the peer: what it wrote is still read,
@@ -435,10 +434,7 @@ void ShmLink::WaitUntil(const Ready& ready, const Culprit& culprit, int watch) {
     ~Asleep() { set(false); }
   } asleep{mine.sleeping};
   sleeps_.fetch_add(1, std::memory_order_relaxed);
-  if (!rang) {  // asleep, this wait cannot ring later: ring now if the peer is idle
-    rang = true;
-    RingIfIdle(culprit());
-  }
+  if (!rang) rang = RingIfIdle(culprit());
   auto last_progress_check = start;
   while (true) {
     const uint32_t key = mine.doorbell.load(std::memory_order_acquire);
@@ -446,10 +442,12 @@ void ShmLink::WaitUntil(const Ready& ready, const Culprit& culprit, int watch) {
     std::atomic_thread_fence(std::memory_order_seq_cst);
     if (ready()) break;
     if (peers_failed(false)) break;
-    long rc = FutexWait(&mine.doorbell, key, kSleepSliceMs);
+    // Until the peer is rung, short sleeps: it may go idle without coming.
+    long rc = FutexWait(&mine.doorbell, key, rang ? kSleepSliceMs : 1);
     if (rc == 0 || errno == EAGAIN || errno == EINTR) {
       if (ready()) break;
     }
+    if (!rang) rang = RingIfIdle(culprit());
     const auto now = Clock::now();
     if (now - last_progress_check >= std::chrono::milliseconds(kSleepSliceMs)) {
       last_progress_check = now;

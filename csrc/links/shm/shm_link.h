@@ -124,7 +124,7 @@ class ShmLink : public Link {
   size_t TrySend(int to, const uint8_t* buf, size_t n);
   size_t TryRecv(int from, uint8_t* buf, size_t n);
   // Rings `peer`'s round bell when this thread's negotiation rings and `peer` is in no round.
-  void RingIfIdle(int peer);
+  bool RingIfIdle(int peer);  // whether it rang
   // Wakes `peer` if it sleeps (call after publishing what it may wait for).
   void Notify(int peer);
   void NotifyAll();
