@@ -65,10 +65,11 @@ def test_a_signal_ends_a_round_the_caller_runs():
 
 def test_a_process_set_does_not_wait_for_the_cycle_of_idle_ranks_outside_it():
     # Ranks 0 and 1 run 50 allreduces in their own set while rank 2 waits for a message; with
-    # a ten-minute cycle time they finish (within the job's timeout) only because their rounds
-    # ring rank 2's round bell. Over shared memory, where the bell is.
-    result = launch(3, "round_bell_worker.py", transport="tcp", timeout=120,
-                    env={"HOROVOD_CYCLE_TIME": "600000", "HOROVOD_DYNAMIC_PROCESS_SETS": "1"})
+    # a cycle time of 3 s, which each of them would otherwise wait for, they finish within the
+    # job's timeout only because their rounds ring rank 2's round bell. Over shared memory,
+    # where the bell is.
+    result = launch(3, "round_bell_worker.py", transport="tcp", timeout=60,
+                    env={"HOROVOD_CYCLE_TIME": "3000", "HOROVOD_DYNAMIC_PROCESS_SETS": "1"})
     assert_all_ranks(result, 3, "BELLS")
     bells = {int(line.split("]")[0][1:]): int(line.rsplit(" ", 1)[1])
              for line in result.stdout.splitlines() if "BELLS " in line}

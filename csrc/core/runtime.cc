@@ -203,14 +203,14 @@ void Runtime::ListenForNetworkBell() {
                             std::chrono::steady_clock::now().time_since_epoch()).count();
     if (now - last_work_ns_.load(std::memory_order_relaxed) >= kBusyNs) {
       bell_round_.store(rounds_begun_.load(std::memory_order_acquire), std::memory_order_release);
-      queue_.Notify();
+      queue_.Ring();
     }
   }
 }
 
 bool Runtime::BellAnswered() {
   const int64_t rung = bell_round_.exchange(-1, std::memory_order_acq_rel);
-  return rung >= 0 && rounds_begun_.load(std::memory_order_acquire) > rung;
+  return rounds_begun_.load(std::memory_order_acquire) > rung || queue_.HasNewRequests();
 }
 
 void Runtime::ListenForRoundBell(ShmLink* shm) {
@@ -220,7 +220,7 @@ void Runtime::ListenForRoundBell(ShmLink* shm) {
     if (now != seen && !bell_stop_.load(std::memory_order_acquire)) {
       seen = now;
       bell_round_.store(rounds_begun_.load(std::memory_order_acquire), std::memory_order_release);
-      queue_.Notify();
+      queue_.Ring();
     }
   }
 }
@@ -457,7 +457,7 @@ void Runtime::Loop() {
     // only make the peers run one too.
     if (!shutdown_requested_ &&
         ((wake == TensorQueue::Wake::kNewRequests && !queue_.HasNewRequests()) ||
-         (wake == TensorQueue::Wake::kNotified && BellAnswered() && !queue_.HasNewRequests()) ||
+         (wake == TensorQueue::Wake::kBell && BellAnswered()) ||
          (wake == TensorQueue::Wake::kTimeout && since_last_round() < cycle))) {
       continue;
     }
@@ -569,14 +569,15 @@ bool Runtime::RunSets(RoundState& state, std::vector<int>* shutdown_ranks) {
     } else if (id != 0) {
       set->controller->SetParameters(state.in_force);
     }
-    // Peers asleep until their next cycle are rung (links/link.h); between hosts only for a
-    // set in which this rank has no work of its own (network_bell.h says why).
+    // A set in which this rank has no work of its own: its peers may have none either, and
+    // then come only at their next cycle; this negotiation rings them (links/link.h). Where
+    // this rank has work, so may they: they come with it, and a bell would only make them run
+    // a round before it, which the next one repeats.
     const bool in_step_only = state.by_set[id].empty() && !set->controller->HasWork();
     struct Negotiating {
       Negotiating(bool ring, PeerBell* network) { SetNegotiationRinging(ring, network); }
       ~Negotiating() { SetNegotiationRinging(false, nullptr); }
-    } negotiating(bell_.joinable() || (net_bell_ && in_step_only),
-                  in_step_only ? net_bell_.get() : nullptr);
+    } negotiating(in_step_only && (bell_.joinable() || net_bell_), net_bell_.get());
     const Controller::Round& round = set->controller->Negotiate(
         state.by_set[id], id == 0 && shutdown_requested_.load());
     if (timeline_->active()) {

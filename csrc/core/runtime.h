@@ -190,7 +190,10 @@ class Runtime {
   // and the peer that rang cannot see that, as a peer on the host can).
   std::atomic<int64_t> last_work_ns_{0};
   static constexpr int64_t kBusyNs = 200000;
-  // Whether the bell rang and a round began since (then the loop need not run one for it).
+  // Whether the loop need not run a round for the bell: one began since it rang (it met the
+  // ringing rank's negotiation), or requests are queued, whose caller (or the loop, woken
+  // for them) runs one; the loop running a waiting caller's round would cost it two thread
+  // wake-ups.
   bool BellAnswered();
   // Rounds begun on this rank, and their count when the bell last rang: the loop skips the
   // bell's round when one began since (it met the ringing rank's negotiation already).

@@ -41,12 +41,22 @@ void TensorQueue::PopNewRequests(std::vector<std::pair<int, Request>>* out) {
 
 TensorQueue::Wake TensorQueue::WaitForWork(std::chrono::microseconds timeout) {
   std::unique_lock<std::mutex> lock(mutex_);
-  cv_.wait_for(lock, timeout, [&] { return !new_requests_.empty() || notified_; });
+  cv_.wait_for(lock, timeout, [&] { return !new_requests_.empty() || notified_ || rung_; });
   const Wake wake = notified_                ? Wake::kNotified
                     : !new_requests_.empty() ? Wake::kNewRequests
+                    : rung_                  ? Wake::kBell
                                              : Wake::kTimeout;
   notified_ = false;
+  rung_ = false;
   return wake;
+}
+
+void TensorQueue::Ring() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    rung_ = true;
+  }
+  cv_.notify_one();
 }
 
 void TensorQueue::Notify() {

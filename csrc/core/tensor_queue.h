@@ -41,10 +41,12 @@ class TensorQueue {
   // Moves the new requests since the last call into `out` (replacing its contents), with the
   // process set each belongs to. Swaps storage with the queue, so neither side reallocates.
   void PopNewRequests(std::vector<std::pair<int, Request>>* out);
-  // Blocks up to `timeout` for new requests or a Notify(); returns at once if some are queued.
-  enum class Wake { kTimeout, kNewRequests, kNotified };
+  // Blocks up to `timeout` for new requests, a Notify() or a Ring(); returns at once if some
+  // are queued. A Ring (a peer's round bell) ranks below the others.
+  enum class Wake { kTimeout, kNewRequests, kNotified, kBell };
   Wake WaitForWork(std::chrono::microseconds timeout);
   void Notify();
+  void Ring();
   // Whether requests were added since the last PopNewRequests.
   bool HasNewRequests();
   // Removes and returns the entry; false when no such entry exists.
@@ -56,6 +58,7 @@ class TensorQueue {
  private:
   std::mutex mutex_;
   std::condition_variable cv_;
+  bool rung_ = false;
   bool notified_ = false;
   std::unordered_map<std::string, TensorEntry> entries_;
   std::vector<std::pair<int, Request>> new_requests_;

@@ -29,14 +29,12 @@ class ShmLink;
 class TcpLink;
 
 // The round bells (shm/shm_link.h inside a host, tcp/network_bell.h between hosts): every
-// negotiation round involves every rank of each of a rank's process sets, so a round waiting
-// for a peer that is in no round (its loop asleep until its next cycle: it has nothing to do,
-// or it gave up driving rounds for work of its own that others were late for) asks that peer
-// for one. The Runtime turns ringing on for its negotiations, on the thread that runs them; a
-// wait of that thread for a peer that has sent nothing for kRingAfterUs then rings the peer:
-// through the shared segment inside a host, or through `network` between hosts (null: no bell
-// between hosts; the Runtime passes it only for negotiations of a set in which this rank has
-// no work of its own, where the peers may have none either).
+// negotiation round involves every rank of each of a rank's process sets, so a round that has
+// no work of its own in a set (its part there is only to keep in step) but waits for a peer
+// that is in no round (its loop asleep until its next cycle) asks that peer for one. The
+// Runtime turns ringing on for such a negotiation, on the thread that runs it; a wait of that
+// thread for a peer that has sent nothing for kRingAfterUs then rings the peer: through the
+// shared segment inside a host, or `network` between hosts (null: no bell between hosts).
 class PeerBell {
  public:
   virtual ~PeerBell() = default;

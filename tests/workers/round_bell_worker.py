@@ -1,5 +1,5 @@
 """A process set's collectives while the rank outside it waits for a point-to-point message,
-with a cycle time of ten minutes (the test sets HOROVOD_CYCLE_TIME): every round negotiates
+with a cycle time of 3 s (the test sets HOROVOD_CYCLE_TIME): every round negotiates
 every set, the global one first, so each of the set's collectives needs the idle rank's part
 of the global negotiation. The set's rounds ring the idle rank's round bell
 (ShmLink::RoundStarted), whose loop then runs a round at once; without it each collective
