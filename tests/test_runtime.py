@@ -74,3 +74,11 @@ def test_a_process_set_does_not_wait_for_the_cycle_of_idle_ranks_outside_it():
     bells = {int(line.split("]")[0][1:]): int(line.rsplit(" ", 1)[1])
              for line in result.stdout.splitlines() if "BELLS " in line}
     assert bells[0] + bells[1] > 0, bells
+
+
+def test_a_wrong_round_bell_setting_is_named():
+    result = launch(2, "init_only_worker.py", env={"HOROVOD_ROUND_BELL": "sometimes"},
+                    timeout=60)
+    assert result.returncode != 0
+    assert "HOROVOD_ROUND_BELL='sometimes': use auto (the default), off, host or all" in \
+        result.stdout + result.stderr

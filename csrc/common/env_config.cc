@@ -139,7 +139,14 @@ void ReadLinkSettings(Config& c) {
   c.shm_yield_us = static_cast<int64_t>(GetBytes("HOROVOD_SHM_YIELD_US",
                                                  static_cast<size_t>(c.shm_yield_us), 0, 1000000));
   c.mpi_threads_disabled = GetBool("HOROVOD_MPI_THREADS_DISABLE", false);
-  c.network_round_bell = GetBool("HOROVOD_NETWORK_ROUND_BELL", false);
+  if (const char* bell = Get("HOROVOD_ROUND_BELL")) {
+    const std::string value = bell;
+    if (value != "auto" && value != "off" && value != "host" && value != "all") {
+      throw InvalidArgument("HOROVOD_ROUND_BELL='" + value + "': use auto (the default), off, "
+                            "host or all");
+    }
+    c.round_bell = value;
+  }
 }
 
 }  // namespace

@@ -77,10 +77,12 @@ struct Config {
   // memory), the shared-memory geometry and spinning (HOROVOD_SHM_CHANNEL_BYTES,
   // HOROVOD_SHM_CHUNK_BYTES, HOROVOD_SHM_SMALL_BYTES, HOROVOD_SHM_SPIN_US,
   // HOROVOD_SHM_YIELD_US; see docs/performance.md; the defaults were tuned on a 2-core
-  // machine), HOROVOD_MPI_THREADS_DISABLE and HOROVOD_NETWORK_ROUND_BELL (the round bell
-  // between hosts, links/tcp/network_bell.h; off by default).
+  // machine), HOROVOD_MPI_THREADS_DISABLE and HOROVOD_ROUND_BELL (the round bells of
+  // links/link.h: "auto", the shared-memory one when every rank of the job is on one host;
+  // "off"; "host": the shared-memory one always; "all": that and the network one,
+  // links/tcp/network_bell.h).
   bool shm_disabled = false;
-  bool network_round_bell = false;
+  std::string round_bell = "auto";
   std::string launcher_hostname;
   size_t shm_channel_bytes = 1 << 20;
   size_t shm_chunk_bytes = 1 << 20;

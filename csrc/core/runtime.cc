@@ -181,12 +181,19 @@ Runtime::Runtime(Config config, std::unique_ptr<Link> link, int generation,
   cycle_time_us_ = static_cast<int64_t>(round_state_.in_force.cycle_time_ms * 1000);
   if (TcpLink* tcp = link_->tcp_mesh(); tcp != nullptr && tcp->size() > 1) {
     // Collective, whatever the setting: before any thread uses the mesh.
-    net_bell_ = NetworkBell::Connect(*tcp, config_.network_round_bell);
+    net_bell_ = NetworkBell::Connect(*tcp, config_.round_bell == "all");
   }
   loop_ = std::thread([this] { Loop(); });
   // Named for top, gdb and py-spy (and tests that look at this thread alone).
   pthread_setname_np(loop_.native_handle(), "hvdl-loop");
-  if (ShmLink* shm = link_->shared_memory(); shm != nullptr && shm->size() > 1) {
+  // The host's bell by default only where it reaches every rank: in a job over several hosts
+  // it cannot wake the ranks of the others, and its thread and bookkeeping cost the busy
+  // sets of such a job 7-20% at 4 KiB on the machine measured (docs/process-sets.md).
+  ShmLink* shm = link_->shared_memory();
+  const bool host_bell = config_.round_bell == "host" || config_.round_bell == "all" ||
+                         (config_.round_bell == "auto" && shm != nullptr &&
+                          shm->size() == config_.size);
+  if (host_bell && shm != nullptr && shm->size() > 1) {
     bell_ = std::thread([this, shm] { ListenForRoundBell(shm); });
     pthread_setname_np(bell_.native_handle(), "hvdl-bell");
   }

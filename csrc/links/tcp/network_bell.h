@@ -8,10 +8,9 @@
 // bell only answers datagrams that carry its own token. A datagram lost costs what the bell
 // saves: the peer comes at its next cycle, as without it.
 //
-// Off unless HOROVOD_NETWORK_ROUND_BELL=1: where the ranks outside a set are busy, each wait
-// of a negotiation that rings costs a timer's wake-up, and across hosts a peer's answer takes
-// longer than the wait before ringing, so busy sets pay more than idle ones gain on some
-// machines (docs/process-sets.md has the figures).
+// Off unless HOROVOD_ROUND_BELL=all: across hosts a peer's answer takes longer than the wait
+// before ringing, so peers busy with sets of their own are rung too, and such sets paid more
+// on the machine measured than idle ones gained (docs/process-sets.md has the figures).
 #pragma once
 
 #include <netinet/in.h>
