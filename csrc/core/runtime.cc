@@ -168,8 +168,7 @@ Runtime::Runtime(Config config, std::unique_ptr<Link> link, int generation,
       gpu_completions_(handles_, [this] { queue_.Notify(); }),
       process_sets_(*link_, config_, queue_, handles_, *timeline_,
                     [this](const Response& r) { return ChangeProcessSets(r); },
-                    &gpu_completions_),
-      tuner_(std::move(tuner)),
+                    &gpu_completions_), tuner_(std::move(tuner)),
       p2p_link_(std::move(p2p_link)),
       p2p_(std::make_unique<PointToPoint>(config_.rank, config_.size, TaggedLink(), handles_,
                                           std::move(p2p_unavailable))),
@@ -179,57 +178,10 @@ Runtime::Runtime(Config config, std::unique_ptr<Link> link, int generation,
   tuned_.parameters.tuning = config_.autotune;  // until rank 0's first round says otherwise
   round_state_.in_force = tuned_.parameters;
   cycle_time_us_ = static_cast<int64_t>(round_state_.in_force.cycle_time_ms * 1000);
-  if (TcpLink* tcp = link_->tcp_mesh(); tcp != nullptr && tcp->size() > 1) {
-    // Collective, whatever the setting: before any thread uses the mesh.
-    net_bell_ = NetworkBell::Connect(*tcp, config_.round_bell == "all");
-  }
+  bells_ = std::make_unique<RoundBells>(*link_, config_, queue_);  // collective
   loop_ = std::thread([this] { Loop(); });
   // Named for top, gdb and py-spy (and tests that look at this thread alone).
   pthread_setname_np(loop_.native_handle(), "hvdl-loop");
-  // The host's bell by default only where it reaches every rank: in a job over several hosts
-  // it cannot wake the ranks of the others, and its thread and bookkeeping cost the busy
-  // sets of such a job 7-20% at 4 KiB on the machine measured (docs/process-sets.md).
-  ShmLink* shm = link_->shared_memory();
-  const bool host_bell = config_.round_bell == "host" || config_.round_bell == "all" ||
-                         (config_.round_bell == "auto" && shm != nullptr &&
-                          shm->size() == config_.size);
-  if (host_bell && shm != nullptr && shm->size() > 1) {
-    bell_ = std::thread([this, shm] { ListenForRoundBell(shm); });
-    pthread_setname_np(bell_.native_handle(), "hvdl-bell");
-  }
-  if (net_bell_) {
-    net_bell_thread_ = std::thread([this] { ListenForNetworkBell(); });
-    pthread_setname_np(net_bell_thread_.native_handle(), "hvdl-netbell");
-  }
-}
-
-void Runtime::ListenForNetworkBell() {
-  while (!bell_stop_.load(std::memory_order_acquire)) {
-    if (!net_bell_->Wait(200) || bell_stop_.load(std::memory_order_acquire)) continue;
-    const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                            std::chrono::steady_clock::now().time_since_epoch()).count();
-    if (now - last_work_ns_.load(std::memory_order_relaxed) >= kBusyNs) {
-      bell_round_.store(rounds_begun_.load(std::memory_order_acquire), std::memory_order_release);
-      queue_.Ring();
-    }
-  }
-}
-
-bool Runtime::BellAnswered() {
-  const int64_t rung = bell_round_.exchange(-1, std::memory_order_acq_rel);
-  return rounds_begun_.load(std::memory_order_acquire) > rung || queue_.HasNewRequests();
-}
-
-void Runtime::ListenForRoundBell(ShmLink* shm) {
-  uint32_t seen = shm->round_bell();
-  while (!bell_stop_.load(std::memory_order_acquire)) {
-    const uint32_t now = shm->WaitForRoundBell(seen, 200);
-    if (now != seen && !bell_stop_.load(std::memory_order_acquire)) {
-      seen = now;
-      bell_round_.store(rounds_begun_.load(std::memory_order_acquire), std::memory_order_release);
-      queue_.Ring();
-    }
-  }
 }
 
 Runtime::~Runtime() { Close(); }
@@ -237,15 +189,7 @@ Runtime::~Runtime() { Close(); }
 void Runtime::Close() {
   std::lock_guard<std::mutex> lock(close_mutex_);
   shutdown_requested_ = true;
-  bell_stop_ = true;
-  if (bell_.joinable()) {
-    link_->shared_memory()->WakeRoundListener();
-    bell_.join();
-  }
-  if (net_bell_thread_.joinable()) {
-    net_bell_->Wake();
-    net_bell_thread_.join();
-  }
+  bells_->Stop();
   queue_.Notify();
   if (loop_.joinable()) loop_.join();
   gpu_completions_.WaitIdle(10.0);  // GPU work already queued finishes; then the rest fails
@@ -464,7 +408,7 @@ void Runtime::Loop() {
     // only make the peers run one too.
     if (!shutdown_requested_ &&
         ((wake == TensorQueue::Wake::kNewRequests && !queue_.HasNewRequests()) ||
-         (wake == TensorQueue::Wake::kBell && BellAnswered()) ||
+         (wake == TensorQueue::Wake::kBell && bells_->Answered()) ||
          (wake == TensorQueue::Wake::kTimeout && since_last_round() < cycle))) {
       continue;
     }
@@ -477,26 +421,15 @@ bool Runtime::RunRoundLocked() {
   RoundState& state = round_state_;
   try {
     if (gpu_completions_.failed()) throw TransportError(gpu_completions_.failure());
-    rounds_begun_.fetch_add(1, std::memory_order_acq_rel);
-    ShmLink* shm = bell_.joinable() ? link_->shared_memory() : nullptr;
-    struct InRound {
-      ShmLink* shm;
-      explicit InRound(ShmLink* s) : shm(s) { if (shm != nullptr) shm->RoundStarted(); }
-      ~InRound() { if (shm != nullptr) shm->RoundEnded(); }
-    } in_round(shm);
+    const RoundBells::Round in_round(*bells_);
     TakeNewRequests(state);
-    if (!state.popped.empty()) {
-      last_work_ns_.store(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                              std::chrono::steady_clock::now().time_since_epoch()).count(),
-                          std::memory_order_relaxed);
-    }
+    if (!state.popped.empty()) bells_->TookWork();
     std::vector<int> shutdown_ranks;
     const bool shutdown = RunSets(state, &shutdown_ranks);
     FailRequestsOfRemovedSets(state);
     cycle_time_us_ = static_cast<int64_t>(state.in_force.cycle_time_ms * 1000);
     last_round_end_ns_ = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                             std::chrono::steady_clock::now().time_since_epoch())
-                             .count();
+        std::chrono::steady_clock::now().time_since_epoch()).count();
     if (shutdown) {
       StopOnShutdown(shutdown_ranks);
       finished_ = true;
@@ -576,15 +509,9 @@ bool Runtime::RunSets(RoundState& state, std::vector<int>* shutdown_ranks) {
     } else if (id != 0) {
       set->controller->SetParameters(state.in_force);
     }
-    // A set in which this rank has no work of its own: its peers may have none either, and
-    // then come only at their next cycle; this negotiation rings them (links/link.h). Where
-    // this rank has work, so may they: they come with it, and a bell would only make them run
-    // a round before it, which the next one repeats.
+    // Rings the set's silent peers when this rank has no work of its own in it (round_bells.h).
     const bool in_step_only = state.by_set[id].empty() && !set->controller->HasWork();
-    struct Negotiating {
-      Negotiating(bool ring, PeerBell* network) { SetNegotiationRinging(ring, network); }
-      ~Negotiating() { SetNegotiationRinging(false, nullptr); }
-    } negotiating(in_step_only && (bell_.joinable() || net_bell_), net_bell_.get());
+    const RoundBells::Negotiating negotiating(*bells_, in_step_only);
     const Controller::Round& round = set->controller->Negotiate(
         state.by_set[id], id == 0 && shutdown_requested_.load());
     if (timeline_->active()) {

@@ -13,6 +13,7 @@
 
 #include "controller.h"
 #include "process_set.h"
+#include "round_bells.h"
 #include "runtime_args.h"
 #include "../common/env_config.h"
 #include "executor.h"
@@ -23,7 +24,6 @@
 #include "tensor_queue.h"
 #include "timeline.h"
 #include "../links/link.h"
-#include "../links/tcp/network_bell.h"
 
 namespace horovodlike {
 
@@ -81,7 +81,7 @@ class Runtime {
   }
   Executor::Stats stats() { return process_sets_.TotalStats(); }
   // Round bells this rank rang to peers on other hosts (-1 without a network bell).
-  int64_t network_bells() const { return net_bell_ ? net_bell_->rings() : -1; }
+  int64_t network_bells() const { return bells_->network_rings(); }
   // Ranks of a process set; throws InvalidArgument when it does not exist.
   std::vector<int> ProcessSetRanks(int id);
   std::vector<int> ProcessSetIds() { return process_sets_.Ids(); }
@@ -174,33 +174,8 @@ class Runtime {
   // With deferred_, the threads in WaitDriving waiting for a handle the rounds have not
   // completed: the loop runs rounds back to back while there is one (see Loop).
   std::atomic<int> waiting_callers_{0};
-  // The round bell (one host's ranks, over their shared memory; ShmLink::RoundStarted): a
-  // round waiting for a peer of the host that is in no round rings it, and the peer's
-  // listener thread wakes its loop for a round at once. Every round negotiates every set of
-  // the rank, the global one first, so a rank outside a process set that is idle would
-  // otherwise hold the set's collectives back until its loop's next cycle (HOROVOD_CYCLE_TIME).
-  void ListenForRoundBell(ShmLink* shm);
-  // The same across hosts, by datagram (links/tcp/network_bell.h): a negotiation's wait for a
-  // TCP peer rings it; this rank's listener wakes the loop.
-  void ListenForNetworkBell();
-  std::unique_ptr<NetworkBell> net_bell_;
-  std::thread net_bell_thread_;
-  // When (steady clock, ns) a round last took in new requests: a network bell heard within
-  // kBusyNs of it is let go (a rank with work of its own comes to the next round by itself,
-  // and the peer that rang cannot see that, as a peer on the host can).
-  std::atomic<int64_t> last_work_ns_{0};
-  static constexpr int64_t kBusyNs = 200000;
-  // Whether the loop need not run a round for the bell: one began since it rang (it met the
-  // ringing rank's negotiation), or requests are queued, whose caller (or the loop, woken
-  // for them) runs one; the loop running a waiting caller's round would cost it two thread
-  // wake-ups.
-  bool BellAnswered();
-  // Rounds begun on this rank, and their count when the bell last rang: the loop skips the
-  // bell's round when one began since (it met the ringing rank's negotiation already).
-  std::atomic<int64_t> rounds_begun_{0};
-  std::atomic<int64_t> bell_round_{-1};
-  std::atomic<bool> bell_stop_{false};
-  std::thread bell_;
+  // Declared after the queue and the link, which it uses; stopped before them (Close).
+  std::unique_ptr<RoundBells> bells_;
   std::thread loop_;
 };
 

@@ -356,6 +356,30 @@ void ShmLink::CheckPeers(bool check_processes, int peer) {
   }
 }
 
+namespace {
+// Counts this thread among the rank's sleepers (RankControl::sleeping) while `on`.
+struct Asleep {
+  std::atomic<uint32_t>& count;
+  bool on = false;
+  void set(bool value) {
+    if (value == on) return;
+    if (value) count.fetch_add(1, std::memory_order_relaxed);
+    else count.fetch_sub(1, std::memory_order_relaxed);
+    on = value;
+  }
+  ~Asleep() { set(false); }
+};
+}  // namespace
+
+void ShmLink::FailSilentPeer(int peer) {
+  char seconds[32];
+  std::snprintf(seconds, sizeof(seconds), "%g", peer_timeout_.count() / 1000.0);
+  FailPeer(peer,
+           std::string("nothing received or sent for ") + seconds +
+               " s (HOROVOD_PEER_TIMEOUT_SECONDS); the peer is stopped, hung or unreachable",
+           TransportError::Cause::kPeerTimeout);
+}
+
 template <class Ready, class Culprit>
 void ShmLink::WaitUntil(const Ready& ready, const Culprit& culprit, int watch) {
   if (ready()) return;
@@ -422,17 +446,7 @@ void ShmLink::WaitUntil(const Ready& ready, const Culprit& culprit, int watch) {
   // this rank's sleeping threads (point-to-point has several), so that a peer rings while any
   // of them sleeps.
   shm::RankControl& mine = control(index_);
-  struct Asleep {
-    std::atomic<uint32_t>& count;
-    bool on = false;
-    void set(bool value) {
-      if (value == on) return;
-      if (value) count.fetch_add(1, std::memory_order_relaxed);
-      else count.fetch_sub(1, std::memory_order_relaxed);
-      on = value;
-    }
-    ~Asleep() { set(false); }
-  } asleep{mine.sleeping};
+  Asleep asleep{mine.sleeping};
   sleeps_.fetch_add(1, std::memory_order_relaxed);
   if (!rang) rang = RingIfIdle(culprit());
   auto last_progress_check = start;
@@ -458,15 +472,7 @@ void ShmLink::WaitUntil(const Ready& ready, const Culprit& culprit, int watch) {
         throw TransportError(InterruptedWaitMessage(silent), silent,
                              TransportError::Cause::kInterrupted);
       }
-      if (now - start > peer_timeout_) {
-        char seconds[32];
-        std::snprintf(seconds, sizeof(seconds), "%g", peer_timeout_.count() / 1000.0);
-        FailPeer(culprit(),
-                 std::string("nothing received or sent for ") + seconds +
-                     " s (HOROVOD_PEER_TIMEOUT_SECONDS); the peer is stopped, hung or "
-                     "unreachable",
-                 TransportError::Cause::kPeerTimeout);
-      }
+      if (now - start > peer_timeout_) FailSilentPeer(culprit());
     }
   }
 }

@@ -148,6 +148,8 @@ class ShmLink : public Link {
   void GiveWay(int peer);
   void MoveToFreeCpu(int cpu);
   [[noreturn]] void FailPeer(int peer, const std::string& what, TransportError::Cause cause);
+  // FailPeer for a peer silent for the peer timeout.
+  [[noreturn]] void FailSilentPeer(int peer);
 
   ShmSegment segment_;
   std::vector<int> members_;
