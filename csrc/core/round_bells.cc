@@ -53,6 +53,7 @@ int64_t RoundBells::NowNs() {
 }
 
 RoundBells::Round::Round(RoundBells& bells) : bells_(bells) {
+  if (!bells_.active()) return;
   bells_.rounds_begun_.fetch_add(1, std::memory_order_acq_rel);
   if (bells_.host_ != nullptr) bells_.host_->RoundStarted();
 }
@@ -62,18 +63,22 @@ RoundBells::Round::~Round() {
 }
 
 void RoundBells::TookWork() {
-  if (host_ == nullptr && !network_) return;
+  if (!active()) return;
   const int64_t now = NowNs();
   work_ns_.store(now, std::memory_order_relaxed);
   if (host_ != nullptr) host_->TookWork(now);
 }
 
-RoundBells::Negotiating::Negotiating(const RoundBells& bells, bool in_step_only) {
-  SetNegotiationRinging(in_step_only && (bells.host_ != nullptr || bells.network_),
-                        bells.network_.get());
+RoundBells::Negotiating::Negotiating(const RoundBells& bells,
+                                     const std::vector<Request>& new_requests,
+                                     const Controller& controller)
+    : ringing_(bells.active() && new_requests.empty() && !controller.HasWork()) {
+  if (ringing_) SetNegotiationRinging(true, bells.network_.get());
 }
 
-RoundBells::Negotiating::~Negotiating() { SetNegotiationRinging(false, nullptr); }
+RoundBells::Negotiating::~Negotiating() {
+  if (ringing_) SetNegotiationRinging(false, nullptr);
+}
 
 bool RoundBells::Answered() {
   const int64_t heard = heard_at_round_.exchange(-1, std::memory_order_acq_rel);
@@ -99,7 +104,7 @@ void RoundBells::ListenOnHost() {
 void RoundBells::ListenOnNetwork() {
   while (!stop_.load(std::memory_order_acquire)) {
     if (!network_->Wait(200) || stop_.load(std::memory_order_acquire)) continue;
-    if (NowNs() - work_ns_.load(std::memory_order_relaxed) >= kBusyNs) Heard();
+    if (NowNs() - work_ns_.load(std::memory_order_relaxed) >= PeerBell::kBusyNs) Heard();
   }
 }
 

@@ -13,6 +13,7 @@
 #include <memory>
 #include <thread>
 
+#include "controller.h"
 #include "tensor_queue.h"
 #include "../common/env_config.h"
 #include "../links/link.h"
@@ -40,11 +41,14 @@ class RoundBells {
   // The round took in requests of its own.
   void TookWork();
   // For the duration of one set's negotiation (on the thread running it): rings when this
-  // rank has no work of its own in the set.
+  // rank has no work of its own in the set (no `new_requests`, nothing left in `controller`).
   class Negotiating {
    public:
-    Negotiating(const RoundBells& bells, bool in_step_only);
+    Negotiating(const RoundBells& bells, const std::vector<Request>& new_requests,
+                const Controller& controller);
     ~Negotiating();
+   private:
+    bool ringing_;
   };
   // Whether the loop, woken by a bell, need not run a round: one began since it rang (it met
   // the ringing rank's negotiation), or requests are queued, whose caller (or the loop, woken
@@ -61,6 +65,9 @@ class RoundBells {
   void Heard();
   static int64_t NowNs();
 
+  // Whether any bell rings: without one a round keeps nothing for them.
+  bool active() const { return host_ != nullptr || network_ != nullptr; }
+
   TensorQueue& queue_;
   ShmLink* host_ = nullptr;                 // the host's bell, when it rings
   std::unique_ptr<NetworkBell> network_;    // the bell between hosts, when it rings
@@ -68,10 +75,9 @@ class RoundBells {
   std::atomic<int64_t> rounds_begun_{0};
   std::atomic<int64_t> heard_at_round_{-1};
   // When (steady clock, ns) a round last took in requests: a network bell heard within
-  // kBusyNs of it is let go (a rank with work of its own comes to the next round by itself,
-  // and the peer that rang cannot see that, as a peer on the host can).
+  // PeerBell::kBusyNs of it is let go (the peer that rang cannot see that this rank is busy,
+  // as a peer on the host can).
   std::atomic<int64_t> work_ns_{0};
-  static constexpr int64_t kBusyNs = 200000;
   std::atomic<bool> stop_{false};
   std::thread host_listener_;
   std::thread network_listener_;

@@ -510,8 +510,7 @@ bool Runtime::RunSets(RoundState& state, std::vector<int>* shutdown_ranks) {
       set->controller->SetParameters(state.in_force);
     }
     // Rings the set's silent peers when this rank has no work of its own in it (round_bells.h).
-    const bool in_step_only = state.by_set[id].empty() && !set->controller->HasWork();
-    const RoundBells::Negotiating negotiating(*bells_, in_step_only);
+    const RoundBells::Negotiating negotiating(*bells_, state.by_set[id], *set->controller);
     const Controller::Round& round = set->controller->Negotiate(
         state.by_set[id], id == 0 && shutdown_requested_.load());
     if (timeline_->active()) {

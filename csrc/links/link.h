@@ -40,6 +40,9 @@ class PeerBell {
   virtual ~PeerBell() = default;
   virtual void Ring(int peer) = 0;
   static constexpr int kRingAfterUs = 50;
+  // A rank whose rounds took in work of its own this recently is busy: it comes to the next
+  // round by itself, and a bell would only cost it two thread wake-ups.
+  static constexpr int64_t kBusyNs = 200000;
 };
 void SetNegotiationRinging(bool on, PeerBell* network);
 bool NegotiationRinging();

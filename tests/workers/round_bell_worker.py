@@ -2,7 +2,7 @@
 with a cycle time of 3 s (the test sets HOROVOD_CYCLE_TIME): every round negotiates
 every set, the global one first, so each of the set's collectives needs the idle rank's part
 of the global negotiation. The set's rounds ring the idle rank's round bell
-(ShmLink::RoundStarted), whose loop then runs a round at once; without it each collective
+(core/round_bells.h), whose loop then runs a round at once; without it each collective
 would wait for its next cycle. Prints the bells each rank rang."""
 
 import numpy as np

@@ -55,8 +55,8 @@ struct alignas(kLine) RankControl {
   std::atomic<uint32_t> aborted;                  // set when this rank's link stopped
   int32_t pid;                                    // for liveness checks through /proc
   uint64_t start_time;                            // /proc/<pid>/stat field 22, against pid reuse
-  // Others write: bumped to ask the owner for a negotiation round at once (a peer began a
-  // round with work for a process set this rank may not be in: Runtime's round bell).
+  // Others write: bumped to ask the owner for a negotiation round at once (a peer's
+  // negotiation waits for this rank, which is in no round: the round bell, links/link.h).
   alignas(kLine) std::atomic<uint32_t> round_bell;
   // The owner writes: 1 while its bell listener is about to sleep or sleeps on round_bell;
   // whether it is in a negotiation round, and when (CLOCK_MONOTONIC, ns) a round of its last

@@ -297,7 +297,7 @@ bool ShmLink::RingIfIdle(int peer) {
   if (c.in_round.load(std::memory_order_relaxed) != 0) return false;
   const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
                           Clock::now().time_since_epoch()).count();
-  if (now - c.work_ns.load(std::memory_order_relaxed) < kBusyNs) return false;
+  if (now - c.work_ns.load(std::memory_order_relaxed) < PeerBell::kBusyNs) return false;
   c.round_bell.fetch_add(1, std::memory_order_release);
   round_bells_.fetch_add(1, std::memory_order_relaxed);
   // Pairs with the fence in WaitForRoundBell: the listener sees the new value, or this sees it

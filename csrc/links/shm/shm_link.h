@@ -87,11 +87,9 @@ class ShmLink : public Link {
   // The round bell inside a host (link.h's PeerBell says when a negotiation rings): a wait
   // of such a negotiation for a peer of the host that has not answered within kRingAfterUs,
   // is in no round itself (RoundStarted until RoundEnded) and has taken in no work of its own
-  // for kBusyNs (TookWork: a busy rank comes to the next round by itself, and a bell would only
-  // cost it two thread wake-ups) rings that peer's bell, once per wait; the peer's listener
-  // (WaitForRoundBell) then wakes its loop.
+  // for PeerBell::kBusyNs (TookWork) rings that peer's bell, once per wait; the peer's
+  // listener (WaitForRoundBell) then wakes its loop.
   void TookWork(int64_t now_ns);
-  static constexpr int64_t kBusyNs = 200000;
   void RoundStarted();
   void RoundEnded();
   int64_t round_bells() const { return round_bells_.load(std::memory_order_relaxed); }

@@ -1,7 +1,8 @@
-// The round bell between hosts (see Runtime and ShmLink::RoundStarted for the one inside a
-// host): every negotiation round involves every rank of each of the rank's process sets, so a
-// rank whose round waits for a peer on another host that is in no round asks that peer for one
-// by a datagram to its bell, instead of waiting for the peer's next cycle.
+// The round bell between hosts (links/link.h, core/round_bells.h; ShmLink::RingIfIdle is the
+// one inside a host): every negotiation round involves every rank of each of the rank's
+// process sets, so a rank whose round waits for a peer on another host that is in no round
+// asks that peer for one by a datagram to its bell, instead of waiting for the peer's next
+// cycle.
 //
 // One UDP socket per rank, on the address its TCP connections use; each rank's port and a
 // random token are sent to every peer over the TCP mesh (authenticated by its handshake), and a
@@ -10,7 +11,7 @@
 //
 // Off unless HOROVOD_ROUND_BELL=all: across hosts a peer's answer takes longer than the wait
 // before ringing, so peers busy with sets of their own are rung too, and such sets paid more
-// on the machine measured than idle ones gained (docs/process-sets.md has the figures).
+// on the machine measured than idle ones gained (docs/architecture.md has the figures).
 #pragma once
 
 #include <netinet/in.h>
