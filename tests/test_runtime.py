@@ -76,6 +76,19 @@ def test_a_process_set_does_not_wait_for_the_cycle_of_idle_ranks_outside_it():
     assert bells[0] + bells[1] > 0, bells
 
 
+def test_an_idle_job_rings_no_round_bells():
+    """Rounds with no work anywhere keep the ranks in step without waking each other (each
+    rank's own cycle brings it); the build before this rang tens to thousands of bells a
+    second in an idle job, each waking a peer for one more empty round."""
+    result = launch(3, "idle_rounds_worker.py", timeout=60)
+    assert_all_ranks(result, 3, "IDLE")
+    for line in result.stdout.splitlines():
+        if "IDLE " in line:
+            words = line.split()
+            rounds, bells = int(words[-3]), int(words[-1])
+            assert rounds > 50 and bells == 0, line
+
+
 def test_a_wrong_round_bell_setting_is_named():
     result = launch(2, "init_only_worker.py", env={"HOROVOD_ROUND_BELL": "sometimes"},
                     timeout=60)

@@ -81,6 +81,17 @@ void ProcessSetTable::MemberIds(std::vector<int>* out) {
   }
 }
 
+bool ProcessSetTable::HasWork(const std::map<int, std::vector<Request>>& new_requests) {
+  for (const auto& [id, requests] : new_requests) {
+    if (!requests.empty()) return true;
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto& [id, set] : sets_) {
+    if (set->controller && set->controller->HasWork()) return true;
+  }
+  return false;
+}
+
 ProcessSet* ProcessSetTable::Member(int id) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = sets_.find(id);

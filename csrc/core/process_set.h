@@ -38,6 +38,9 @@ class ProcessSetTable {
   // The set if it still exists and this rank is a member, else null (background thread only;
   // valid until the next Remove).
   ProcessSet* Member(int id);
+  // Whether this rank has work in any of its sets: requests new this round (`new_requests`,
+  // by set) or left by earlier rounds in a controller (background thread only).
+  bool HasWork(const std::map<int, std::vector<Request>>& new_requests);
   // Ranks of a set, or false when it does not exist (any thread).
   bool Ranks(int id, std::vector<int>* ranks);
   std::vector<int> Ids();

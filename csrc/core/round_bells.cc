@@ -71,8 +71,9 @@ void RoundBells::TookWork() {
 
 RoundBells::Negotiating::Negotiating(const RoundBells& bells,
                                      const std::vector<Request>& new_requests,
-                                     const Controller& controller)
-    : ringing_(bells.active() && new_requests.empty() && !controller.HasWork()) {
+                                     const Controller& controller, bool work_elsewhere)
+    : ringing_(bells.active() && work_elsewhere && new_requests.empty() &&
+               !controller.HasWork()) {
   if (ringing_) SetNegotiationRinging(true, bells.network_.get());
 }
 

@@ -41,11 +41,14 @@ class RoundBells {
   // The round took in requests of its own.
   void TookWork();
   // For the duration of one set's negotiation (on the thread running it): rings when this
-  // rank has no work of its own in the set (no `new_requests`, nothing left in `controller`).
+  // rank has no work of its own in the set (no `new_requests`, nothing left in `controller`)
+  // but has some in another set (`work_elsewhere`), which this set's peers hold back. A rank
+  // with no work anywhere keeps in step without ringing: its peers' rounds would find nothing
+  // to do either (an idle job's rounds would ring each other awake every cycle).
   class Negotiating {
    public:
     Negotiating(const RoundBells& bells, const std::vector<Request>& new_requests,
-                const Controller& controller);
+                const Controller& controller, bool work_elsewhere);
     ~Negotiating();
    private:
     bool ringing_;

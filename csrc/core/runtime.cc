@@ -498,6 +498,7 @@ bool Runtime::RunSets(RoundState& state, std::vector<int>* shutdown_ranks) {
   // Every rank visits its sets in the same (id) order, so each set's members negotiate and
   // execute in step; sets added this round are visited from the next one.
   process_sets_.MemberIds(&state.set_ids);
+  const bool work = process_sets_.HasWork(state.by_set);
   for (int id : state.set_ids) {
     ProcessSet* set = process_sets_.Member(id);
     if (set == nullptr) continue;  // removed earlier in this round
@@ -509,8 +510,8 @@ bool Runtime::RunSets(RoundState& state, std::vector<int>* shutdown_ranks) {
     } else if (id != 0) {
       set->controller->SetParameters(state.in_force);
     }
-    // Rings the set's silent peers when this rank has no work of its own in it (round_bells.h).
-    const RoundBells::Negotiating negotiating(*bells_, state.by_set[id], *set->controller);
+    // Rings the set's silent peers when this rank's work is in other sets (round_bells.h).
+    const RoundBells::Negotiating negotiating(*bells_, state.by_set[id], *set->controller, work);
     const Controller::Round& round = set->controller->Negotiate(
         state.by_set[id], id == 0 && shutdown_requested_.load());
     if (timeline_->active()) {

@@ -30,8 +30,9 @@ class TcpLink;
 
 // The round bells (shm/shm_link.h inside a host, tcp/network_bell.h between hosts): every
 // negotiation round involves every rank of each of a rank's process sets, so a round that has
-// no work of its own in a set (its part there is only to keep in step) but waits for a peer
-// that is in no round (its loop asleep until its next cycle) asks that peer for one. The
+// no work of its own in a set (its part there is only to keep in step) but has some in another
+// set, and waits for a peer that is in no round (its loop asleep until its next cycle), asks
+// that peer for one. The
 // Runtime turns ringing on for such a negotiation, on the thread that runs it; a wait of that
 // thread for a peer that has sent nothing for kRingAfterUs then rings the peer: through the
 // shared segment inside a host, or `network` between hosts (null: no bell between hosts).
