@@ -389,6 +389,12 @@ def libraries(np_: int, wanted: set[str], gpus: int | None = None,
         found.append(Library("hvdl-shm", "horovodlike", launch + [py, me]))
         found.append(Library("hvdl-tcp", "horovodlike", launch + [py, me],
                              {"HOROVOD_SHM_DISABLE": "1"}))
+        # One way of writing the shared-memory allreduce's slots each, asked for by name (the
+        # default learns which is faster while it runs: HOROVOD_SHM_STREAM_STORES).
+        for label, value in (("hvdl-shm-ordinary", "off"), ("hvdl-shm-streaming", "on")):
+            if label in wanted:
+                found.append(Library(label, "horovodlike", launch + [py, me],
+                                     {"HOROVOD_SHM_STREAM_STORES": value}))
         # The Gloo and MPI backends, when this build has them: the launcher's --gloo / --mpi.
         for backend in ("gloo", "mpi"):
             if info.get(backend):

@@ -139,6 +139,14 @@ void ReadLinkSettings(Config& c) {
   c.shm_yield_us = static_cast<int64_t>(GetBytes("HOROVOD_SHM_YIELD_US",
                                                  static_cast<size_t>(c.shm_yield_us), 0, 1000000));
   c.mpi_threads_disabled = GetBool("HOROVOD_MPI_THREADS_DISABLE", false);
+  if (const char* stores = Get("HOROVOD_SHM_STREAM_STORES")) {
+    const std::string value = stores;
+    if (value != "auto" && value != "on" && value != "off") {
+      throw InvalidArgument("HOROVOD_SHM_STREAM_STORES='" + value + "': use auto (the "
+                            "default), on or off");
+    }
+    c.shm_stream_stores = value;
+  }
   if (const char* bell = Get("HOROVOD_ROUND_BELL")) {
     const std::string value = bell;
     if (value != "auto" && value != "off" && value != "host" && value != "all") {

@@ -90,6 +90,7 @@ struct Config {
   int64_t shm_spin_us = 2000;  // longest busy-wait before sleeping
   bool shm_spin_given = false;  // spin even with more ranks than cores
   int64_t shm_yield_us = 500;  // with more ranks than cores: yield-and-look before sleeping
+  std::string shm_stream_stores = "auto";  // the allreduce's slot stores: auto, on, off
   bool mpi_threads_disabled = false;
 
   // Reads HOROVOD_* variables; throws InvalidArgument naming the variable on a bad value.

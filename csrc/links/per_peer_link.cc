@@ -67,6 +67,7 @@ std::unique_ptr<ShmLink> ConnectHostSharedMemory(Link& tcp, const Config& config
   options.spin_us = config.shm_spin_us;
   options.spin_given = config.shm_spin_given;
   options.yield_us = config.shm_yield_us;
+  options.stream_stores = config.shm_stream_stores;
   std::unique_ptr<ShmLink> shm = ShmLink::Connect(tcp, group, options);
   if (shm) {
     HVDL_LOG(kDebug, "shared memory with ranks on this host: " << shm->size() << " of " << size);

@@ -20,6 +20,7 @@
 // One-round algorithm (small messages): every rank stages its whole input, and every rank adds
 // all inputs in rank order itself: one wait instead of two, the same bits on every rank.
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "../../reduce/reduce.h"
@@ -52,11 +53,17 @@ void AddScaleAndCopy(T* __restrict__ mine, const T* __restrict__ theirs, T* __re
 }
 
 // Reduces the other ranks' copies of this rank's slice into `mine` (in rank order), scales it,
-// and copies the result to `out`.
+// and copies the result to `out`, with streaming stores when `stream` (slot_stores.h).
 void ReduceSlice(uint8_t* mine, const uint8_t* const* theirs, int count_theirs, uint8_t* out,
-                 size_t count, DataType dtype, ReduceOp op, double scale) {
+                 size_t count, DataType dtype, ReduceOp op, double scale, bool stream) {
   const bool sum = op == ReduceOp::kSum || op == ReduceOp::kAverage;
-  if (count_theirs == 1 && sum && dtype == DataType::kFloat32) {
+  if (count_theirs == 1 && sum && stream && dtype == DataType::kFloat32) {
+    AddAndStream(reinterpret_cast<float*>(mine), reinterpret_cast<const float*>(theirs[0]),
+                 reinterpret_cast<float*>(out), count, static_cast<float>(scale));
+  } else if (count_theirs == 1 && sum && stream && dtype == DataType::kFloat64) {
+    AddAndStream(reinterpret_cast<double*>(mine), reinterpret_cast<const double*>(theirs[0]),
+                 reinterpret_cast<double*>(out), count, scale);
+  } else if (count_theirs == 1 && sum && dtype == DataType::kFloat32) {
     auto* m = reinterpret_cast<float*>(mine);
     auto* t = reinterpret_cast<const float*>(theirs[0]);
     auto* o = reinterpret_cast<float*>(out);
@@ -77,7 +84,11 @@ void ReduceSlice(uint8_t* mine, const uint8_t* const* theirs, int count_theirs, 
   } else {
     for (int i = 0; i < count_theirs; ++i) ReduceInto(mine, theirs[i], count, dtype, op);
     ScaleInPlace(mine, count, dtype, scale);
-    std::memcpy(out, mine, count * DataTypeSize(dtype));
+    if (stream) {
+      StreamCopy(out, mine, count * DataTypeSize(dtype));
+    } else {
+      std::memcpy(out, mine, count * DataTypeSize(dtype));
+    }
   }
 }
 
@@ -122,6 +133,12 @@ void ShmAllreduce::Sliced(uint8_t* data, size_t count, size_t elem, DataType dty
   const size_t align = std::max<size_t>(1, shm::kLine / elem);
   const uint64_t first_step = step_ + 1;
   step_ += chunks;
+  const bool stream = stores_.Streams(count * elem, link_.stream_choice());
+  // What the stores cost: the first chunk's staging, then everything after every rank staged
+  // it (not the waits for the peers' arrival before; slot_stores.h).
+  using Clock = std::chrono::steady_clock;
+  Clock::duration spent{};
+  Clock::time_point all_staged;
 
   auto chunk_len = [&](size_t c) { return std::min(chunk_elems, count - c * chunk_elems); };
   auto bound = [&](size_t len, int s) {
@@ -131,19 +148,27 @@ void ShmAllreduce::Sliced(uint8_t* data, size_t count, size_t elem, DataType dty
   auto stage = [&](size_t c) {
     const uint64_t step = first_step + c;
     if (step > 2) link_.WaitForPeers(&shm::RankControl::released, step - 2);
+    const auto began = Clock::now();
     const size_t len = chunk_len(c);
     uint8_t* src = data + c * chunk_elems * elem;
     uint8_t* slot = link_.staging(link_.rank(), step);
     for (int s = 0; s < n; ++s) {
       if (s == link_.rank()) continue;
       const size_t b = bound(len, s), e = bound(len, s + 1);
-      if (e > b) std::memcpy(slot + b * elem, src + b * elem, (e - b) * elem);
+      if (e <= b) continue;
+      if (stream) {
+        StreamCopy(slot + b * elem, src + b * elem, (e - b) * elem);
+      } else {
+        std::memcpy(slot + b * elem, src + b * elem, (e - b) * elem);
+      }
     }
+    if (c == 0) spent = Clock::now() - began;
     link_.Publish(&shm::RankControl::staged, step);
   };
   auto reduce = [&](size_t c) {
     const uint64_t step = first_step + c;
     link_.WaitForPeers(&shm::RankControl::staged, step);
+    if (c == 0) all_staged = Clock::now();
     const size_t len = chunk_len(c);
     const size_t b = bound(len, link_.rank()), e = bound(len, link_.rank() + 1);
     if (e > b) {
@@ -153,7 +178,7 @@ void ShmAllreduce::Sliced(uint8_t* data, size_t count, size_t elem, DataType dty
         if (p != link_.rank()) theirs[count_theirs++] = link_.staging(p, step) + b * elem;
       }
       ReduceSlice(data + (c * chunk_elems + b) * elem, theirs, count_theirs,
-                  link_.staging(link_.rank(), step) + b * elem, e - b, dtype, op, scale);
+                  link_.staging(link_.rank(), step) + b * elem, e - b, dtype, op, scale, stream);
     }
     link_.Publish(&shm::RankControl::reduced, step);
   };
@@ -175,6 +200,11 @@ void ShmAllreduce::Sliced(uint8_t* data, size_t count, size_t elem, DataType dty
     reduce(c);
     if (c + 1 < chunks) stage(c + 1);
     gather(c);
+  }
+  if (link_.rank() == 0) {
+    spent += Clock::now() - all_staged;
+    link_.set_stream_choice(stores_.Took(
+        stream, count * elem, std::chrono::duration_cast<std::chrono::nanoseconds>(spent).count()));
   }
 }
 

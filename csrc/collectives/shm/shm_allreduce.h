@@ -8,12 +8,17 @@
 #include "../../common/common.h"
 #include "../../links/shm/shm_link.h"
 #include "../provider.h"
+#include "slot_stores.h"
 
 namespace horovodlike {
 
 class ShmAllreduce final : public AllreduceProvider {
  public:
-  explicit ShmAllreduce(ShmLink& link) : link_(link) {}
+  explicit ShmAllreduce(ShmLink& link)
+      : link_(link),
+        stores_(link.stream_stores() == "on"    ? SlotStores::Mode::kStreaming
+                : link.stream_stores() == "off" ? SlotStores::Mode::kOrdinary
+                                                : SlotStores::Mode::kAuto) {}
   const char* name() const override { return "shm_allreduce"; }
 
   // In place over every rank of the link, Average reduced as Sum, the result multiplied by
@@ -28,6 +33,7 @@ class ShmAllreduce final : public AllreduceProvider {
 
   ShmLink& link_;
   uint64_t step_ = 0;  // steps so far; the same on every rank
+  SlotStores stores_;  // how Sliced writes the slots
 };
 
 }  // namespace horovodlike

@@ -18,7 +18,7 @@
 namespace horovodlike {
 namespace shm {
 
-constexpr uint64_t kMagic = 0x34484d534c445648ULL;  // "HVDLSMH4"
+constexpr uint64_t kMagic = 0x35484d534c445648ULL;  // "HVDLSMH5"
 constexpr size_t kPage = 4096;
 constexpr size_t kLine = 64;
 // Larger groups use TCP: the channels grow with the square of the ranks.
@@ -64,6 +64,10 @@ struct alignas(kLine) RankControl {
   alignas(kLine) std::atomic<uint32_t> round_listening;
   std::atomic<uint32_t> in_round;
   std::atomic<int64_t> work_ns;
+  // The owner writes (the host's first rank's is read by all): a bit per size class, set when
+  // the shared-memory allreduce's slots are best written with streaming stores
+  // (collectives/shm/slot_stores.h).
+  alignas(kLine) std::atomic<uint32_t> stream_stores;
   // The owner writes: the CPU its latest spinning thread ran on (-1 before any), so that a
   // peer spinning on the same CPU gives way instead of spinning out its time slice.
   alignas(kLine) std::atomic<int32_t> cpu;

@@ -226,6 +226,7 @@ ShmLink::ShmLink(ShmSegment segment, std::vector<int> members, int index,
   channel_bytes_ = header->channel_bytes;
   chunk_bytes_ = header->chunk_bytes;
   small_bytes_ = header->small_bytes;
+  stream_stores_ = options.stream_stores;
   slice_bytes_ = std::max<size_t>(4096, channel_bytes_ / 8);
   layout_ = shm::Layout(members_.size(), channel_bytes_, chunk_bytes_, header->tagged_bytes);
   // The cores the host's ranks may use between them: each rank's mask, recorded before the

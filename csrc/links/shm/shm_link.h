@@ -46,6 +46,7 @@ class ShmLink : public Link {
     int64_t spin_us = 2000;
     bool spin_given = false;  // spin even with more ranks than cores
     int64_t yield_us = 500;   // with more ranks than cores: yield this long before sleeping
+    std::string stream_stores = "auto";  // HOROVOD_SHM_STREAM_STORES: auto, on, off
   };
 
   // Maps one segment shared by `group` (job ranks on this host, ascending, this rank included),
@@ -77,6 +78,15 @@ class ShmLink : public Link {
   uint8_t* staging(int r, uint64_t step) const;
   size_t staging_bytes() const { return chunk_bytes_; }
   size_t small_bytes() const { return small_bytes_; }
+  // How the allreduce writes the slots (HOROVOD_SHM_STREAM_STORES; collectives/shm/slot_stores.h).
+  const std::string& stream_stores() const { return stream_stores_; }
+  // The choice the link's first rank learned for them (a bit per size class), and its setting.
+  uint32_t stream_choice() const {
+    return control(0).stream_stores.load(std::memory_order_relaxed);
+  }
+  void set_stream_choice(uint32_t bits) {
+    control(index_).stream_stores.store(bits, std::memory_order_relaxed);
+  }
   // A counter per rank that an algorithm advances as it goes (staged, reduced, released).
   using Progress = std::atomic<uint64_t> shm::RankControl::*;
   // Sets this rank's `progress` counter to `step` and wakes sleeping peers.
@@ -156,6 +166,7 @@ class ShmLink : public Link {
   size_t slice_bytes_;  // a sender publishes at least this often, so the receiver can start
   size_t chunk_bytes_;
   size_t small_bytes_;
+  std::string stream_stores_;
   shm::Layout layout_;
   int64_t max_spin_ns_;  // HOROVOD_SHM_SPIN_US; 0 with more ranks on this host than cores
   int64_t yield_ns_;     // HOROVOD_SHM_YIELD_US; used only where max_spin_ns_ is 0

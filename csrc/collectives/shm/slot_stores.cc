@@ -1,0 +1,136 @@
+// Streaming stores for the shared-memory allreduce's slots, and the choice between them and
+// ordinary ones (slot_stores.h).
+#include "slot_stores.h"
+
+#include <algorithm>
+#include <cstring>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define HVDL_STREAMING 1
+#include <emmintrin.h>
+#else
+#define HVDL_STREAMING 0
+#endif
+
+namespace horovodlike {
+namespace {
+
+constexpr uintptr_t kVector = 16;
+
+bool Aligned(const void* p) { return (reinterpret_cast<uintptr_t>(p) & (kVector - 1)) == 0; }
+
+void Fence() {
+#if HVDL_STREAMING
+  _mm_sfence();
+#endif
+}
+
+template <class T>
+void AddScalar(T* mine, const T* theirs, T* out, size_t i, T scale) {
+  const T sum = mine[i] + theirs[i];
+  const T v = scale == T(1) ? sum : sum * scale;
+  mine[i] = v;
+  out[i] = v;
+}
+
+}  // namespace
+
+bool SlotStores::Available() { return HVDL_STREAMING != 0; }
+
+void StreamCopy(uint8_t* dst, const uint8_t* src, size_t bytes) {
+  size_t i = 0;
+#if HVDL_STREAMING
+  const size_t head = std::min(bytes, (kVector - reinterpret_cast<uintptr_t>(dst) % kVector) %
+                                          kVector);
+  std::memcpy(dst, src, head);
+  i = head;
+  for (; i + 4 * kVector <= bytes; i += 4 * kVector) {
+    const auto* s = reinterpret_cast<const __m128i*>(src + i);
+    auto* d = reinterpret_cast<__m128i*>(dst + i);
+    const __m128i a = _mm_loadu_si128(s), b = _mm_loadu_si128(s + 1);
+    const __m128i c = _mm_loadu_si128(s + 2), e = _mm_loadu_si128(s + 3);
+    _mm_stream_si128(d, a);
+    _mm_stream_si128(d + 1, b);
+    _mm_stream_si128(d + 2, c);
+    _mm_stream_si128(d + 3, e);
+  }
+#endif
+  std::memcpy(dst + i, src + i, bytes - i);
+  Fence();
+}
+
+void AddAndStream(float* mine, const float* theirs, float* out, size_t n, float scale) {
+  size_t i = 0;
+#if HVDL_STREAMING
+  for (; i < n && !Aligned(out + i); ++i) AddScalar(mine, theirs, out, i, scale);
+  const __m128 s = _mm_set1_ps(scale);
+  const bool scaled = scale != 1.0f;
+  for (; i + 4 <= n; i += 4) {
+    __m128 v = _mm_add_ps(_mm_loadu_ps(mine + i), _mm_loadu_ps(theirs + i));
+    if (scaled) v = _mm_mul_ps(v, s);
+    _mm_storeu_ps(mine + i, v);
+    _mm_stream_ps(out + i, v);
+  }
+#endif
+  for (; i < n; ++i) AddScalar(mine, theirs, out, i, scale);
+  Fence();
+}
+
+void AddAndStream(double* mine, const double* theirs, double* out, size_t n, double scale) {
+  size_t i = 0;
+#if HVDL_STREAMING
+  for (; i < n && !Aligned(out + i); ++i) AddScalar(mine, theirs, out, i, scale);
+  const __m128d s = _mm_set1_pd(scale);
+  const bool scaled = scale != 1.0;
+  for (; i + 2 <= n; i += 2) {
+    __m128d v = _mm_add_pd(_mm_loadu_pd(mine + i), _mm_loadu_pd(theirs + i));
+    if (scaled) v = _mm_mul_pd(v, s);
+    _mm_storeu_pd(mine + i, v);
+    _mm_stream_pd(out + i, v);
+  }
+#endif
+  for (; i < n; ++i) AddScalar(mine, theirs, out, i, scale);
+  Fence();
+}
+
+int SlotStores::ClassOf(size_t bytes) {
+  int c = 0;
+  for (size_t limit = size_t{256} << 10; bytes >= limit && c + 1 < kClasses; limit <<= 2) ++c;
+  return c;
+}
+
+bool SlotStores::Streams(size_t bytes, uint32_t choice) {
+  if (!Available() || mode_ == Mode::kOrdinary) return false;
+  if (mode_ == Mode::kStreaming) return true;
+  const int c = ClassOf(bytes);
+  const uint64_t run = classes_[c].runs++;
+  if (run < 4) return run % 2 == 1;
+  if (run % kTryEvery == 0) return false;
+  if (run % kTryEvery == kTryEvery / 2) return true;
+  return (choice >> c) & 1;
+}
+
+uint32_t SlotStores::Took(bool streamed, size_t bytes, int64_t ns) {
+  Learned& l = classes_[ClassOf(bytes)];
+  // Not the untimed first runs (Streams counted this one already).
+  if (mode_ == Mode::kAuto && bytes > 0 && l.runs > 2) Learn(l, streamed, bytes, ns);
+  uint32_t choice = 0;
+  for (int c = 0; c < kClasses; ++c) {
+    const double* known = classes_[c].ns_per_byte;
+    if (known[0] >= 0 && known[1] >= 0 && known[1] < known[0]) choice |= 1u << c;
+  }
+  return choice;
+}
+
+void SlotStores::Learn(Learned& l, bool streamed, size_t bytes, int64_t ns) {
+  const double now = static_cast<double>(ns) / static_cast<double>(bytes);
+  double& mean = l.ns_per_byte[streamed ? 1 : 0];
+  // The way in use is timed on every run and smoothed, a run at most twice as slow as the mean
+  // counted (one preempted run does not turn the choice; a slower placement does, in a few
+  // runs). The other way is timed only on its tries, whose latest time is the best guess of
+  // what it would take now (the placement may have changed since the one before).
+  const bool in_use = (l.ns_per_byte[1] < l.ns_per_byte[0]) == streamed;
+  mean = mean < 0 || !in_use ? now : mean + 0.25 * (std::min(now, 2 * mean) - mean);
+}
+
+}  // namespace horovodlike
