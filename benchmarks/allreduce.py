@@ -534,7 +534,8 @@ def main():
                 continue
             probes[lib.label].append((probe_before, cross_core_ns()))
             infos[lib.label] = result["info"]
-            expected = lib.label.split("-", 1)[1] if lib.label.startswith("hvdl-") and \
+            # hvdl-<transport>[-<variant>]: the transport its job should have used.
+            expected = lib.label.split("-")[1] if lib.label.startswith("hvdl-") and \
                 not args.cuda else None
             if expected and result["info"].get("transport") not in (expected, None):
                 print(f"note: {lib.label} ran on {result['info']['transport']}", flush=True)
