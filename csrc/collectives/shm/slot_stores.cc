@@ -116,8 +116,7 @@ uint32_t SlotStores::Took(bool streamed, size_t bytes, int64_t ns) {
   if (mode_ == Mode::kAuto && bytes > 0 && l.runs > 2) Learn(l, streamed, bytes, ns);
   uint32_t choice = 0;
   for (int c = 0; c < kClasses; ++c) {
-    const double* known = classes_[c].ns_per_byte;
-    if (known[0] >= 0 && known[1] >= 0 && known[1] < known[0]) choice |= 1u << c;
+    if (classes_[c].streaming) choice |= 1u << c;
   }
   return choice;
 }
@@ -129,8 +128,13 @@ void SlotStores::Learn(Learned& l, bool streamed, size_t bytes, int64_t ns) {
   // counted (one preempted run does not turn the choice; a slower placement does, in a few
   // runs). The other way is timed only on its tries, whose latest time is the best guess of
   // what it would take now (the placement may have changed since the one before).
-  const bool in_use = (l.ns_per_byte[1] < l.ns_per_byte[0]) == streamed;
+  const bool in_use = l.streaming == streamed;
   mean = mean < 0 || !in_use ? now : mean + 0.25 * (std::min(now, 2 * mean) - mean);
+  const double ordinary = l.ns_per_byte[0], streaming = l.ns_per_byte[1];
+  if (ordinary < 0 || streaming < 0) return;
+  if (l.streaming ? ordinary * kSwitchMargin < streaming : streaming * kSwitchMargin < ordinary) {
+    l.streaming = !l.streaming;
+  }
 }
 
 }  // namespace horovodlike

@@ -53,11 +53,15 @@ class SlotStores {
   // stores and the one kTryEvery / 2 later streaming ones, whatever is faster: how soon a
   // change of placement is seen.
   static constexpr uint64_t kTryEvery = 32;
+  // The other way is taken when it is this much faster than the one in use: timings of single
+  // runs vary by more than the ways differ by chance (the ways differ by 1.5x to 3x).
+  static constexpr double kSwitchMargin = 1.2;
 
  private:
   struct Learned {
     uint64_t runs = 0;                      // runs so far, the same on every rank
     double ns_per_byte[2] = {-1.0, -1.0};   // [0] ordinary, [1] streaming; -1 not yet
+    bool streaming = false;                 // the way in use
   };
   static int ClassOf(size_t bytes);
   static void Learn(Learned& l, bool streamed, size_t bytes, int64_t ns);
