@@ -30,6 +30,15 @@ for np in 2 4; do
       --repeat 20 --iter-scale 0.3 --alternate --only hvdl-shm,MPI,mem-bound \
       --json $R/allreduce-np$np-jobs.json
 done
+# The ways of writing the shared-memory slots: the default (auto) beside ordinary stores only
+# and streaming stores only, in turns, each job with the cross-core probe around it.
+for np in 2 4; do
+  rounds=$((np == 2 ? 12 : 10))
+  run $R/allreduce-np$np-slot-stores.txt $PY benchmarks/allreduce.py --np $np --sizes 4K,1M,64M \
+      --repeat $rounds --iter-scale 0.3 --alternate \
+      --only hvdl-shm,hvdl-shm-ordinary,hvdl-shm-streaming,MPI,mem-bound \
+      --json $R/allreduce-np$np-slot-stores.json
+done
 # MPI at its best: each of Open MPI's tuned allreduce algorithms, bound and unbound, and without
 # its single-copy mechanism; beside horovodlike over shared memory and over MPI's point-to-point.
 run $R/allreduce-np2-mpi-tuned.txt $PY benchmarks/allreduce.py --np 2 --sizes 4K,64K,1M,64M \
