@@ -89,9 +89,11 @@ def test_an_idle_job_rings_no_round_bells():
             assert rounds > 50 and bells == 0, line
 
 
-def test_a_wrong_round_bell_setting_is_named():
-    result = launch(2, "init_only_worker.py", env={"HOROVOD_ROUND_BELL": "sometimes"},
-                    timeout=60)
+@pytest.mark.parametrize("variable,value,advice", [
+    ("HOROVOD_ROUND_BELL", "sometimes", "use auto (the default), off, host or all"),
+    ("HOROVOD_SHM_STREAM_STORES", "maybe", "use auto (the default), on or off"),
+])
+def test_a_wrong_setting_of_the_core_is_named(variable, value, advice):
+    result = launch(2, "init_only_worker.py", env={variable: value}, timeout=60)
     assert result.returncode != 0
-    assert "HOROVOD_ROUND_BELL='sometimes': use auto (the default), off, host or all" in \
-        result.stdout + result.stderr
+    assert f"{variable}='{value}': {advice}" in result.stdout + result.stderr

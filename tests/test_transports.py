@@ -151,14 +151,6 @@ def test_collectives_over_shared_memory_with_streaming_slot_stores(np_):
     assert_all_ranks(result, np_, "496 allreduce checks passed; collectives OK")
 
 
-def test_a_wrong_stream_stores_setting_is_named():
-    result = launch(2, "init_only_worker.py", env={"HOROVOD_SHM_STREAM_STORES": "maybe"},
-                    timeout=60)
-    assert result.returncode != 0
-    assert "HOROVOD_SHM_STREAM_STORES='maybe': use auto (the default), on or off" in \
-        result.stdout + result.stderr
-
-
 @pytest.mark.parametrize("transport", [GLOO, MPI])
 def test_alltoall_reducescatter_process_sets_and_join_over(transport):
     result = launch(3, "api_worker.py", env={"HOROVOD_DYNAMIC_PROCESS_SETS": "1"},

@@ -59,38 +59,51 @@ void StreamCopy(uint8_t* dst, const uint8_t* src, size_t bytes) {
   Fence();
 }
 
-void AddAndStream(float* mine, const float* theirs, float* out, size_t n, float scale) {
+namespace {
+
+#if HVDL_STREAMING
+// The SSE2 operations on 4 floats or 2 doubles, by overload, for AddAndStreamAll.
+__m128 Splat(float x) { return _mm_set1_ps(x); }
+__m128d Splat(double x) { return _mm_set1_pd(x); }
+__m128 Load(const float* p) { return _mm_loadu_ps(p); }
+__m128d Load(const double* p) { return _mm_loadu_pd(p); }
+__m128 Add(__m128 a, __m128 b) { return _mm_add_ps(a, b); }
+__m128d Add(__m128d a, __m128d b) { return _mm_add_pd(a, b); }
+__m128 Mul(__m128 a, __m128 b) { return _mm_mul_ps(a, b); }
+__m128d Mul(__m128d a, __m128d b) { return _mm_mul_pd(a, b); }
+void Store(float* p, __m128 v) { _mm_storeu_ps(p, v); }
+void Store(double* p, __m128d v) { _mm_storeu_pd(p, v); }
+void Stream(float* p, __m128 v) { _mm_stream_ps(p, v); }
+void Stream(double* p, __m128d v) { _mm_stream_pd(p, v); }
+#endif
+
+template <class T>
+void AddAndStreamAll(T* mine, const T* theirs, T* out, size_t n, T scale) {
   size_t i = 0;
 #if HVDL_STREAMING
   for (; i < n && !Aligned(out + i); ++i) AddScalar(mine, theirs, out, i, scale);
-  const __m128 s = _mm_set1_ps(scale);
-  const bool scaled = scale != 1.0f;
-  for (; i + 4 <= n; i += 4) {
-    __m128 v = _mm_add_ps(_mm_loadu_ps(mine + i), _mm_loadu_ps(theirs + i));
-    if (scaled) v = _mm_mul_ps(v, s);
-    _mm_storeu_ps(mine + i, v);
-    _mm_stream_ps(out + i, v);
+  constexpr size_t lanes = kVector / sizeof(T);
+  const auto factor = Splat(scale);
+  const bool scaled = scale != T(1);
+  for (; i + lanes <= n; i += lanes) {
+    auto v = Add(Load(mine + i), Load(theirs + i));
+    if (scaled) v = Mul(v, factor);
+    Store(mine + i, v);
+    Stream(out + i, v);
   }
 #endif
   for (; i < n; ++i) AddScalar(mine, theirs, out, i, scale);
   Fence();
 }
 
+}  // namespace
+
+void AddAndStream(float* mine, const float* theirs, float* out, size_t n, float scale) {
+  AddAndStreamAll(mine, theirs, out, n, scale);
+}
+
 void AddAndStream(double* mine, const double* theirs, double* out, size_t n, double scale) {
-  size_t i = 0;
-#if HVDL_STREAMING
-  for (; i < n && !Aligned(out + i); ++i) AddScalar(mine, theirs, out, i, scale);
-  const __m128d s = _mm_set1_pd(scale);
-  const bool scaled = scale != 1.0;
-  for (; i + 2 <= n; i += 2) {
-    __m128d v = _mm_add_pd(_mm_loadu_pd(mine + i), _mm_loadu_pd(theirs + i));
-    if (scaled) v = _mm_mul_pd(v, s);
-    _mm_storeu_pd(mine + i, v);
-    _mm_stream_pd(out + i, v);
-  }
-#endif
-  for (; i < n; ++i) AddScalar(mine, theirs, out, i, scale);
-  Fence();
+  AddAndStreamAll(mine, theirs, out, n, scale);
 }
 
 int SlotStores::ClassOf(size_t bytes) {
