@@ -58,6 +58,8 @@ class RoundBells {
   // for them) runs one; the loop running a waiting caller's round would cost it two thread
   // wake-ups.
   bool Answered();
+  // Whether any bell rings: without one a round keeps nothing for them.
+  bool active() const { return host_ != nullptr || network_ != nullptr; }
   // Bells this rank rang to peers on other hosts; -1 without a network bell.
   int64_t network_rings() const { return network_ ? network_->rings() : -1; }
 
@@ -67,9 +69,6 @@ class RoundBells {
   void ListenOnNetwork();
   void Heard();
   static int64_t NowNs();
-
-  // Whether any bell rings: without one a round keeps nothing for them.
-  bool active() const { return host_ != nullptr || network_ != nullptr; }
 
   TensorQueue& queue_;
   ShmLink* host_ = nullptr;                 // the host's bell, when it rings

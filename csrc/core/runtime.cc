@@ -498,7 +498,7 @@ bool Runtime::RunSets(RoundState& state, std::vector<int>* shutdown_ranks) {
   // Every rank visits its sets in the same (id) order, so each set's members negotiate and
   // execute in step; sets added this round are visited from the next one.
   process_sets_.MemberIds(&state.set_ids);
-  const bool work = process_sets_.HasWork(state.by_set);
+  const bool work = bells_->active() && process_sets_.HasWork(state.by_set);
   for (int id : state.set_ids) {
     ProcessSet* set = process_sets_.Member(id);
     if (set == nullptr) continue;  // removed earlier in this round
