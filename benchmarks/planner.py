@@ -64,7 +64,10 @@ def worker(args):
                 "calibration": {"links": {k: dataclasses.asdict(v)
                                           for k, v in calibration.links.items()},
                                 "layers": [dataclasses.asdict(p) for p in calibration.layers],
-                                "conditions": calibration.conditions}})
+                                "conditions": calibration.conditions,
+                                "world_size": calibration.world_size,
+                                "batch": calibration.batch,
+                                "slots_per_host": calibration.slots_per_host}})
     hvd.barrier()
     if hvd.rank() == 0:
         with open(args.out, "w") as f:
@@ -118,6 +121,11 @@ def _layout(c):
     return f"pp={c['pp']} dp={c['dp']} tp={c['tp']}"
 
 
+def rounds_of(result):
+    """A model's rounds (outputs written before the rounds: their one round)."""
+    return result["rounds"] if "rounds" in result else [result]
+
+
 def judge_round(one):
     """{layout: (predicted s, measured median s)}, the predicted ranks, the measured ranks of
     one round of one model."""
@@ -130,7 +138,7 @@ def judge_round(one):
 def report(setup, name, result):
     """Prints one model's tables; returns (worst |ratio - 1| over every round, the rounds whose
     measured best was among the planner's top two, the rounds)."""
-    rounds = result["rounds"]
+    rounds = rounds_of(result)
     print(f"\n{setup}, {name} ({MODELS[name][0]}, global batch {MODELS[name][1]})")
     worst, top_two, ratios = 0.0, 0, {}
     for index, one in enumerate(rounds, 1):
@@ -169,6 +177,36 @@ def report(setup, name, result):
     return worst, top_two, len(rounds)
 
 
+def replay(raw):
+    """Each round's predictions again, by this checkout's cost model from the calibration the
+    round took (the measurements stay): how a change of the model fares on the same runs."""
+    from horovodlike.torch.planner import Calibration, LayerProfile, LinkProfile, plan
+    for setup, ran in raw["setups"].items():
+        for name, result in ran["models"].items():
+            for one in rounds_of(result):
+                cal = one["calibration"]
+                model, sample = build_model(name)
+                calibration = Calibration(
+                    layers=[LayerProfile(**layer) for layer in cal["layers"]],
+                    links={k: LinkProfile(**v) for k, v in cal["links"].items()},
+                    world_size=cal.get("world_size", 4), batch=cal.get("batch", len(sample)),
+                    slots_per_host=cal.get("slots_per_host",
+                                           2 if setup == "two-hosts" else None),
+                    conditions=cal["conditions"])
+                again = plan(model, sample, world_size=calibration.world_size,
+                             calibration=calibration, fsdp=False, verbose=False)
+                one["candidates"] = [dataclasses.asdict(c) for c in again.candidates]
+    return raw
+
+
+def summary(verdicts):
+    print("\nsummary (goal: every layout within 25%, the best measured among the planner's "
+          "top two, in every round)")
+    for setup, name, worst, top_two, rounds in verdicts:
+        print(f"  {setup:<10} {name:<12} largest error over the rounds {worst:>5.0%}  "
+              f"best measured in the top two: {top_two} of {rounds} rounds")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="mlp,transformer")
@@ -180,14 +218,25 @@ def main():
                         help="rounds of calibrate, plan, measure every layout (default 3)")
     parser.add_argument("--timeout", type=float, default=1200, help="seconds per job")
     parser.add_argument("--json", help="write every figure here")
+    parser.add_argument("--replay", metavar="JSON",
+                        help="judge the rounds of an earlier run's JSON again, predicted by "
+                             "this checkout's cost model from their own calibrations")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         return worker(args)
     print(header(), flush=True)
-    raw = {**record(), "setups": {}}
     verdicts = []
+    if args.replay:
+        with open(args.replay) as f:
+            raw = replay(json.load(f))
+        print(f"replay of {args.replay} (commit {raw.get('commit', 'unknown')})")
+        for setup, ran in raw["setups"].items():
+            for name, result in ran["models"].items():
+                verdicts.append((setup, name, *report(setup, name, result)))
+        return summary(verdicts)
+    raw = {**record(), "setups": {}}
     for setup in args.setups.split(","):
         with tempfile.TemporaryDirectory() as tmp:
             out = os.path.join(tmp, "result.json")
@@ -207,11 +256,7 @@ def main():
               f"after {after[0]:.1f} {after[1]:.1f} {after[2]:.1f}")
         for name, result in results.items():
             verdicts.append((setup, name, *report(setup, name, result)))
-    print("\nsummary (goal: every layout within 25%, the best measured among the planner's "
-          "top two, in every round)")
-    for setup, name, worst, top_two, rounds in verdicts:
-        print(f"  {setup:<10} {name:<12} largest error over the rounds {worst:>5.0%}  "
-              f"best measured in the top two: {top_two} of {rounds} rounds")
+    summary(verdicts)
     print(footer())
     raw["load_after"] = list(os.getloadavg())
     if args.json:

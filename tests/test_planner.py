@@ -118,10 +118,10 @@ def test_plan_in_a_job_builds_the_mesh():
     assert "layout" in result.stdout and "step ms" in result.stdout
 
 
-@pytest.mark.parametrize("ranks", [2, 3])
+@pytest.mark.parametrize("ranks", [2, 3, 4])
 def test_calibrate_in_a_job(ranks):
-    # 3 ranks on this machine's 2 cores measure the synchronisation cost (one rank without a
-    # partner); 2 have a core each.
+    # 3 and 4 ranks on this machine's 2 cores measure the synchronisation cost (3: one rank
+    # without a partner; 4: a tensor parallel collective's too); 2 have a core each.
     result = launch(ranks, "calibrate_worker.py")
     assert_all_ranks(result, ranks, "calibrate OK")
 
@@ -358,6 +358,42 @@ def test_synchronisations_of_part_of_a_crowded_host_pay_the_measured_cost():
     roomy = Contention(cores=4, ranks=4, profiled_busy=1, slowdown=1.0, wake_s=0.001)
     assert predict(profile, FREE, 1, 2, 2, 8, contention=roomy, overlap=False).step_s == \
         pytest.approx(0.006 / 4 + messages + 2 * 0.5 * 500_000 / 1e9)
+
+
+def test_the_step_ends_with_the_optimizer_and_the_exchange_costs_beyond_its_link():
+    # One layer of 6 ms alone on the batch of 8, all of it split, 1 MB of parameters whose
+    # optimizer step takes 2 ms; a free link, no contention.
+    profile = layers([0.006], 1_000_000, 0, tp_sizes=(4,), batch=8, update_s=0.002)
+    exchange = 2 * 0.75 * 1_000_000 / 1e9       # dp=4's allreduce of 1 MB on the link
+    # dp=4: each rank steps on all the parameters after the allreduce.
+    dp4 = predict(profile, FREE, 1, 4, 1, 8, overlap=False)
+    assert dp4.step_s == pytest.approx(0.006 / 4 + exchange + 0.002)
+    # tp=4: a quarter of them each; fully_shard over dp=4: a quarter too.
+    assert predict(profile, FREE, 1, 1, 4, 8, overlap=False).step_s == \
+        pytest.approx(0.006 / 4 + 0.002 / 4)
+    assert predict(profile, FREE, 1, 4, 1, 8, overlap=False, fsdp=True).step_s == \
+        pytest.approx(0.006 / 4 + 3 * 0.75 * 1_000_000 / 1e9 + 0.002 / 4)
+    # DistributedOptimizer's exchange costing 1 ns per byte beyond the link: 1 ms more.
+    slower = predict(profile, FREE, 1, 4, 1, 8, overlap=False, exchange_s_per_byte=1e-9)
+    assert slower.step_s == pytest.approx(dp4.step_s + 0.001)
+    # On a crowded host the step is computed at the layout's sharing, as the rest (x3).
+    crowded = Contention(cores=2, ranks=4, profiled_busy=1, slowdown=1.5)
+    assert predict(profile, FREE, 1, 4, 1, 8, overlap=False, contention=crowded).step_s == \
+        pytest.approx(3 * 0.006 / 4 + exchange + 3 * 0.002)
+
+
+def test_a_tensor_parallel_collective_pays_its_own_measured_meeting():
+    # As test_synchronisations_of_part_of_a_crowded_host_pay_the_measured_cost, with a tensor
+    # parallel collective measured at 3 ms a meeting: dp=2 x tp=2's two messages pay 3 ms
+    # each, the gradient allreduce (not a tensor parallel collective) still 1 ms.
+    profile = layers([0.006], 1_000_000, 0, tp_sizes=(4,), tp_messages=(1024, 1024), batch=8)
+    crowded = Contention(cores=2, ranks=4, profiled_busy=1, slowdown=1.5, wake_s=0.001,
+                         collective_wake_s=0.003)
+    assert crowded.sync_s(2, collective=True) == 0.003 and crowded.sync_s(2) == 0.001
+    assert crowded.sync_s(4, collective=True) == 0.0     # the whole host: nobody outside
+    mixed = predict(profile, FREE, 1, 2, 2, 8, contention=crowded, overlap=False)
+    assert mixed.step_s == pytest.approx(0.006 / 4 * 3.0 + 2 * 512e-9 + 2 * 0.003
+                                         + 2 * 0.5 * 500_000 / 1e9 + 0.001)
 
 
 def test_calibration_records_the_cores_its_ranks_shared(tmp_path):

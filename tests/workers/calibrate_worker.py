@@ -1,6 +1,8 @@
 """calibrate() inside a job: rank 0 profiles alone and every rank gets its figures, the
-machine's sharing is measured (a synchronisation's cost only with more ranks than cores), the
-result plans; and a model rank 0 cannot profile fails every rank, none left waiting."""
+optimizer's step per layer timed with the model left as it was, the machine's sharing
+measured (a synchronisation's cost only with more ranks than cores, a tensor parallel
+collective's with an even number of them too), the gradient exchange's cost beyond the link;
+the result plans; and a model rank 0 cannot profile fails every rank, none left waiting."""
 
 import torch
 
@@ -13,7 +15,14 @@ rank, size = hvd.rank(), hvd.size()
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 16))
 sample = torch.randn(12, 16)
+before = [p.detach().clone() for p in model.parameters()]
 calibration = hvd.calibrate(model, sample)
+check(all(torch.equal(a, p) for a, p in zip(before, model.parameters())),
+      "the optimizer steps timed left the parameters as they were")
+check(all(p.grad is None for p in model.parameters()), "no gradients left behind")
+updates = [layer.update_s for layer in calibration.layers]
+check(updates[0] > 0 and updates[2] > 0 and updates[1] == 0.0,
+      f"the Linears' steps timed, the ReLU has none: {updates}")
 conditions = calibration.conditions
 check(conditions["profiled_busy"] == 1, f"profiled by one rank: {conditions}")
 cores, sharing = shared_cores()
@@ -23,8 +32,15 @@ check(conditions["slowdown"] >= 1.0, f"slowdown {conditions['slowdown']}")
 check(conditions["wake_s"] >= 0.0, f"wake_s {conditions['wake_s']}")
 if sharing <= cores:
     check(conditions["wake_s"] == 0.0, f"a core per rank, yet wake_s {conditions['wake_s']}")
+collective = conditions["collective_wake_s"]
+if sharing > cores and size % 2 == 0:
+    check(collective is not None and collective >= 0.0, f"collective_wake_s {collective}")
+else:
+    check(collective is None, f"nothing to measure it on, yet collective_wake_s {collective}")
+check(conditions["exchange_s_per_byte"] >= 0.0, f"{conditions['exchange_s_per_byte']}")
 every = hvd.allgather_object((calibration.layers, conditions["slowdown"],
-                              conditions["wake_s"]), name="calibrate.same")
+                              conditions["wake_s"], collective,
+                              conditions["exchange_s_per_byte"]), name="calibrate.same")
 check(all(e == every[0] for e in every), "every rank has rank 0's figures")
 check(all(p.forward_s > 0 for p in calibration.layers), f"{calibration.layers}")
 best = hvd.plan(model, sample, world_size=size, calibration=calibration, verbose=False)

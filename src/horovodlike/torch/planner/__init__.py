@@ -136,7 +136,8 @@ def _contention(calibration, world_size, slots, profiled_here, in_job):
         return Contention(cores=cores, ranks=ranks,
                           profiled_busy=calibration.conditions.get("profiled_busy", sharing),
                           slowdown=calibration.conditions.get("slowdown", 1.0),
-                          wake_s=calibration.conditions.get("wake_s", 0.0))
+                          wake_s=calibration.conditions.get("wake_s", 0.0),
+                          collective_wake_s=calibration.conditions.get("collective_wake_s"))
     if not profiled_here:
         return None
     cores, sharing = shared_cores()
@@ -203,6 +204,7 @@ def plan(model, sample_input, world_size, hosts=None, link=None, inter_host_link
     contention = _contention(calibration, world_size, slots, profiled_here, in_job)
     if overlap is None:
         overlap = cores >= 2 * (slots or world_size)
+    exchange = calibration.conditions.get("exchange_s_per_byte", 0.0) if calibration else 0.0
     candidates, rejected = [], []
     for pp, dp, tp in factorisations(world_size):
         reason = why_not(layers, pp, dp, tp, batch)
@@ -214,7 +216,8 @@ def plan(model, sample_input, world_size, hosts=None, link=None, inter_host_link
         for sharded in (False, True) if dp > 1 and fsdp else (False,):
             candidates.append(predict(layers, links, pp, dp, tp, batch, micro_batches,
                                       optimizer_state_factor, memory_limit, fsdp=sharded,
-                                      overlap=overlap, contention=contention))
+                                      overlap=overlap, contention=contention,
+                                      exchange_s_per_byte=exchange))
     if not candidates:
         raise ValueError(f"plan: no layout of {world_size} ranks fits this model: {rejected}")
     candidates.sort(key=lambda c: (not c.fits, c.step_s, c.memory_bytes))

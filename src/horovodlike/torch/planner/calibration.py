@@ -16,7 +16,8 @@ from horovodlike.common import basics
 from horovodlike.common.objects import allgather_object, broadcast_object
 from horovodlike.torch.mpi_ops import barrier
 from horovodlike.torch.p2p import recv, send
-from horovodlike.torch.planner.cost_model import factorisations, micro_batch_count
+from horovodlike.torch.planner.cost_model import (factorisations, gradient_sync_s,
+                                                  micro_batch_count)
 from horovodlike.torch.planner.links import LinkProfile, measure_link
 from horovodlike.torch.planner.profiling import (LayerProfile, profile_layers,
                                                   sequential_children)
@@ -145,16 +146,57 @@ def _per_unit(unit, seconds, partner=None, leads=False):
     return (time.perf_counter() - start) / count
 
 
-def measure_sharing(unit, cores, machine, rounds=25, seconds=0.04):
-    """(slowdown, wake_s) of rank 0's machine, as Contention takes them: how much slower
+def _pair_meeting(nbytes, link):
+    """With every rank of the job on one machine (and an even number of them): a piece of
+    work that ends with an allreduce of ``nbytes`` over this rank's pair (ranks 2i, 2i + 1,
+    as tensor parallel's groups of two lie), and what ``link`` prices that allreduce at; None
+    otherwise. The pair agrees in the allreduce when to stop (_per_unit's rule)."""
+    size = basics.size()
+    if nbytes <= 0 or size % 2 or link is None:
+        return None
+    from horovodlike.torch.mpi_ops import Sum, allreduce_
+    from horovodlike.torch.process_mesh import ProcessMesh
+    pair = ProcessMesh((size // 2, 2), ("pairs", "pair")).process_set("pair")
+    buffer = torch.zeros(max(1, nbytes // 4))
+    return buffer, pair, Sum, allreduce_, link.allreduce_s(buffer.numel() * 4, 2)
+
+
+def _per_meeting(piece, meeting, seconds):
+    """Seconds per ``piece`` and allreduce over the pair (_pair_meeting's), for ``seconds``
+    by the pair's agreement: each side's flag in the first element, summed."""
+    buffer, pair, op, allreduce_, _ = meeting
+    count, start = 0, time.perf_counter()
+    while True:
+        piece()
+        count += 1
+        buffer.zero_()
+        buffer[0] = float(time.perf_counter() - start > seconds)
+        allreduce_(buffer, op=op, process_set=pair, name="plan.sharing.meeting")
+        if buffer[0] > 0:
+            return (time.perf_counter() - start) / count
+
+
+def measure_sharing(unit, cores, machine, rounds=25, seconds=0.04, message_bytes=0,
+                    link=None):
+    """(slowdown, wake_s, collective_wake_s) of rank 0's machine, as Contention takes them:
+    how much slower
     ``unit()`` (the model's work) runs while ``cores`` ranks of the machine (``machine``: its
     ranks, from machine_of_rank0) compute at once than alone, and (with more ranks than cores)
     what an exchange between two ranks costs beyond its link while the machine's other ranks
     compute: pairs of ranks exchanging a flag after every piece of a fixed small work (about a
-    layer's) against the same work with no exchange. Short windows of each kind in turn,
+    layer's) against the same work with no exchange. With no more ranks than cores, the ranks
+    computing at once are paired the same way and exchange a flag after every unit: a
+    layout's ranks meet at least once a step (its gradient allreduce, its tensor parallel
+    collectives, its hand-offs) and go at the pace of the slower of them, and the cores of a
+    shared machine do not run at one speed (each one's varies by 10-20% over seconds, not
+    alike). With more ranks than cores they compute without meeting: what a meeting costs
+    there is ``wake_s``, charged per synchronisation. Short windows of each kind in turn,
     ``rounds`` times (the machine's speed drifts: each kind sees the same drift), the medians
-    over the rounds and over the ranks that took part. Collective; every rank gets the same
-    figures."""
+    over the rounds and over the ranks that took part. ``collective_wake_s``: the same for a
+    meeting through an allreduce of ``message_bytes`` over the pair (a tensor parallel
+    collective of the model: a multi-step exchange on shared memory, each step a meeting),
+    beyond what ``link`` prices it at; None where not measured (the job not all on one
+    machine, or an odd number of ranks). Collective; every rank gets the same figures."""
     rank = basics.rank()
     piece = _small_unit()
     unit()
@@ -164,18 +206,30 @@ def measure_sharing(unit, cores, machine, rounds=25, seconds=0.04):
     unit()
     one = broadcast_object(time.perf_counter() - start, root_rank=0, name="plan.sharing.unit")
     long = max(seconds, 5 * one)
-    mine = {"alone": [], "together": [], "crowded": [], "paired": []}
+    mine = {"alone": [], "together": [], "crowded": [], "paired": [], "met": []}
     # The exchanges are point-to-point messages; without them (a job started without the
-    # launcher's rendezvous or MPI) the cost stays unmeasured (0: the cost model estimates).
-    crowded_machine = (len(machine) > cores
-                       and basics.build_info().get("point_to_point") is not None)
+    # launcher's rendezvous or MPI) the pairs compute without meeting and the cost of an
+    # exchange stays unmeasured (0: the cost model estimates).
+    exchanges = basics.build_info().get("point_to_point") is not None
+    crowded_machine = len(machine) > cores and exchanges
+    meeting = (_pair_meeting(message_bytes, link)
+               if crowded_machine and len(machine) == basics.size() else None)
+
+    def partner_of(ranks):
+        """This rank's partner among ``ranks`` (None: none, or no exchanges), and whether it
+        leads the pair."""
+        index = ranks.index(rank)
+        mate = index ^ 1
+        return (ranks[mate] if exchanges and mate < len(ranks) else None), index % 2 == 0
+
     for _ in range(rounds):
         barrier()
         if rank == 0:
             mine["alone"].append(_per_unit(unit, long))
         barrier()
         if rank in machine[:cores]:
-            mine["together"].append(_per_unit(unit, long))
+            partner, leads = (None, False) if crowded_machine else partner_of(machine[:cores])
+            mine["together"].append(_per_unit(unit, long, partner, leads))
         if not crowded_machine:
             continue
         barrier()
@@ -183,21 +237,27 @@ def measure_sharing(unit, cores, machine, rounds=25, seconds=0.04):
             mine["crowded"].append(_per_unit(piece, seconds))
         barrier()
         if rank in machine:
-            index = machine.index(rank)
-            mate = index ^ 1
-            partner = machine[mate] if mate < len(machine) else None
-            mine["paired"].append(_per_unit(piece, seconds, partner, leads=index % 2 == 0))
+            partner, leads = partner_of(machine)
+            mine["paired"].append(_per_unit(piece, seconds, partner, leads))
+        if meeting is not None:
+            barrier()
+            mine["met"].append(_per_meeting(piece, meeting, seconds))
     everyone = allgather_object(mine, name="plan.sharing")
     alone = statistics.median(everyone[0]["alone"])
     together = statistics.median(statistics.median(f["together"])
                                  for f in everyone if f["together"])
     slowdown = max(1.0, together / alone)
-    wake = 0.0
+    wake, collective_wake = 0.0, None
+
+    def beyond(kind, priced=0.0):
+        return max(0.0, statistics.median(
+            statistics.median(f[kind]) - statistics.median(f["crowded"]) - priced
+            for f in everyone if f[kind]))
     if crowded_machine:
-        wake = max(0.0, statistics.median(
-            statistics.median(f["paired"]) - statistics.median(f["crowded"])
-            for f in everyone if f["paired"]))
-    return slowdown, wake
+        wake = beyond("paired")
+    if meeting is not None:
+        collective_wake = beyond("met", meeting[-1])
+    return slowdown, wake, collective_wake
 
 
 def measure_links():
@@ -227,13 +287,50 @@ def measure_links():
     return {"inside": inside, "between": between, "across": across}, slots[0]
 
 
-def calibrate(model, sample_input, path=None, micro_batches=None, repeats=7):
+def measure_exchange(model, layers, link, repeats=15):
+    """Seconds per gradient byte that data parallel's exchange over the whole job costs beyond
+    what its link prices (cost_model.gradient_sync_s): every rank allreduces a buffer shaped
+    like each of the model's parameters, as DistributedOptimizer does its gradients (one
+    asynchronous request per tensor, the last layer's first, then a wait for them all), timed
+    ``repeats`` times; the ranks' median against the link's price of the same bytes.
+    The difference is the requests, the copies into and out of the fusion buffer and the
+    background thread's rounds, which a link measured on one tensor at a time does not see.
+    Collective."""
+    from horovodlike.torch.mpi_ops import allreduce_async_, synchronize
+    buffers = [torch.zeros_like(p) for child in reversed(sequential_children(model))
+               for p in reversed(list(child.parameters())) if p.requires_grad]
+    if not buffers or link is None:
+        return 0.0
+    total = sum(b.numel() * b.element_size() for b in buffers)
+
+    def exchange():
+        handles = [allreduce_async_(b, name=f"plan.exchange.{i}")
+                   for i, b in enumerate(buffers)]
+        for handle in handles:
+            synchronize(handle)
+    exchange()
+    times = []
+    for _ in range(repeats):
+        barrier()
+        start = time.perf_counter()
+        exchange()
+        times.append(time.perf_counter() - start)
+    measured = statistics.median(allgather_object(statistics.median(times),
+                                                  name="plan.exchange"))
+    priced = gradient_sync_s(layers, link, 1, basics.size(), 1, overlap=False)
+    return max(0.0, (measured - priced) / total)
+
+
+def calibrate(model, sample_input, path=None, micro_batches=None, repeats=7,
+              optimizer=None):
     """Measures ``model`` (a ``torch.nn.Sequential``) on batches like ``sample_input`` (the
     global batch), this job's links and how its ranks share the cores (measure_sharing);
     collective: every rank of the job calls it. Rank 0 profiles the layers while the others
     wait (figures of a rank alone on a core; the cost model applies each layout's sharing),
-    and every rank gets rank 0's figures. Writes them to ``path`` (rank 0) when given; pass the result, or
-    the path, to ``plan(calibration=...)``."""
+    and every rank gets rank 0's figures. ``optimizer``: a function of a list of parameters
+    returning the torch optimizer training will use, whose step profile_layers times on each
+    layer (plain SGD when None). Writes them to ``path`` (rank 0) when given; pass the
+    result, or the path, to ``plan(calibration=...)``."""
     if not basics.is_initialized():
         raise ValueError("calibrate: call hvd.init() first; calibrate() runs in the job that "
                          "will train (horovodlikerun -np N), measuring its links")
@@ -253,7 +350,7 @@ def calibrate(model, sample_input, path=None, micro_batches=None, repeats=7):
         try:
             layers = profile_layers(model, sample_input,
                                     sizes=layout_sizes(world_size, batch, micro_batches),
-                                    repeats=repeats)
+                                    repeats=repeats, optimizer=optimizer)
         except Exception as e:  # noqa: BLE001 - the other ranks wait for it: tell them
             error = e
     layers, message = broadcast_object(
@@ -264,8 +361,19 @@ def calibrate(model, sample_input, path=None, micro_batches=None, repeats=7):
     if message is not None:
         raise ValueError(f"calibrate: rank 0 could not profile the model: {message}")
     links, slots = measure_links() if world_size > 1 else ({}, None)
-    slowdown, wake = (measure_sharing(_model_unit(model, sample_input, batch // world_size),
-                                      cores, machine) if world_size > 1 else (1.0, 0.0))
+    # Data parallel over the whole job takes the link a line of every rank takes
+    # (cost_model.links_by_dimension): "across" the hosts, else "between" them, else inside.
+    exchange = (measure_exchange(model, layers, links.get("across") or links.get("between")
+                                 or links.get("inside")) if world_size > 1 else 0.0)
+    # A tensor parallel collective of the model, as a layout of a micro-batch per rank
+    # sends it: the median of its messages, on the rows the sharing's unit computes.
+    messages = sorted(m * (batch // world_size) / batch for layer in layers
+                      for m in layer.tp_messages)
+    slowdown, wake, collective_wake = (
+        measure_sharing(_model_unit(model, sample_input, batch // world_size), cores, machine,
+                        message_bytes=int(messages[len(messages) // 2]) if messages else 0,
+                        link=links.get("inside"))
+        if world_size > 1 else (1.0, 0.0, None))
     model.zero_grad(set_to_none=True)
     result = Calibration(layers=layers, links=links, world_size=world_size, batch=batch,
                          slots_per_host=slots,
@@ -278,6 +386,10 @@ def calibrate(model, sample_input, path=None, micro_batches=None, repeats=7):
                                      "profiled_busy": 1,
                                      # Contention's slowdown and wake_s
                                      "slowdown": slowdown, "wake_s": wake,
+                                     "collective_wake_s": collective_wake,
+                                     # seconds per gradient byte beyond the link
+                                     # (measure_exchange)
+                                     "exchange_s_per_byte": exchange,
                                      "torch_threads": torch.get_num_threads(),
                                      "time": time.strftime("%Y-%m-%d %H:%M:%S %Z")})
     if path and basics.rank() == 0:

@@ -13,8 +13,10 @@ function of its own, for a search over other splits to reuse.
   always otherwise;
 - synchronisations: with more ranks than cores, a collective of a group smaller than the
   host's ranks, or a pipeline hand-off, costs the measured ``wake_s`` beyond its link (its
-  members get a core only in the scheduler's turn); calibrations without that figure
-  estimate tensor parallel's wait for its slowest peer instead (``tp_skew_s``);
+  members get a core only in the scheduler's turn), a tensor parallel collective the
+  measured ``collective_wake_s`` (an allreduce of the model's size meets several times);
+  calibrations without those figures estimate tensor parallel's wait for its slowest peer
+  instead (``tp_skew_s``);
 - tensor parallel (``tp_communication_s``): each column/row pair allreduces once in forward
   (the row's output) and once in backward (the column's input gradient), per micro-batch,
   each message paying the link's latency;
@@ -26,7 +28,11 @@ function of its own, for a search over other splits to reuse.
   are allreduced over dp as soon as its last backward produced them, one after another, while
   the backward of earlier layers runs; only what is left after the stage's last backward is
   added, after that stage's own last backward in the played-out schedule (a later stage
-  finishes first, so its allreduce can hide while the earlier ones drain);
+  finishes first, so its allreduce can hide while the earlier ones drain); each allreduce
+  costs its link's time plus the measured cost per byte of DistributedOptimizer's exchange
+  beyond it (``exchange_s_per_byte``: requests, fusion buffer copies);
+- the optimizer (``update_s``): each rank's step on the parameters it holds, from each
+  layer's profiled step, after its gradients are in;
 - fully sharded data parallel (``fsdp_sync_s``, fully_shard over dp, each layer wrapped): the
   parameters allgathered for each micro-batch's forward and again for its backward, the
   gradients reduce-scattered once per step: (2m + 1) x the parameter bytes x (dp-1)/dp
@@ -144,13 +150,16 @@ class Contention:
     bandwidth; linear in between). ``wake_s``: while the host's ranks outnumber its cores, what
     a synchronisation of a group smaller than the host's ranks (a collective, a pipeline
     hand-off) costs beyond its link: its members are runnable all along but each gets a core
-    only in the scheduler's turn, among ranks outside the group. calibrate() measures both;
-    1 and 0 when not measured."""
+    only in the scheduler's turn, among ranks outside the group. ``collective_wake_s``: the
+    same for a tensor parallel collective of the model's size, whose steps (shared memory's
+    staged, reduced and released) are meetings each; wake_s's figure when None. calibrate()
+    measures them; 1, 0 and None when not measured."""
     cores: int
     ranks: int
     profiled_busy: float = 1.0
     slowdown: float = 1.0
     wake_s: float = 0.0
+    collective_wake_s: float = None
 
     def __post_init__(self):
         if self.cores < 1 or self.ranks < 1 or self.profiled_busy < 1 or self.slowdown < 1:
@@ -182,10 +191,15 @@ class Contention:
         return (self.oversubscription(busy_share)
                 * self.core_slowdown(self.ranks * busy_share) * self.alone_scale())
 
-    def sync_s(self, group_on_host):
+    def sync_s(self, group_on_host, collective=False):
         """What a synchronisation of a group with ``group_on_host`` ranks on this host costs
-        beyond its link: ``wake_s`` when ranks outside the group compete for the cores."""
-        return self.wake_s if self.ranks > self.cores and group_on_host < self.ranks else 0.0
+        beyond its link: ``wake_s`` (``collective_wake_s`` for a tensor parallel
+        ``collective``) when ranks outside the group compete for the cores."""
+        if self.ranks <= self.cores or group_on_host >= self.ranks:
+            return 0.0
+        if collective and self.collective_wake_s is not None:
+            return self.collective_wake_s
+        return self.wake_s
 
 
 def busy_fraction(pp, micro_batches):
@@ -247,24 +261,38 @@ def stage_parameter_bytes(layers, tp):
     return sum(layer.parameter_bytes / (tp if layer.splittable else 1) for layer in layers)
 
 
-def gradient_sync_s(layers, link, rows, dp, tp, overlap=True, compute_scale=1.0):
+def gradient_sync_s(layers, link, rows, dp, tp, overlap=True, compute_scale=1.0,
+                    extra_s_per_byte=0.0):
     """Seconds the gradient allreduce over dp runs on after the last backward of ``layers``
     (on ``rows`` rows, the profiled compute x ``compute_scale``) ends: each layer's allreduce
-    starts when its backward is done and the previous allreduce has finished. Without
-    ``overlap`` (no core free for the core's background thread while the backward computes)
-    they all run after it."""
+    starts when its backward is done and the previous allreduce has finished, and costs its
+    link's time plus ``extra_s_per_byte`` per byte (what DistributedOptimizer's exchange costs
+    beyond the link: copies into and out of the fusion buffer, a request per tensor; measured
+    by calibrate()). Without ``overlap`` (no core free for the core's background thread while
+    the backward computes) they all run after it."""
     if dp <= 1:
         return 0.0
+
+    def exchange_s(nbytes):
+        return link.allreduce_s(nbytes, dp) + extra_s_per_byte * nbytes
     if not overlap:
-        return sum(link.allreduce_s(stage_parameter_bytes([layer], tp), dp)
+        return sum(exchange_s(stage_parameter_bytes([layer], tp))
                    for layer in layers if layer.parameter_bytes)
     clock = link_free = 0.0
     for layer in reversed(layers):
         clock += layer_compute_s(layer, rows, tp) * compute_scale * backward_share(layer)
         nbytes = stage_parameter_bytes([layer], tp)
         if nbytes:
-            link_free = max(link_free, clock) + link.allreduce_s(nbytes, dp)
+            link_free = max(link_free, clock) + exchange_s(nbytes)
     return max(link_free - clock, 0.0)
+
+
+def update_s(layers, tp, dp=1, fsdp=False):
+    """Seconds of the optimizer's step on the parameters one rank holds of ``layers`` (the
+    split layers' cut tp ways, and dp ways under fully_shard): each layer's profiled step
+    (``LayerProfile.update_s``), in proportion to the bytes held."""
+    shards = dp if fsdp else 1
+    return sum(layer.update_s / (tp if layer.splittable else 1) / shards for layer in layers)
 
 
 def fsdp_sync_s(parameter_bytes, link, dp, micro_batches):
@@ -315,13 +343,16 @@ def _played_pipeline(layers, alone, waits, stages, boundary, link, m, dp, tp, co
 
 
 def predict(layers, links, pp, dp, tp, batch, micro_batches=None, state_factor=2,
-            memory_limit=None, fsdp=False, overlap=True, contention=None):
+            memory_limit=None, fsdp=False, overlap=True, contention=None,
+            exchange_s_per_byte=0.0):
     """The Candidate for one layout, with the stage split that balances the per-micro-batch
     time. ``links`` maps "pp", "dp", "tp" to the LinkProfile their lines use; ``fsdp``: dp
     shards the parameters (fully_shard on each layer) instead of replicating them;
     ``overlap``: the gradient allreduce runs during the backward (see gradient_sync_s);
     ``contention``: the host's ranks and cores (a Contention), None to take the profiles as
-    they are, without a skew."""
+    they are, without a skew; ``exchange_s_per_byte``: what the gradient exchange costs per
+    byte beyond its link (gradient_sync_s). Each stage's ranks end the step with the
+    optimizer's step on their parameters (update_s)."""
     # A profile without its batch size was measured on this batch.
     layers = [layer if layer.batch else dataclasses.replace(layer, batch=batch)
               for layer in layers]
@@ -337,7 +368,7 @@ def predict(layers, links, pp, dp, tp, batch, micro_batches=None, state_factor=2
     compute = [p * scale for p in profiled]
     alone = [p * (contention.alone_scale() if contention else 1.0) for p in profiled]
     waits = [tp_communication_s(layer, links["tp"], rows, tp)
-             + ((contention.sync_s(members_per_host(contention.ranks, 1, tp))
+             + ((contention.sync_s(members_per_host(contention.ranks, 1, tp), collective=True)
                  * len(layer.tp_messages)
                  if tp > 1 else 0.0) if measured else tp_skew_s(c, tp, crowd))
              for c, layer in zip(compute, layers)]
@@ -358,10 +389,11 @@ def predict(layers, links, pp, dp, tp, batch, micro_batches=None, state_factor=2
             sync, nbytes = fsdp_sync_s(params, links["dp"], dp, m)
         else:
             sync, nbytes = gradient_sync_s(stage, links["dp"], rows, dp, tp, overlap,
-                                           scale), 2 * params * (dp - 1) / dp
+                                           scale, exchange_s_per_byte), \
+                2 * params * (dp - 1) / dp
         if dp > 1 and measured and params:
             sync += contention.sync_s(members_per_host(contention.ranks, tp, dp))
-        finish.append(ends[index] + sync)
+        finish.append(ends[index] + sync + update_s(stage, tp, dp, fsdp) * scale)
         moved.append(nbytes)
     step = max(finish)
     compute_s = (m + pp - 1) * max(sum(compute[a:b]) for a, b in stages)

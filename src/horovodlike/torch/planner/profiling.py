@@ -20,7 +20,9 @@ class LayerProfile:
     of each allreduce over tp a step of the whole batch needs here (the row's output in
     forward, the column's input gradient in backward). ``timings`` maps "rows/tp" to the
     forward + backward seconds measured on ``rows`` rows with the paired Linears cut ``tp``
-    ways; other sizes are scaled from the whole batch."""
+    ways; other sizes are scaled from the whole batch. ``update_s``: the optimizer's step on
+    the layer's parameters, which every training step pays once after its gradients are in
+    (profiles written before it was measured hold 0)."""
     name: str
     forward_s: float
     backward_s: float
@@ -32,6 +34,7 @@ class LayerProfile:
     tp_messages: tuple = ()
     timings: dict = dataclasses.field(default_factory=dict)
     batch: int = 0
+    update_s: float = 0.0   # the optimizer's step on its parameters (once per training step)
 
     def __post_init__(self):
         if self.split_s is None:
@@ -206,8 +209,38 @@ def _run_prefix(children, x):
     return outs, x
 
 
-def _timed_work(children, calls, sample_input, sizes):
-    """Every piece profile_layers times, in an InterleavedTimer, and the rows it covers."""
+def default_optimizer(parameters):
+    """The optimizer profile_layers times the step of when none is given: plain SGD."""
+    return torch.optim.SGD(parameters, lr=1e-3)
+
+
+def _update_work(child, optimizer):
+    """The step of ``optimizer(parameters)`` on ``child``'s parameters, with gradients in
+    place; None for a layer without parameters. The parameters are restored after each step
+    (the profile leaves the model as it found it)."""
+    parameters = [p for p in child.parameters() if p.requires_grad]
+    if not parameters:
+        return None
+    saved = [p.detach().clone() for p in parameters]
+    grads = [torch.ones_like(p) for p in parameters]
+    step = optimizer(parameters)
+
+    def update():
+        for p, g in zip(parameters, grads):
+            p.grad = g
+        step.step()
+
+    def restore():
+        with torch.no_grad():
+            for p, value in zip(parameters, saved):
+                p.copy_(value)
+                p.grad = None
+    return update, restore
+
+
+def _timed_work(children, calls, sample_input, sizes, optimizer=default_optimizer):
+    """Every piece profile_layers times, in an InterleavedTimer, the rows it covers and the
+    parameters' restorers (the timed optimizer steps move them)."""
     batch = sample_input.shape[0]
     tps = {batch: {1}}
     for rows, tp in sizes:
@@ -223,7 +256,13 @@ def _timed_work(children, calls, sample_input, sizes):
         for number, call in enumerate(calls):
             for tp in sorted(tps[rows]) if call.role else ():
                 timer.add(("linear", number, rows, tp), _shard_work(call, rows, tp))
-    return timer, tps
+    restorers = []
+    for index, child in enumerate(children):
+        work = _update_work(child, optimizer)
+        if work is not None:
+            timer.add(("update", index), work[0])
+            restorers.append(work[1])
+    return timer, tps, restorers
 
 
 def sequential_children(model):
@@ -236,18 +275,25 @@ def sequential_children(model):
     return children
 
 
-def profile_layers(model, sample_input, sizes=(), repeats=7):
+def profile_layers(model, sample_input, sizes=(), repeats=7, optimizer=None):
     """LayerProfile of every child of a sequential ``model`` on ``sample_input`` (the whole
     batch), and on each (rows, tp) of ``sizes``: the first ``rows`` rows of it, with the
-    paired Linears cut ``tp`` ways (the per-rank work of a layout)."""
+    paired Linears cut ``tp`` ways (the per-rank work of a layout). ``optimizer``: a function
+    of a list of parameters returning the torch optimizer training will use (its step is
+    timed on each layer's parameters); plain SGD when None."""
     children = sequential_children(model)
     batch = sample_input.shape[0]
     calls = linear_calls(children, sample_input)
     inside = _between_pairs(calls)
     inputs, _ = _run_prefix(children, sample_input)
     shares = [slice_share(child, calls, x, repeats) for child, x in zip(children, inputs)]
-    timer, tps = _timed_work(children, calls, sample_input, sizes)
-    times = timer.run(repeats)
+    timer, tps, restorers = _timed_work(children, calls, sample_input, sizes,
+                                        optimizer or default_optimizer)
+    try:
+        times = timer.run(repeats)
+    finally:
+        for restore in restorers:
+            restore()
     for child in children:
         child.zero_grad(set_to_none=True)
 
@@ -275,5 +321,5 @@ def profile_layers(model, sample_input, sizes=(), repeats=7):
                 times[("both", index, rows)], linears(index, rows, 1), linears(index, rows, tp),
                 shares[index], tp, index in inside)
                 for rows, tp in sizes if rows in tps},
-            batch=batch))
+            batch=batch, update_s=times.get(("update", index), 0.0)))
     return profiles
