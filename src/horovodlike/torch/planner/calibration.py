@@ -147,10 +147,11 @@ def _per_unit(unit, seconds, partner=None, leads=False):
 
 
 def _pair_meeting(nbytes, link):
-    """With every rank of the job on one machine (and an even number of them): a piece of
-    work that ends with an allreduce of ``nbytes`` over this rank's pair (ranks 2i, 2i + 1,
-    as tensor parallel's groups of two lie), and what ``link`` prices that allreduce at; None
-    otherwise. The pair agrees in the allreduce when to stop (_per_unit's rule)."""
+    """(meet, price) with every rank of the job on one machine and an even number of them,
+    else None: ``meet(done)`` allreduces a buffer of ``nbytes`` over this rank's pair (ranks
+    2i, 2i + 1, as tensor parallel's groups of two lie) carrying this side's ``done`` in its
+    first element, and returns whether either side is done; ``price``: what ``link`` prices
+    that allreduce at."""
     size = basics.size()
     if nbytes <= 0 or size % 2 or link is None:
         return None
@@ -158,45 +159,46 @@ def _pair_meeting(nbytes, link):
     from horovodlike.torch.process_mesh import ProcessMesh
     pair = ProcessMesh((size // 2, 2), ("pairs", "pair")).process_set("pair")
     buffer = torch.zeros(max(1, nbytes // 4))
-    return buffer, pair, Sum, allreduce_, link.allreduce_s(buffer.numel() * 4, 2)
+
+    def meet(done):
+        buffer.zero_()
+        buffer[0] = float(done)
+        allreduce_(buffer, op=Sum, process_set=pair, name="plan.sharing.meeting")
+        return bool(buffer[0] > 0)
+    return meet, link.allreduce_s(buffer.numel() * 4, 2)
 
 
-def _per_meeting(piece, meeting, seconds):
-    """Seconds per ``piece`` and allreduce over the pair (_pair_meeting's), for ``seconds``
-    by the pair's agreement: each side's flag in the first element, summed."""
-    buffer, pair, op, allreduce_, _ = meeting
+def _per_meeting(piece, meet, seconds):
+    """Seconds per ``piece`` and meeting of the pair (_pair_meeting's ``meet``), for about
+    ``seconds``: the pair stops together, when either side's time is up."""
     count, start = 0, time.perf_counter()
     while True:
         piece()
         count += 1
-        buffer.zero_()
-        buffer[0] = float(time.perf_counter() - start > seconds)
-        allreduce_(buffer, op=op, process_set=pair, name="plan.sharing.meeting")
-        if buffer[0] > 0:
+        if meet(time.perf_counter() - start > seconds):
             return (time.perf_counter() - start) / count
 
 
 def measure_sharing(unit, cores, machine, rounds=25, seconds=0.04, message_bytes=0,
                     link=None):
-    """(slowdown, wake_s, collective_wake_s) of rank 0's machine, as Contention takes them:
-    how much slower
-    ``unit()`` (the model's work) runs while ``cores`` ranks of the machine (``machine``: its
-    ranks, from machine_of_rank0) compute at once than alone, and (with more ranks than cores)
-    what an exchange between two ranks costs beyond its link while the machine's other ranks
-    compute: pairs of ranks exchanging a flag after every piece of a fixed small work (about a
-    layer's) against the same work with no exchange. With no more ranks than cores, the ranks
-    computing at once are paired the same way and exchange a flag after every unit: a
-    layout's ranks meet at least once a step (its gradient allreduce, its tensor parallel
-    collectives, its hand-offs) and go at the pace of the slower of them, and the cores of a
-    shared machine do not run at one speed (each one's varies by 10-20% over seconds, not
-    alike). With more ranks than cores they compute without meeting: what a meeting costs
-    there is ``wake_s``, charged per synchronisation. Short windows of each kind in turn,
-    ``rounds`` times (the machine's speed drifts: each kind sees the same drift), the medians
-    over the rounds and over the ranks that took part. ``collective_wake_s``: the same for a
-    meeting through an allreduce of ``message_bytes`` over the pair (a tensor parallel
-    collective of the model: a multi-step exchange on shared memory, each step a meeting),
-    beyond what ``link`` prices it at; None where not measured (the job not all on one
-    machine, or an odd number of ranks). Collective; every rank gets the same figures."""
+    """(slowdown, wake_s, collective_wake_s) of rank 0's machine, as Contention takes them: how
+    much slower ``unit()`` (the model's work) runs while ``cores`` ranks of the machine
+    (``machine``: its ranks, from machine_of_rank0) compute at once than alone, and (with more
+    ranks than cores) what an exchange between two ranks costs beyond its link while the
+    machine's other ranks compute: pairs of ranks exchanging a flag after every piece of a fixed
+    small work (about a layer's) against the same work with no exchange. With no more ranks than
+    cores, the ranks computing at once are paired the same way and exchange a flag after every
+    unit: a layout's ranks meet at least once a step (its gradient allreduce, its tensor
+    parallel collectives, its hand-offs) and go at the pace of the slower of them, and the cores
+    of a shared machine do not run at one speed (each one's varies by 10-20% over seconds, not
+    alike). With more ranks than cores they compute without meeting: what a meeting costs there
+    is ``wake_s``, charged per synchronisation. Short windows of each kind in turn, ``rounds``
+    times (the machine's speed drifts: each kind sees the same drift), the medians over the
+    rounds and over the ranks that took part. ``collective_wake_s``: the same for a meeting
+    through an allreduce of ``message_bytes`` over the pair (a tensor parallel collective of the
+    model: a multi-step exchange on shared memory, each step a meeting), beyond what ``link``
+    prices it at; None where not measured (the job not all on one machine, or an odd number of
+    ranks). Collective; every rank gets the same figures."""
     rank = basics.rank()
     piece = _small_unit()
     unit()
@@ -241,7 +243,7 @@ def measure_sharing(unit, cores, machine, rounds=25, seconds=0.04, message_bytes
             mine["paired"].append(_per_unit(piece, seconds, partner, leads))
         if meeting is not None:
             barrier()
-            mine["met"].append(_per_meeting(piece, meeting, seconds))
+            mine["met"].append(_per_meeting(piece, meeting[0], seconds))
     everyone = allgather_object(mine, name="plan.sharing")
     alone = statistics.median(everyone[0]["alone"])
     together = statistics.median(statistics.median(f["together"])
@@ -256,7 +258,7 @@ def measure_sharing(unit, cores, machine, rounds=25, seconds=0.04, message_bytes
     if crowded_machine:
         wake = beyond("paired")
     if meeting is not None:
-        collective_wake = beyond("met", meeting[-1])
+        collective_wake = beyond("met", meeting[1])
     return slowdown, wake, collective_wake
 
 
