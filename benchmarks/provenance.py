@@ -59,9 +59,15 @@ def header() -> str:
     """Lines to print first: `$ command`, the commit (and the files that differed from it), the
     machine and the load before the run."""
     facts = commit()
-    dirty = ("tree clean" if not facts["dirty"] else
-             "tree DIRTY: " + ", ".join(facts["dirty"][:8]) +
-             (" ..." if len(facts["dirty"]) > 8 else ""))
+    # A raw output redirected into its committed file (`> benchmarks/results/x.txt`) has
+    # changed that file before this runs: said apart from changes to the code that ran.
+    results = [f for f in facts["dirty"] if f.startswith("benchmarks/results/")]
+    code = [f for f in facts["dirty"] if f not in results]
+    dirty = ("tree clean" if not code else
+             "tree DIRTY: " + ", ".join(code[:8]) + (" ..." if len(code) > 8 else ""))
+    if results:
+        dirty += "; results being rewritten: " + ", ".join(results[:4]) + \
+            (" ..." if len(results) > 4 else "")
     from source_tree import horovodlike_in_use
     return (f"$ {command_line()}\n"
             f"commit {facts['commit']} ({dirty})\n"
