@@ -215,9 +215,10 @@ def default_optimizer(parameters):
 
 
 def _update_work(child, optimizer):
-    """The step of ``optimizer(parameters)`` on ``child``'s parameters, with gradients in
-    place; None for a layer without parameters. The parameters are restored after each step
-    (the profile leaves the model as it found it)."""
+    """(update, restore) for ``child``, None for a layer without parameters: ``update()``
+    takes a step of ``optimizer(parameters)`` on its parameters with gradients in place;
+    ``restore()`` puts the parameters back as they were before the first and drops the
+    gradients (the profile leaves the model as it found it)."""
     parameters = [p for p in child.parameters() if p.requires_grad]
     if not parameters:
         return None
