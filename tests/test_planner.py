@@ -382,6 +382,25 @@ def test_the_step_ends_with_the_optimizer_and_the_exchange_costs_beyond_its_link
         pytest.approx(3 * 0.006 / 4 + exchange + 3 * 0.002)
 
 
+def test_a_pipeline_action_pays_the_schedules_own_work():
+    # Two layers of 6 ms on the batch of 8, a stage each: 8 micro-batches of one row, each
+    # layer's forward 0.25 ms and backward 0.5 ms a micro-batch; the schedule's own work adds
+    # 0.1 ms to every forward and every backward, played out as compute (free link).
+    profile = layers([0.006] * 2, 0, 0, batch=8)
+    plain = predict(profile, FREE, 2, 1, 1, 8)
+    assert plain.micro_batches == 8
+    assert plain.step_s == pytest.approx(max(simulate_1f1b(
+        [StageWork(0.00025, 0.0005)] * 2, 8, [0.0])))
+    busy = predict(profile, FREE, 2, 1, 1, 8, pipeline_action_s=0.0001)
+    assert busy.step_s == pytest.approx(max(simulate_1f1b(
+        [StageWork(0.00035, 0.0006)] * 2, 8, [0.0])))
+    # 8 forwards and 8 backwards a stage, one more of each on the other stage's way in and out.
+    assert busy.step_s - plain.step_s == pytest.approx(18 * 0.0001)
+    # Without a pipeline there is no schedule to pay.
+    assert predict(profile, FREE, 1, 2, 1, 8, pipeline_action_s=0.0001).step_s == \
+        pytest.approx(predict(profile, FREE, 1, 2, 1, 8).step_s)
+
+
 def test_a_tensor_parallel_collective_pays_its_own_measured_meeting():
     # As test_synchronisations_of_part_of_a_crowded_host_pay_the_measured_cost, with a tensor
     # parallel collective measured at 3 ms a meeting: dp=2 x tp=2's two messages pay 3 ms

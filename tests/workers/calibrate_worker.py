@@ -1,7 +1,8 @@
 """calibrate() inside a job: rank 0 profiles alone and every rank gets its figures, the
 optimizer's step per layer timed with the model left as it was, the machine's sharing
 measured (a synchronisation's cost only with more ranks than cores, a tensor parallel
-collective's with an even number of them too), the gradient exchange's cost beyond the link;
+collective's with an even number of them too), the gradient exchange's cost beyond the link,
+a pipeline action's own cost (with an even number of ranks);
 the result plans; and a model rank 0 cannot profile fails every rank, none left waiting."""
 
 import torch
@@ -38,9 +39,11 @@ if sharing > cores and size % 2 == 0:
 else:
     check(collective is None, f"nothing to measure it on, yet collective_wake_s {collective}")
 check(conditions["exchange_s_per_byte"] >= 0.0, f"{conditions['exchange_s_per_byte']}")
+action = conditions["pipeline_action_s"]
+check(action >= 0.0 if size % 2 == 0 else action == 0.0, f"pipeline_action_s {action}")
 every = hvd.allgather_object((calibration.layers, conditions["slowdown"],
                               conditions["wake_s"], collective,
-                              conditions["exchange_s_per_byte"]), name="calibrate.same")
+                              conditions["exchange_s_per_byte"], action), name="calibrate.same")
 check(all(e == every[0] for e in every), "every rank has rank 0's figures")
 check(all(p.forward_s > 0 for p in calibration.layers), f"{calibration.layers}")
 best = hvd.plan(model, sample, world_size=size, calibration=calibration, verbose=False)

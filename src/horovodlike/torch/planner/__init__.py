@@ -204,7 +204,9 @@ def plan(model, sample_input, world_size, hosts=None, link=None, inter_host_link
     contention = _contention(calibration, world_size, slots, profiled_here, in_job)
     if overlap is None:
         overlap = cores >= 2 * (slots or world_size)
-    exchange = calibration.conditions.get("exchange_s_per_byte", 0.0) if calibration else 0.0
+    measured = calibration.conditions if calibration else {}
+    exchange = measured.get("exchange_s_per_byte", 0.0)
+    action = measured.get("pipeline_action_s", 0.0)
     candidates, rejected = [], []
     for pp, dp, tp in factorisations(world_size):
         reason = why_not(layers, pp, dp, tp, batch)
@@ -217,7 +219,8 @@ def plan(model, sample_input, world_size, hosts=None, link=None, inter_host_link
             candidates.append(predict(layers, links, pp, dp, tp, batch, micro_batches,
                                       optimizer_state_factor, memory_limit, fsdp=sharded,
                                       overlap=overlap, contention=contention,
-                                      exchange_s_per_byte=exchange))
+                                      exchange_s_per_byte=exchange,
+                                      pipeline_action_s=action))
     if not candidates:
         raise ValueError(f"plan: no layout of {world_size} ranks fits this model: {rejected}")
     candidates.sort(key=lambda c: (not c.fits, c.step_s, c.memory_bytes))

@@ -19,7 +19,7 @@ from horovodlike.torch.p2p import recv, send
 from horovodlike.torch.planner.cost_model import (factorisations, gradient_sync_s,
                                                   micro_batch_count)
 from horovodlike.torch.planner.links import LinkProfile, measure_link
-from horovodlike.torch.planner.profiling import (LayerProfile, profile_layers,
+from horovodlike.torch.planner.profiling import (LayerProfile, median_time, profile_layers,
                                                   sequential_children)
 
 
@@ -323,6 +323,61 @@ def measure_exchange(model, layers, link, repeats=15):
     return max(0.0, (measured - priced) / total)
 
 
+def _tiny_pipeline_step(stage_index, pair, micro_batches):
+    """One step of a 2-stage Schedule1F1B over ``pair`` (its two ranks) of layers too small to
+    matter (a Linear(8, 8) each, 4 rows a micro-batch): what remains is the schedule's own
+    work per action and its hand-offs."""
+    from horovodlike.torch.pipelining import PipelineStage, Schedule1F1B
+    torch.manual_seed(0)
+    stage = PipelineStage(torch.nn.Linear(8, 8), stage_index, 2, process_set=pair)
+    schedule = Schedule1F1B(stage, micro_batches, torch.nn.functional.mse_loss)
+    x, target = torch.randn(4 * micro_batches, 8), torch.randn(4 * micro_batches, 8)
+    if stage_index == 0:
+        return lambda: schedule.step(x)
+    return lambda: schedule.step(target=target)
+
+
+def measure_pipeline_action(link, repeats=9):
+    """Seconds a pipeline action (one stage's forward or backward of a micro-batch) costs
+    beyond its compute and its hand-off's link: the schedule's own work (its bookkeeping, the
+    point-to-point calls, autograd on the kept tensors). Ranks 0 and 1 (a pair, as
+    _pair_meeting's) run a 2-stage Schedule1F1B of negligible layers with 2 and with 10
+    micro-batches in turn, ``repeats`` times, while the others wait; the step's growth per
+    micro-batch against what pipeline_sim plays for the same compute and link is two actions'
+    cost. 0.0 with an odd number of ranks or no link. Collective."""
+    from horovodlike.torch.planner.pipeline_sim import StageWork, simulate_1f1b
+    from horovodlike.torch.process_mesh import ProcessMesh
+    size, rank = basics.size(), basics.rank()
+    if size % 2 or link is None or basics.build_info().get("point_to_point") is None:
+        return 0.0
+    pair = ProcessMesh((size // 2, 2), ("pairs", "pair")).process_set("pair")
+    few, many = 2, 10
+    times = {few: [], many: []}
+    if rank < 2:
+        steps = {m: _tiny_pipeline_step(rank, pair, m) for m in times}
+        for step in steps.values():
+            step()
+        for _ in range(repeats):
+            for m, step in steps.items():
+                start = time.perf_counter()
+                step()
+                times[m].append(time.perf_counter() - start)
+    action = None
+    if rank == 0:
+        growth = (statistics.median(times[many]) - statistics.median(times[few])) / (many - few)
+        # What the model plays for the same layers alone: their compute, timed here, and the
+        # hand-offs on the link (32 floats a micro-batch).
+        layer, rows = torch.nn.Linear(8, 8), torch.randn(4, 8, requires_grad=True)
+        forward = median_time(lambda: layer(rows), repeats)
+        both = median_time(lambda: layer(rows).sum().backward(), repeats)
+        work = [StageWork(forward, max(both - forward, 0.0))] * 2
+        send = [link.send_s(4 * 8 * 4)]
+        played = (max(simulate_1f1b(work, many, send)) -
+                  max(simulate_1f1b(work, few, send))) / (many - few)
+        action = max(0.0, (growth - played) / 2)
+    return broadcast_object(action, root_rank=0, name="plan.pipeline.action")
+
+
 def calibrate(model, sample_input, path=None, micro_batches=None, repeats=7,
               optimizer=None):
     """Measures ``model`` (a ``torch.nn.Sequential``) on batches like ``sample_input`` (the
@@ -367,6 +422,7 @@ def calibrate(model, sample_input, path=None, micro_batches=None, repeats=7,
     # (cost_model.links_by_dimension): "across" the hosts, else "between" them, else inside.
     exchange = (measure_exchange(model, layers, links.get("across") or links.get("between")
                                  or links.get("inside")) if world_size > 1 else 0.0)
+    action = measure_pipeline_action(links.get("inside")) if world_size > 1 else 0.0
     # A tensor parallel collective of the model, as a layout of a micro-batch per rank
     # sends it: the median of its messages, on the rows the sharing's unit computes.
     messages = sorted(m * (batch // world_size) / batch for layer in layers
@@ -392,6 +448,9 @@ def calibrate(model, sample_input, path=None, micro_batches=None, repeats=7,
                                      # seconds per gradient byte beyond the link
                                      # (measure_exchange)
                                      "exchange_s_per_byte": exchange,
+                                     # a pipeline action's own cost, alone on a core
+                                     # (measure_pipeline_action)
+                                     "pipeline_action_s": action,
                                      "torch_threads": torch.get_num_threads(),
                                      "time": time.strftime("%Y-%m-%d %H:%M:%S %Z")})
     if path and basics.rank() == 0:

@@ -21,7 +21,8 @@ function of its own, for a search over other splits to reuse.
   (the row's output) and once in backward (the column's input gradient), per micro-batch,
   each message paying the link's latency;
 - pipeline (``pipeline_sim``): Schedule1F1B played out action by action, each stage's
-  forward and backward of a micro-batch waiting for its neighbour's, each machine's cores
+  forward and backward of a micro-batch (its compute plus the schedule's own measured work
+  per action, ``pipeline_action_s``) waiting for its neighbour's, each machine's cores
   shared by the ranks computing at that moment (processor sharing); the boundary activation
   sent forward and its gradient back, each a send on the link;
 - data parallel (``gradient_sync_s``): as DistributedOptimizer does it, each layer's gradients
@@ -322,14 +323,16 @@ def stage_memory_bytes(layers, dp, tp, pp, micro_batches, state_factor, fsdp):
     return state + kept * min(pp, micro_batches) / micro_batches
 
 
-def _played_pipeline(layers, alone, waits, stages, boundary, link, m, dp, tp, contention):
+def _played_pipeline(layers, alone, waits, stages, boundary, link, m, dp, tp, contention,
+                     action_s=0.0):
     """Each stage's end of its last backward under Schedule1F1B (pipeline_sim), from each
-    layer's compute ``alone`` on a core: each machine's sharing of its cores played out event
-    by event."""
+    layer's compute ``alone`` on a core and each action's own cost ``action_s`` (alone too):
+    each machine's sharing of its cores played out event by event."""
     hosts, ranks = stage_hosts(len(stages), dp, tp, contention.ranks if contention else None)
     work = []
     for (first, last), host in zip(stages, hosts):
-        forward = backward = waited = 0.0
+        forward = backward = action_s
+        waited = 0.0
         for c, w, layer in zip(alone[first:last], waits[first:last], layers[first:last]):
             share = backward_share(layer)
             forward += c * (1 - share)
@@ -344,15 +347,17 @@ def _played_pipeline(layers, alone, waits, stages, boundary, link, m, dp, tp, co
 
 def predict(layers, links, pp, dp, tp, batch, micro_batches=None, state_factor=2,
             memory_limit=None, fsdp=False, overlap=True, contention=None,
-            exchange_s_per_byte=0.0):
+            exchange_s_per_byte=0.0, pipeline_action_s=0.0):
     """The Candidate for one layout, with the stage split that balances the per-micro-batch
     time. ``links`` maps "pp", "dp", "tp" to the LinkProfile their lines use; ``fsdp``: dp
     shards the parameters (fully_shard on each layer) instead of replicating them;
     ``overlap``: the gradient allreduce runs during the backward (see gradient_sync_s);
     ``contention``: the host's ranks and cores (a Contention), None to take the profiles as
     they are, without a skew; ``exchange_s_per_byte``: what the gradient exchange costs per
-    byte beyond its link (gradient_sync_s). Each stage's ranks end the step with the
-    optimizer's step on their parameters (update_s)."""
+    byte beyond its link (gradient_sync_s); ``pipeline_action_s``: what each forward or
+    backward of a micro-batch under a pipeline costs beyond its compute, alone on a core (the
+    schedule's own work). Each stage's ranks end the step with the optimizer's step on their
+    parameters (update_s)."""
     # A profile without its batch size was measured on this batch.
     layers = [layer if layer.batch else dataclasses.replace(layer, batch=batch)
               for layer in layers]
@@ -378,7 +383,7 @@ def predict(layers, links, pp, dp, tp, batch, micro_batches=None, state_factor=2
     boundary = [layers[last - 1].activation_bytes / batch * rows for _, last in stages[:-1]]
     if pp > 1:
         ends = _played_pipeline(layers, alone, waits, stages, boundary, links["pp"], m,
-                                dp, tp, contention)
+                                dp, tp, contention, pipeline_action_s)
     else:
         ends = [slots[0]]
     finish, moved = [], []
