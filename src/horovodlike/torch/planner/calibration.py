@@ -289,16 +289,24 @@ def measure_links():
     return {"inside": inside, "between": between, "across": across}, slots[0]
 
 
-def measure_exchange(model, layers, link, repeats=15):
+def measure_exchange(model, layers, link, repeats=15, slots=None):
     """Seconds per gradient byte that data parallel's exchange over the whole job costs beyond
     what its link prices (cost_model.gradient_sync_s): every rank allreduces a buffer shaped
     like each of the model's parameters, as DistributedOptimizer does its gradients (one
     asynchronous request per tensor, the last layer's first, then a wait for them all), timed
     ``repeats`` times; the ranks' median against the link's price of the same bytes.
     The difference is the requests, the copies into and out of the fusion buffer and the
-    background thread's rounds, which a link measured on one tensor at a time does not see.
-    Collective."""
+    background thread's rounds, which a link measured on one tensor at a time does not see:
+    work of each host, so with several hosts (``slots`` ranks each) it is measured among the
+    ranks of each host, ``link`` then the link inside a host (a slow link between hosts would
+    bury it in that link's own variation). Collective."""
     from horovodlike.torch.mpi_ops import allreduce_async_, synchronize
+    group, ranks = None, basics.size()
+    if slots:
+        from horovodlike.torch.process_mesh import ProcessMesh
+        group = ProcessMesh((basics.size() // slots, slots), ("host", "local")).process_set(
+            "local")
+        ranks = slots
     buffers = [torch.zeros_like(p) for child in reversed(sequential_children(model))
                for p in reversed(list(child.parameters())) if p.requires_grad]
     if not buffers or link is None:
@@ -306,7 +314,8 @@ def measure_exchange(model, layers, link, repeats=15):
     total = sum(b.numel() * b.element_size() for b in buffers)
 
     def exchange():
-        handles = [allreduce_async_(b, name=f"plan.exchange.{i}")
+        handles = [allreduce_async_(b, name=f"plan.exchange.{i}", process_set=group)
+                   if group is not None else allreduce_async_(b, name=f"plan.exchange.{i}")
                    for i, b in enumerate(buffers)]
         for handle in handles:
             synchronize(handle)
@@ -319,7 +328,7 @@ def measure_exchange(model, layers, link, repeats=15):
         times.append(time.perf_counter() - start)
     measured = statistics.median(allgather_object(statistics.median(times),
                                                   name="plan.exchange"))
-    priced = gradient_sync_s(layers, link, 1, basics.size(), 1, overlap=False)
+    priced = gradient_sync_s(layers, link, 1, ranks, 1, overlap=False)
     return max(0.0, (measured - priced) / total)
 
 
@@ -337,14 +346,14 @@ def _tiny_pipeline_step(stage_index, pair, micro_batches):
     return lambda: schedule.step(target=target)
 
 
-def measure_pipeline_action(link, repeats=9):
+def measure_pipeline_action(link, repeats=15):
     """Seconds a pipeline action (one stage's forward or backward of a micro-batch) costs
     beyond its compute and its hand-off's link: the schedule's own work (its bookkeeping, the
     point-to-point calls, autograd on the kept tensors). Ranks 0 and 1 (a pair, as
     _pair_meeting's) run a 2-stage Schedule1F1B of negligible layers with 2 and with 10
     micro-batches in turn, ``repeats`` times, while the others wait; the step's growth per
-    micro-batch against what pipeline_sim plays for the same compute and link is two actions'
-    cost. 0.0 with an odd number of ranks or no link. Collective."""
+    micro-batch (the median of the repeats' differences) against what pipeline_sim plays for
+    the same compute and link is two actions' cost. 0.0 with an odd number of ranks or no link. Collective."""
     from horovodlike.torch.planner.pipeline_sim import StageWork, simulate_1f1b
     from horovodlike.torch.process_mesh import ProcessMesh
     size, rank = basics.size(), basics.rank()
@@ -364,7 +373,8 @@ def measure_pipeline_action(link, repeats=9):
                 times[m].append(time.perf_counter() - start)
     action = None
     if rank == 0:
-        growth = (statistics.median(times[many]) - statistics.median(times[few])) / (many - few)
+        # Each repeat's two steps back to back: the machine's drift cancels in their difference.
+        growth = statistics.median(b - a for a, b in zip(times[few], times[many])) / (many - few)
         # What the model plays for the same layers alone: their compute, timed here, and the
         # hand-offs on the link (32 floats a micro-batch).
         layer, rows = torch.nn.Linear(8, 8), torch.randn(4, 8, requires_grad=True)
@@ -418,10 +428,8 @@ def calibrate(model, sample_input, path=None, micro_batches=None, repeats=7,
     if message is not None:
         raise ValueError(f"calibrate: rank 0 could not profile the model: {message}")
     links, slots = measure_links() if world_size > 1 else ({}, None)
-    # Data parallel over the whole job takes the link a line of every rank takes
-    # (cost_model.links_by_dimension): "across" the hosts, else "between" them, else inside.
-    exchange = (measure_exchange(model, layers, links.get("across") or links.get("between")
-                                 or links.get("inside")) if world_size > 1 else 0.0)
+    exchange = (measure_exchange(model, layers, links.get("inside"), slots=slots)
+                if world_size > 1 and (slots is None or slots > 1) else 0.0)
     action = measure_pipeline_action(links.get("inside")) if world_size > 1 else 0.0
     # A tensor parallel collective of the model, as a layout of a micro-batch per rank
     # sends it: the median of its messages, on the rows the sharing's unit computes.
