@@ -180,7 +180,8 @@ def main():
                 calls[job] = {k: statistics.median(v) for k, v in json.load(f).items()}
         durations = phases(read_timeline(timeline), "allreduce.traced")
 
-    libs, _ = bench.libraries(2, {"MPI"})
+    libs, _ = bench.libraries(2, {"MPI"},
+                              mpi_configs=bench.mpi_configurations("bindings"))
     mpi = {}
     for lib in libs:
         result = bench.run_job(lib, 2, ["--sizes", str(args.size), "--iter-scale", "1"], 600)

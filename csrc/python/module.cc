@@ -169,6 +169,85 @@ py::object RunCall(int op, const std::string& name, uintptr_t input, uintptr_t o
   return py::make_tuple(static_cast<int>(state->status.code), state->status.message);
 }
 
+// run() as the interpreter calls a C function with METH_FASTCALL: the arguments arrive as an
+// array, without the tuple, the keyword lookups and the per-argument casters of pybind11's
+// dispatcher, which cost about as much as the core's own work for a small collective. Takes
+// the framework layers' form: 12 positional arguments (ints, a str, a tuple or list of ints,
+// floats) and an optional `stream` (13th, or the one keyword). Anything else goes to pybind11's
+// binding of RunCall (g_run_checked), whose conversions and errors stay the reference.
+PyObject* g_run_checked = nullptr;
+
+bool ArgInt(PyObject* arg, long long& out) {
+  if (!PyLong_Check(arg)) return false;
+  int overflow = 0;
+  out = PyLong_AsLongLongAndOverflow(arg, &overflow);
+  if (overflow != 0 || (out == -1 && PyErr_Occurred())) {
+    PyErr_Clear();
+    return false;
+  }
+  return true;
+}
+
+bool ArgPointer(PyObject* arg, uintptr_t& out) {
+  long long value = 0;
+  if (!ArgInt(arg, value) || value < 0) return false;
+  out = static_cast<uintptr_t>(value);
+  return true;
+}
+
+bool ArgShape(PyObject* arg, std::vector<int64_t>& shape) {
+  if (!PyTuple_Check(arg) && !PyList_Check(arg)) return false;
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(arg);
+  PyObject** items = PySequence_Fast_ITEMS(arg);
+  shape.resize(static_cast<size_t>(n));
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    long long dim = 0;
+    if (!ArgInt(items[i], dim)) return false;
+    shape[static_cast<size_t>(i)] = dim;
+  }
+  return true;
+}
+
+PyObject* RunFast(PyObject*, PyObject* const* args, Py_ssize_t given, PyObject* kwnames) {
+  // Positional arguments, the keyword `stream` counted as the 13th; 0: another form.
+  Py_ssize_t nargs = kwnames == nullptr ? given : 0;
+  PyObject* stream_arg = given == 13 && kwnames == nullptr ? args[12] : nullptr;
+  if (kwnames != nullptr && given == 12 && PyTuple_GET_SIZE(kwnames) == 1 &&
+      PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, 0), "stream") == 0) {
+    nargs = 13;
+    stream_arg = args[12];
+  }
+  long long ints[6] = {0, 0, 0, 0, 0, 0};  // op, dtype, reduce_op, root, device, set
+  uintptr_t input = 0, output = 0, stream = 0;
+  std::vector<int64_t> shape;
+  const char* name = nullptr;
+  Py_ssize_t name_size = 0;
+  const bool parsed =
+      (nargs == 12 || nargs == 13) && ArgInt(args[0], ints[0]) && PyUnicode_Check(args[1]) &&
+      (name = PyUnicode_AsUTF8AndSize(args[1], &name_size)) != nullptr &&
+      ArgPointer(args[2], input) && ArgPointer(args[3], output) && ArgInt(args[4], ints[1]) &&
+      ArgShape(args[5], shape) && ArgInt(args[6], ints[2]) && PyFloat_Check(args[7]) &&
+      PyFloat_Check(args[8]) && ArgInt(args[9], ints[3]) && ArgInt(args[10], ints[4]) &&
+      ArgInt(args[11], ints[5]) && (stream_arg == nullptr || ArgPointer(stream_arg, stream));
+  auto fits_int = [](long long v) { return v >= INT32_MIN && v <= INT32_MAX; };
+  if (!parsed || !fits_int(ints[0]) || !fits_int(ints[1]) || !fits_int(ints[2]) ||
+      !fits_int(ints[3]) || !fits_int(ints[4]) || !fits_int(ints[5])) {
+    PyErr_Clear();
+    return PyObject_Vectorcall(g_run_checked, args, static_cast<size_t>(given), kwnames);
+  }
+  try {
+    py::object result = RunCall(
+        static_cast<int>(ints[0]), std::string(name, static_cast<size_t>(name_size)), input,
+        output, static_cast<int>(ints[1]), std::move(shape), static_cast<int>(ints[2]),
+        PyFloat_AS_DOUBLE(args[7]), PyFloat_AS_DOUBLE(args[8]), static_cast<int>(ints[3]),
+        static_cast<int>(ints[4]), static_cast<int>(ints[5]), stream);
+    return result.release().ptr();
+  } catch (...) {
+    py::detail::try_translate_exceptions();  // as pybind11's dispatcher does
+    return nullptr;
+  }
+}
+
 // init() runs on a thread of its own while the caller's thread wakes for signals: the
 // rendezvous may wait for the other ranks up to HOROVOD_START_TIMEOUT. An attempt abandoned by
 // an exception from a signal handler finishes in the background; a shutdown() asked for
@@ -456,6 +535,21 @@ PYBIND11_MODULE(_core, m) {
         "enqueue + wait + release: runs a collective whose output is the caller's buffer; "
         "returns None, or (status code, message) when it failed. Pass every argument "
         "positionally (faster).");
+  {
+    // The same function through RunFast (above); pybind11's binding stays as its fallback.
+    g_run_checked = py::object(m.attr("run")).release().ptr();
+    static PyMethodDef run_def = {
+        "run", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&RunFast)),
+        METH_FASTCALL | METH_KEYWORDS,
+        "run(op: int, name: str, input: int, output: int, dtype: int, shape: Sequence[int], "
+        "reduce_op: int, prescale: float, postscale: float, root_rank: int, device: int, "
+        "process_set: int, stream: int = 0) -> tuple | None\n\n"
+        "enqueue + wait + release: runs a collective whose output is the caller's buffer; "
+        "returns None, or (status code, message) when it failed. Pass every argument "
+        "positionally, the floats as floats (faster)."};
+    m.attr("run") = py::reinterpret_steal<py::object>(
+        PyCFunction_NewEx(&run_def, nullptr, m.attr("__name__").ptr()));
+  }
   m.def("output", &Output);
   m.def("start_timeline", [](const std::string& path, bool mark_cycles) {
     py::gil_scoped_release release;  // may wait for a previous recording's writer to finish

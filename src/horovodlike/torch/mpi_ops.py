@@ -22,7 +22,7 @@ from horovodlike.common.process_sets import global_process_set, set_id, set_rank
 from horovodlike.torch.compression import Compression
 from horovodlike.torch._queue import (  # noqa: F401 (_auto_name: sparse_ops.py's)
     _auto_name, _check_tensor, _check_member, _check_inplace, _resolve_op, _enqueue,
-    _output, _run, _GroupHandle)
+    _output, _run, _run_plain, _GroupHandle)
 
 
 # ---------------------------------------------------------------------------------- allreduce
@@ -88,6 +88,9 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                postscale_factor=1.0, process_set=global_process_set):
     """Reduces ``tensor`` over all ranks in place and returns it."""
     name = name or _auto_name("allreduce", process_set)
+    if average is None and process_set is global_process_set and \
+            _run_plain(_OP_ALLREDUCE, name, tensor, op, prescale_factor, postscale_factor):
+        return tensor
     _check_tensor(tensor, "allreduce", name)
     _check_inplace(tensor, "allreduce", name)
     op = _resolve_op(average, op, "allreduce", name)

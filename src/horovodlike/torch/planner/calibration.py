@@ -146,18 +146,24 @@ def _per_unit(unit, seconds, partner=None, leads=False):
     return (time.perf_counter() - start) / count
 
 
-def _pair_meeting(nbytes, link):
-    """(meet, price) with every rank of the job on one machine and an even number of them,
-    else None: ``meet(done)`` allreduces a buffer of ``nbytes`` over this rank's pair (ranks
-    2i, 2i + 1, as tensor parallel's groups of two lie) carrying this side's ``done`` in its
-    first element, and returns whether either side is done; ``price``: what ``link`` prices
-    that allreduce at."""
+def _pair_set():
+    """This rank's pair (ranks 2i, 2i + 1, as tensor parallel's groups of two lie, and a
+    2-stage pipeline's) as a process set; None with an odd number of ranks. Collective."""
     size = basics.size()
-    if nbytes <= 0 or size % 2 or link is None:
+    if size < 2 or size % 2:
+        return None
+    from horovodlike.torch.process_mesh import ProcessMesh
+    return ProcessMesh((size // 2, 2), ("pairs", "pair")).process_set("pair")
+
+
+def _pair_meeting(nbytes, link, pair):
+    """(meet, price), or None without a ``pair`` (_pair_set), a link or a message:
+    ``meet(done)`` allreduces a buffer of ``nbytes`` over this rank's pair carrying this
+    side's ``done`` in its first element, and returns whether either side is done; ``price``:
+    what ``link`` prices that allreduce at."""
+    if nbytes <= 0 or pair is None or link is None:
         return None
     from horovodlike.torch.mpi_ops import Sum, allreduce_
-    from horovodlike.torch.process_mesh import ProcessMesh
-    pair = ProcessMesh((size // 2, 2), ("pairs", "pair")).process_set("pair")
     buffer = torch.zeros(max(1, nbytes // 4))
 
     def meet(done):
@@ -180,7 +186,7 @@ def _per_meeting(piece, meet, seconds):
 
 
 def measure_sharing(unit, cores, machine, rounds=25, seconds=0.04, message_bytes=0,
-                    link=None):
+                    link=None, pair=None):
     """(slowdown, wake_s, collective_wake_s) of rank 0's machine, as Contention takes them: how
     much slower ``unit()`` (the model's work) runs while ``cores`` ranks of the machine
     (``machine``: its ranks, from machine_of_rank0) compute at once than alone, and (with more
@@ -197,8 +203,8 @@ def measure_sharing(unit, cores, machine, rounds=25, seconds=0.04, message_bytes
     rounds and over the ranks that took part. ``collective_wake_s``: the same for a meeting
     through an allreduce of ``message_bytes`` over the pair (a tensor parallel collective of the
     model: a multi-step exchange on shared memory, each step a meeting), beyond what ``link``
-    prices it at; None where not measured (the job not all on one machine, or an odd number of
-    ranks). Collective; every rank gets the same figures."""
+    prices it at, over ``pair`` (_pair_set); None where not measured (the job not all on one
+    machine, or no pair). Collective; every rank gets the same figures."""
     rank = basics.rank()
     piece = _small_unit()
     unit()
@@ -214,7 +220,7 @@ def measure_sharing(unit, cores, machine, rounds=25, seconds=0.04, message_bytes
     # exchange stays unmeasured (0: the cost model estimates).
     exchanges = basics.build_info().get("point_to_point") is not None
     crowded_machine = len(machine) > cores and exchanges
-    meeting = (_pair_meeting(message_bytes, link)
+    meeting = (_pair_meeting(message_bytes, link, pair)
                if crowded_machine and len(machine) == basics.size() else None)
 
     def partner_of(ranks):
@@ -300,8 +306,9 @@ def measure_exchange(model, layers, link, repeats=15, slots=None):
     work of each host, so with several hosts (``slots`` ranks each) it is measured among the
     ranks of each host, ``link`` then the link inside a host (a slow link between hosts would
     bury it in that link's own variation). Collective."""
+    from horovodlike.common.process_sets import global_process_set
     from horovodlike.torch.mpi_ops import allreduce_async_, synchronize
-    group, ranks = None, basics.size()
+    group, ranks = global_process_set, basics.size()
     if slots:
         from horovodlike.torch.process_mesh import ProcessMesh
         group = ProcessMesh((basics.size() // slots, slots), ("host", "local")).process_set(
@@ -315,7 +322,6 @@ def measure_exchange(model, layers, link, repeats=15, slots=None):
 
     def exchange():
         handles = [allreduce_async_(b, name=f"plan.exchange.{i}", process_set=group)
-                   if group is not None else allreduce_async_(b, name=f"plan.exchange.{i}")
                    for i, b in enumerate(buffers)]
         for handle in handles:
             synchronize(handle)
@@ -346,20 +352,19 @@ def _tiny_pipeline_step(stage_index, pair, micro_batches):
     return lambda: schedule.step(target=target)
 
 
-def measure_pipeline_action(link, repeats=15):
+def measure_pipeline_action(link, pair, repeats=15):
     """Seconds a pipeline action (one stage's forward or backward of a micro-batch) costs
     beyond its compute and its hand-off's link: the schedule's own work (its bookkeeping, the
-    point-to-point calls, autograd on the kept tensors). Ranks 0 and 1 (a pair, as
-    _pair_meeting's) run a 2-stage Schedule1F1B of negligible layers with 2 and with 10
+    point-to-point calls, autograd on the kept tensors). Ranks 0 and 1 (their ``pair``,
+    _pair_set's) run a 2-stage Schedule1F1B of negligible layers with 2 and with 10
     micro-batches in turn, ``repeats`` times, while the others wait; the step's growth per
     micro-batch (the median of the repeats' differences) against what pipeline_sim plays for
-    the same compute and link is two actions' cost. 0.0 with an odd number of ranks or no link. Collective."""
+    the same compute and link is two actions' cost. 0.0 without a pair or a link.
+    Collective."""
     from horovodlike.torch.planner.pipeline_sim import StageWork, simulate_1f1b
-    from horovodlike.torch.process_mesh import ProcessMesh
-    size, rank = basics.size(), basics.rank()
-    if size % 2 or link is None or basics.build_info().get("point_to_point") is None:
+    rank = basics.rank()
+    if pair is None or link is None or basics.build_info().get("point_to_point") is None:
         return 0.0
-    pair = ProcessMesh((size // 2, 2), ("pairs", "pair")).process_set("pair")
     few, many = 2, 10
     times = {few: [], many: []}
     if rank < 2:
@@ -430,7 +435,8 @@ def calibrate(model, sample_input, path=None, micro_batches=None, repeats=7,
     links, slots = measure_links() if world_size > 1 else ({}, None)
     exchange = (measure_exchange(model, layers, links.get("inside"), slots=slots)
                 if world_size > 1 and (slots is None or slots > 1) else 0.0)
-    action = measure_pipeline_action(links.get("inside")) if world_size > 1 else 0.0
+    pair = _pair_set()
+    action = measure_pipeline_action(links.get("inside"), pair) if pair is not None else 0.0
     # A tensor parallel collective of the model, as a layout of a micro-batch per rank
     # sends it: the median of its messages, on the rows the sharing's unit computes.
     messages = sorted(m * (batch // world_size) / batch for layer in layers
@@ -438,7 +444,7 @@ def calibrate(model, sample_input, path=None, micro_batches=None, repeats=7,
     slowdown, wake, collective_wake = (
         measure_sharing(_model_unit(model, sample_input, batch // world_size), cores, machine,
                         message_bytes=int(messages[len(messages) // 2]) if messages else 0,
-                        link=links.get("inside"))
+                        link=links.get("inside"), pair=pair)
         if world_size > 1 else (1.0, 0.0, None))
     model.zero_grad(set_to_none=True)
     result = Calibration(layers=layers, links=links, world_size=world_size, batch=batch,
