@@ -14,6 +14,7 @@ import torch
 
 from horovodlike.common import basics
 from horovodlike.common.objects import allgather_object, broadcast_object
+from horovodlike.common.process_sets import global_process_set, set_ranks
 from horovodlike.torch.mpi_ops import barrier
 from horovodlike.torch.p2p import recv, send
 from horovodlike.torch.planner.cost_model import (factorisations, gradient_sync_s,
@@ -271,16 +272,16 @@ def measure_sharing(unit, cores, machine, rounds=25, seconds=0.04, message_bytes
 def measure_links():
     """{"inside": link between the ranks of a host, "between": link between hosts (one rank
     per host) and "across": a line of every rank (only with several hosts of two or more
-    ranks each)}, and the ranks per host then (else None).
-    Collective: every rank of the job calls it."""
+    ranks each)}, and then the ranks per host and the process set of this rank's host (else
+    None, None). Collective: every rank of the job calls it."""
     names = allgather_object(os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname(),
                              name="plan.hosts")
     slots = [names.count(h) for h in dict.fromkeys(names)]
     inside_kind = "TCP" if os.environ.get("HOROVOD_SHM_DISABLE") == "1" else "shared memory"
     if len(slots) == 1:
-        return {"inside": measure_link(kind=inside_kind)}, None
+        return {"inside": measure_link(kind=inside_kind)}, None, None
     if len(set(slots)) != 1 or slots[0] < 2:
-        return {"inside": measure_link(kind="TCP")}, None
+        return {"inside": measure_link(kind="TCP")}, None, None
     from horovodlike.torch.process_mesh import ProcessMesh
     mesh = ProcessMesh((len(slots), slots[0]), ("host", "local"))
     inside = measure_link(mesh.process_set("local"), kind=inside_kind)
@@ -292,10 +293,11 @@ def measure_links():
     # And the whole job, several ranks on each host: a line like it (tp or dp over every
     # rank) keeps part of its steps inside the hosts.
     across = measure_link(kind="TCP across hosts")
-    return {"inside": inside, "between": between, "across": across}, slots[0]
+    return ({"inside": inside, "between": between, "across": across}, slots[0],
+            mesh.process_set("local"))
 
 
-def measure_exchange(model, layers, link, repeats=15, slots=None):
+def measure_exchange(model, layers, link, repeats=15, host=None):
     """Seconds per gradient byte that data parallel's exchange over the whole job costs beyond
     what its link prices (cost_model.gradient_sync_s): every rank allreduces a buffer shaped
     like each of the model's parameters, as DistributedOptimizer does its gradients (one
@@ -303,17 +305,13 @@ def measure_exchange(model, layers, link, repeats=15, slots=None):
     ``repeats`` times; the ranks' median against the link's price of the same bytes.
     The difference is the requests, the copies into and out of the fusion buffer and the
     background thread's rounds, which a link measured on one tensor at a time does not see:
-    work of each host, so with several hosts (``slots`` ranks each) it is measured among the
-    ranks of each host, ``link`` then the link inside a host (a slow link between hosts would
+    work of each host, so with several hosts it is measured among the ranks of each host
+    (``host``: this rank's host's process set, measure_links'), ``link`` then the link inside a
+    host (a slow link between hosts would
     bury it in that link's own variation). Collective."""
-    from horovodlike.common.process_sets import global_process_set
     from horovodlike.torch.mpi_ops import allreduce_async_, synchronize
-    group, ranks = global_process_set, basics.size()
-    if slots:
-        from horovodlike.torch.process_mesh import ProcessMesh
-        group = ProcessMesh((basics.size() // slots, slots), ("host", "local")).process_set(
-            "local")
-        ranks = slots
+    group = host if host is not None else global_process_set
+    ranks = len(set_ranks(group))
     buffers = [torch.zeros_like(p) for child in reversed(sequential_children(model))
                for p in reversed(list(child.parameters())) if p.requires_grad]
     if not buffers or link is None:
@@ -432,8 +430,8 @@ def calibrate(model, sample_input, path=None, micro_batches=None, repeats=7,
         raise error
     if message is not None:
         raise ValueError(f"calibrate: rank 0 could not profile the model: {message}")
-    links, slots = measure_links() if world_size > 1 else ({}, None)
-    exchange = (measure_exchange(model, layers, links.get("inside"), slots=slots)
+    links, slots, host = measure_links() if world_size > 1 else ({}, None, None)
+    exchange = (measure_exchange(model, layers, links.get("inside"), host=host)
                 if world_size > 1 and (slots is None or slots > 1) else 0.0)
     pair = _pair_set()
     action = measure_pipeline_action(links.get("inside"), pair) if pair is not None else 0.0
