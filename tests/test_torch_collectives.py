@@ -9,7 +9,7 @@ from conftest import assert_all_ranks, launch
 @pytest.mark.parametrize("np_", [1, 2, 3, 4])
 def test_collectives_match_numpy(np_):
     result = launch(np_, "collectives_worker.py")
-    assert_all_ranks(result, np_, "496 allreduce checks passed; collectives OK")
+    assert_all_ranks(result, np_, "604 allreduce checks passed; collectives OK")
 
 
 def test_collectives_without_cache_or_fusion():

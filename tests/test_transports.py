@@ -130,7 +130,7 @@ def test_the_data_goes_over_the_expected_link(link, flags, env):
 @pytest.mark.parametrize("np_", [2, 3])
 def test_collectives_over(transport, np_):
     result = launch(np_, "collectives_worker.py", launcher_args=FLAGS[transport])
-    assert_all_ranks(result, np_, "496 allreduce checks passed; collectives OK")
+    assert_all_ranks(result, np_, "604 allreduce checks passed; collectives OK")
 
 
 @pytest.mark.parametrize("np_", [3, 4])
@@ -139,7 +139,7 @@ def test_collectives_over_tcp_alone(np_):
     # pair first), larger ones the ring.
     result = launch(np_, "collectives_worker.py", transport="tcp",
                     env={"HOROVOD_SHM_DISABLE": "1"})
-    assert_all_ranks(result, np_, "496 allreduce checks passed; collectives OK")
+    assert_all_ranks(result, np_, "604 allreduce checks passed; collectives OK")
 
 
 @pytest.mark.parametrize("np_", [2, 3])
@@ -148,7 +148,7 @@ def test_collectives_over_shared_memory_with_streaming_slot_stores(np_):
     # add-and-store of float32 and float64; 3 ranks and other types: the streaming copy); the
     # default (auto) takes both ways in its first runs.
     result = launch(np_, "collectives_worker.py", env={"HOROVOD_SHM_STREAM_STORES": "on"})
-    assert_all_ranks(result, np_, "496 allreduce checks passed; collectives OK")
+    assert_all_ranks(result, np_, "604 allreduce checks passed; collectives OK")
 
 
 @pytest.mark.parametrize("transport", [GLOO, MPI])

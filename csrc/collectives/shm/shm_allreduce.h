@@ -33,7 +33,7 @@ class ShmAllreduce final : public AllreduceProvider {
 
   ShmLink& link_;
   uint64_t step_ = 0;  // steps so far; the same on every rank
-  SlotStores stores_;  // how Sliced writes the slots
+  SlotStores stores_;  // how the slots are written (slot_stores.h)
 };
 
 }  // namespace horovodlike

@@ -106,16 +106,17 @@ void AddAndStream(double* mine, const double* theirs, double* out, size_t n, dou
   AddAndStreamAll(mine, theirs, out, n, scale);
 }
 
-int SlotStores::ClassOf(size_t bytes) {
+int SlotStores::ClassOf(size_t bytes, bool one_round) {
+  if (one_round) return kOneRoundClass;
   int c = 0;
   for (size_t limit = size_t{256} << 10; bytes >= limit && c + 1 < kClasses; limit <<= 2) ++c;
   return c;
 }
 
-bool SlotStores::Streams(size_t bytes, uint32_t choice) {
+bool SlotStores::Streams(size_t bytes, uint32_t choice, bool one_round) {
   if (!Available() || mode_ == Mode::kOrdinary) return false;
   if (mode_ == Mode::kStreaming) return true;
-  const int c = ClassOf(bytes);
+  const int c = ClassOf(bytes, one_round);
   const uint64_t run = classes_[c].runs++;
   if (run < 4) return run % 2 == 1;
   if (run % kTryEvery == 0) return false;
@@ -123,12 +124,12 @@ bool SlotStores::Streams(size_t bytes, uint32_t choice) {
   return (choice >> c) & 1;
 }
 
-uint32_t SlotStores::Took(bool streamed, size_t bytes, int64_t ns) {
-  Learned& l = classes_[ClassOf(bytes)];
+uint32_t SlotStores::Took(bool streamed, size_t bytes, int64_t ns, bool one_round) {
+  Learned& l = classes_[ClassOf(bytes, one_round)];
   // Not the untimed first runs (Streams counted this one already).
   if (mode_ == Mode::kAuto && bytes > 0 && l.runs > 2) Learn(l, streamed, bytes, ns);
   uint32_t choice = 0;
-  for (int c = 0; c < kClasses; ++c) {
+  for (int c = 0; c <= kOneRoundClass; ++c) {
     if (classes_[c].streaming) choice |= 1u << c;
   }
   return choice;

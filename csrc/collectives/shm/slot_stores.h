@@ -37,17 +37,23 @@ class SlotStores {
   static bool Available();
 
   explicit SlotStores(Mode mode) : mode_(mode) {}
-  // Whether a sliced allreduce of `bytes` streams its slot stores; `choice`: the link's first
-  // rank's published choice (a bit per size class; what Took returned there).
-  bool Streams(size_t bytes, uint32_t choice);
+  // Whether an allreduce of `bytes` streams its slot stores; `choice`: the link's first rank's
+  // published choice (a bit per size class; what Took returned there); `one_round`: the
+  // one-round algorithm's run (a class of its own) rather than the sliced one's.
+  bool Streams(size_t bytes, uint32_t choice, bool one_round = false);
   // On the link's first rank: how long a run of `bytes` that Streams() answered took, its
   // waits for the peers' arrival left out (its first chunk's staging, then everything after
   // every rank had staged it). Returns the choice to publish.
-  uint32_t Took(bool streamed, size_t bytes, int64_t ns);
+  uint32_t Took(bool streamed, size_t bytes, int64_t ns, bool one_round = false);
 
-  // Each size class (a factor of 4 from 64 KiB, the last from 64 MiB up) learns on its own:
-  // the costs per byte differ with the size, and the better way may too.
+  // Each size class of the sliced algorithm (a factor of 4 from 64 KiB, the last from 64 MiB
+  // up) learns on its own: the costs per byte differ with the size, and the better way may
+  // too. The one-round algorithm's messages from kOneRoundFrom bytes are one more class
+  // (kOneRoundClass): below it a message is a few cache lines, whose way of writing matters
+  // less than the meeting itself.
   static constexpr int kClasses = 6;
+  static constexpr int kOneRoundClass = kClasses;
+  static constexpr size_t kOneRoundFrom = size_t{16} << 10;
   // In each class, runs 0 and 1 try each way untimed (the first runs touch fresh pages and
   // cold caches), runs 2 and 3 time each; after that every kTryEvery-th run uses ordinary
   // stores and the one kTryEvery / 2 later streaming ones, whatever is faster: how soon a
@@ -63,11 +69,11 @@ class SlotStores {
     double ns_per_byte[2] = {-1.0, -1.0};   // [0] ordinary, [1] streaming; -1 not yet
     bool streaming = false;                 // the way in use
   };
-  static int ClassOf(size_t bytes);
+  static int ClassOf(size_t bytes, bool one_round);
   static void Learn(Learned& l, bool streamed, size_t bytes, int64_t ns);
 
   const Mode mode_;
-  Learned classes_[kClasses];
+  Learned classes_[kClasses + 1];
 };
 
 }  // namespace horovodlike
