@@ -11,18 +11,21 @@ import pytest
 import torch
 
 from conftest import assert_all_ranks, launch
-from horovodlike.torch.planner import LayerSpec, LinkProfile, search_layers
+from horovodlike.torch.planner import (Calibration, LayerProfile, LayerSpec, LinkProfile,
+                                       search_layers)
 from horovodlike.torch.planner.cost_model import factorisations, links_by_dimension
 from horovodlike.torch.planner.layer_options import TAGGED, layer_options
 from horovodlike.torch.planner.layer_search import Setting
-from horovodlike.torch.planner.search import evaluate
+from horovodlike.torch.planner.search import describe_layers, evaluate
 
 MB = 1 << 20
 LINK = LinkProfile(latency_s=20e-6, bus_bytes_per_s=1e9)
 
 
-def brute_force(specs, world_size, batch, micro_batches, memory_limit, levels=(0, 1, 3)):
-    """The fastest plan that fits, by trying every combination: (step, memory, layout)."""
+def brute_force(specs, world_size, batch, micro_batches, memory_limit, levels=(0, 1, 3),
+                **terms):
+    """The fastest plan that fits, by trying every combination: (step, memory, layout).
+    ``terms``: the Settings' exchange_s_per_byte and pipeline_action_s."""
     best = None
     for pp, dp, tp in factorisations(world_size):
         if pp > len(specs) or batch % dp:
@@ -30,7 +33,8 @@ def brute_force(specs, world_size, batch, micro_batches, memory_limit, levels=(0
         options = [layer_options(s, tp, dp, LINK) for s in specs]
         for level in levels if dp > 1 else (0,):
             setting = Setting(pp, dp, tp, level, micro_batches,
-                              links_by_dimension(LINK, LINK, None, pp, dp, tp), 2, memory_limit)
+                              links_by_dimension(LINK, LINK, None, pp, dp, tp), 2, memory_limit,
+                              **terms)
             for cuts in itertools.combinations(range(1, len(specs)), pp - 1):
                 bounds = list(zip((0, *cuts), (*cuts, len(specs))))
                 for chosen in _paths(options, set(cuts)):
@@ -69,7 +73,8 @@ def random_chain(seed, length, kinds=("linear", "elementwise", "linear", "norm",
             name=str(i), kind=kind, compute_s=rng.uniform(0.5e-3, 4e-3), parameter_bytes=params,
             input_bytes=specs[-1].output_bytes if specs else 2 * MB, output_bytes=out_bytes,
             colwise_size=width if kind == "linear" else 0,
-            rowwise_size=width if kind == "linear" else 0, sequence_size=64))
+            rowwise_size=width if kind == "linear" else 0, sequence_size=64,
+            update_s=rng.uniform(0.1e-3, 1e-3) if params else 0.0))
     return specs
 
 
@@ -90,6 +95,43 @@ def test_equals_brute_force(seed):
     specs = random_chain(seed, 4)
     found = search(specs)
     assert found.step_s == pytest.approx(brute_force(specs, 4, 8, 2, None)[0], rel=1e-9)
+    # With the exchange's cost beyond the link and a pipeline action's as plan() prices them.
+    terms = dict(exchange_s_per_byte=2e-9, pipeline_action_s=0.3e-3)
+    found = search(specs, **terms)
+    assert found.step_s == pytest.approx(brute_force(specs, 4, 8, 2, None, **terms)[0],
+                                         rel=1e-9)
+
+
+def test_the_optimizer_step_the_exchange_and_the_pipeline_actions():
+    # Two layers of 4 and 12 MiB, 2 and 6 ms of compute, 1 and 3 ms of optimizer step.
+    specs = [LayerSpec(str(i), "other", t, p, 1024, 1024, update_s=u)
+             for i, (p, t, u) in enumerate(((4 * MB, 2e-3, 1e-3), (12 * MB, 6e-3, 3e-3)))]
+
+    def step(layout, level=0, **terms):
+        return search_layers(layers=specs, batch=8, link=LINK, layouts=[layout],
+                             zero_levels=(level,), micro_batches=2, **terms)
+
+    # One rank: the compute, then the optimizer's step on every parameter.
+    assert step((1, 1, 1)).step_s == pytest.approx(8e-3 + 4e-3)
+    # dp=2 replicated: half the compute, the allreduce of 16 MiB, each rank steps on all of
+    # it; the exchange adds its cost per gradient byte.
+    allreduce = LINK.latency_s + 16 * MB / LINK.bus_bytes_per_s
+    assert step((1, 2, 1)).step_s == pytest.approx(4e-3 + allreduce + 4e-3)
+    assert step((1, 2, 1), exchange_s_per_byte=1e-9).step_s == pytest.approx(
+        4e-3 + allreduce + 16 * MB * 1e-9 + 4e-3)
+    # ZeRO-1 over dp=2: each rank steps on its half of the optimizer state; no exchange term
+    # (it is replicated data parallel's).
+    gather = LINK.latency_s / 2 + 16 * MB / 2 / LINK.bus_bytes_per_s
+    assert step((1, 2, 1), 1, exchange_s_per_byte=1e-9).step_s == pytest.approx(
+        4e-3 + 2 * gather + 4e-3 / 2)
+    # Two stages, 2 micro-batches: 3 slots of the dearer (last: it sends nothing on) stage's
+    # 3 ms a micro-batch, then its update; with an action's cost, a forward and a backward
+    # a slot more.
+    pipelined = 3 * 6e-3 / 2 + 3e-3
+    assert step((2, 1, 1)).step_s == pytest.approx(pipelined)
+    assert step((2, 1, 1), pipeline_action_s=0.5e-3).step_s == pytest.approx(
+        pipelined + 3 * 2 * 0.5e-3)
+    assert step((1, 1, 1), pipeline_action_s=0.5e-3).step_s == pytest.approx(12e-3)
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -111,6 +153,30 @@ def test_memory_limit_against_brute_force(seed):
     found = search(specs, memory_limit=limit)
     assert found.memory_bytes <= limit
     assert found.step_s >= brute_force(specs, 4, 8, 2, limit)[0] * (1 - 1e-9)
+
+
+def test_a_calibration_gives_the_profiles_the_link_and_the_terms():
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(),
+                                torch.nn.Linear(256, 64))
+    sample = torch.zeros(8, 64)
+    profiles = [LayerProfile(str(i), f, b, a, p, i != 1, update_s=u) for i, (f, b, a, p, u) in
+                enumerate(((1e-3, 2e-3, 8192, 66560, 4e-4), (1e-4, 1e-4, 8192, 0, 0.0),
+                           (1e-3, 2e-3, 2048, 65792, 4e-4)))]
+    calibration = Calibration(layers=profiles, links={"inside": LINK}, world_size=4, batch=8,
+                              conditions={"exchange_s_per_byte": 3e-9,
+                                          "pipeline_action_s": 2e-4})
+    found = search_layers(model, sample, 4, calibration=calibration)
+    specs = describe_layers(model, sample, profiles=profiles)
+    assert [s.update_s for s in specs] == [4e-4, 0.0, 4e-4]
+    expected = search_layers(layers=specs, batch=8, world_size=4, link=LINK,
+                             exchange_s_per_byte=3e-9, pipeline_action_s=2e-4)
+    assert (found.shape, found.zero_level) == (expected.shape, expected.zero_level)
+    assert found.step_s == pytest.approx(expected.step_s, rel=1e-12)
+    # Given terms win over the calibration's.
+    plain = search_layers(model, sample, 4, calibration=calibration, exchange_s_per_byte=0.0,
+                          pipeline_action_s=0.0)
+    assert plain.step_s == pytest.approx(
+        search_layers(layers=specs, batch=8, world_size=4, link=LINK).step_s, rel=1e-12)
 
 
 def mlp(tp_link=LINK):

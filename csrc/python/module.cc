@@ -248,6 +248,23 @@ PyObject* RunFast(PyObject*, PyObject* const* args, Py_ssize_t given, PyObject* 
   }
 }
 
+// Replaces the module's `run` (pybind11's binding of RunCall) by RunFast, the binding kept as
+// its fallback.
+void RouteRunThroughRunFast(py::module_& m) {
+  g_run_checked = py::object(m.attr("run")).release().ptr();
+  static PyMethodDef run_def = {
+      "run", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&RunFast)),
+      METH_FASTCALL | METH_KEYWORDS,
+      "run(op: int, name: str, input: int, output: int, dtype: int, shape: Sequence[int], "
+      "reduce_op: int, prescale: float, postscale: float, root_rank: int, device: int, "
+      "process_set: int, stream: int = 0) -> tuple | None\n\n"
+      "enqueue + wait + release: runs a collective whose output is the caller's buffer; "
+      "returns None, or (status code, message) when it failed. Pass every argument "
+      "positionally, the floats as floats (faster)."};
+  m.attr("run") = py::reinterpret_steal<py::object>(
+      PyCFunction_NewEx(&run_def, nullptr, m.attr("__name__").ptr()));
+}
+
 // init() runs on a thread of its own while the caller's thread wakes for signals: the
 // rendezvous may wait for the other ranks up to HOROVOD_START_TIMEOUT. An attempt abandoned by
 // an exception from a signal handler finishes in the background; a shutdown() asked for
@@ -535,21 +552,7 @@ PYBIND11_MODULE(_core, m) {
         "enqueue + wait + release: runs a collective whose output is the caller's buffer; "
         "returns None, or (status code, message) when it failed. Pass every argument "
         "positionally (faster).");
-  {
-    // The same function through RunFast (above); pybind11's binding stays as its fallback.
-    g_run_checked = py::object(m.attr("run")).release().ptr();
-    static PyMethodDef run_def = {
-        "run", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&RunFast)),
-        METH_FASTCALL | METH_KEYWORDS,
-        "run(op: int, name: str, input: int, output: int, dtype: int, shape: Sequence[int], "
-        "reduce_op: int, prescale: float, postscale: float, root_rank: int, device: int, "
-        "process_set: int, stream: int = 0) -> tuple | None\n\n"
-        "enqueue + wait + release: runs a collective whose output is the caller's buffer; "
-        "returns None, or (status code, message) when it failed. Pass every argument "
-        "positionally, the floats as floats (faster)."};
-    m.attr("run") = py::reinterpret_steal<py::object>(
-        PyCFunction_NewEx(&run_def, nullptr, m.attr("__name__").ptr()));
-  }
+  RouteRunThroughRunFast(m);
   m.def("output", &Output);
   m.def("start_timeline", [](const std::string& path, bool mark_cycles) {
     py::gil_scoped_release release;  // may wait for a previous recording's writer to finish

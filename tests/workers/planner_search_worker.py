@@ -52,7 +52,8 @@ def distinct_plans(model, x, tries=40):
     plans = {}
     for seed in range(tries):
         rng = random.Random(seed)
-        specs = [dataclasses.replace(s, compute_s=10 ** rng.uniform(-7, -2)) for s in base]
+        specs = [dataclasses.replace(s, compute_s=10 ** rng.uniform(-7, -2), update_s=0.0)
+                 for s in base]
         link = LinkProfile(latency_s=10 ** rng.uniform(-7, -4), bus_bytes_per_s=1e9)
         found = search_layers(layers=specs, batch=BATCH, link=link, layouts=[(1, 1, 2)])
         key = tuple((c.style, c.input_layout, c.output_layout) for c in found.layers)
@@ -89,7 +90,7 @@ def check_pipeline():
     x, target = sample(), torch.randn(BATCH, SEQUENCE, WIDTH)
     specs = describe_layers(model, x, repeats=1)
     # The last layer takes most of the time: the cut balances it against the rest.
-    specs = [dataclasses.replace(s, compute_s=0.010 if i == 6 else 0.001)
+    specs = [dataclasses.replace(s, compute_s=0.010 if i == 6 else 0.001, update_s=0.0)
              for i, s in enumerate(specs)]
     found = search_layers(layers=specs, batch=BATCH, layouts=[(2, 1, 1)], micro_batches=2,
                           link=LinkProfile(latency_s=1e-6, bus_bytes_per_s=1e9))

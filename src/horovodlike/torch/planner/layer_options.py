@@ -42,7 +42,9 @@ class LayerSpec:
     activations, dropout) or "other" (runs whole). ``colwise_size``/``rowwise_size``: the sizes
     ColwiseParallel and RowwiseParallel split (out and in features; embedding dim and
     vocabulary), which tp must divide; ``sequence_size``: the length of the activations'
-    sequence dimension (0 when they have none: sequence parallelism is then not offered)."""
+    sequence dimension (0 when they have none: sequence parallelism is then not offered);
+    ``update_s``: the optimizer's step on the layer's parameters, once per training step
+    (LayerProfile.update_s)."""
     name: str
     kind: str
     compute_s: float
@@ -52,13 +54,14 @@ class LayerSpec:
     colwise_size: int = 0
     rowwise_size: int = 0
     sequence_size: int = 0
+    update_s: float = 0.0
 
     def check(self):
         if self.kind not in KINDS:
             raise ValueError(f"LayerSpec {self.name!r}: kind must be one of {KINDS}, got "
                              f"{self.kind!r}")
         for field in ("compute_s", "parameter_bytes", "input_bytes", "output_bytes",
-                      "colwise_size", "rowwise_size", "sequence_size"):
+                      "colwise_size", "rowwise_size", "sequence_size", "update_s"):
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 raise ValueError(f"LayerSpec {self.name!r}: {field} must be a number >= 0, "
@@ -79,6 +82,7 @@ class Option:
     communication_s: float
     parameter_bytes: float  # parameters held per rank (after tp)
     kept_bytes: float       # the output kept for backward per rank (whole replica batch)
+    update_s: float = 0.0   # the optimizer's step on those parameters, once per step
 
 
 class _Costs:
@@ -134,7 +138,8 @@ def layer_options(spec, tp, dp, tp_link):
     per_replica = spec.compute_s / dp
     kept = spec.output_bytes / dp
     if tp == 1:
-        return [Option("replicate", R, R, per_replica, 0.0, spec.parameter_bytes, kept)]
+        return [Option("replicate", R, R, per_replica, 0.0, spec.parameter_bytes, kept,
+                       spec.update_s)]
     costs = _Costs(tp_link, tp, dp)
     options = []
     for source in range(STATES):
@@ -154,4 +159,7 @@ def layer_options(spec, tp, dp, tp_link):
                 style, source, target, per_replica / tp + communication, communication,
                 spec.parameter_bytes / (1 if whole else tp),
                 kept / (1 if target % TAGGED == R else tp)))
-    return options
+    # The optimizer steps on the parameters each option leaves a rank.
+    return [dataclasses.replace(o, update_s=spec.update_s * o.parameter_bytes /
+                                spec.parameter_bytes) if spec.parameter_bytes else o
+            for o in options]

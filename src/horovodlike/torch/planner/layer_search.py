@@ -3,11 +3,15 @@ and a micro-batch count, the tensor-parallel style of every layer and the pipeli
 minimise the predicted step time, each stage within the memory limit.
 
 A stage of layers j..i-1 entered in layout e and left in layout s costs
-    (m + pp - 1) x (T / m + send) + sync(P)
+    (m + pp - 1) x (T / m + send + 2a) + sync(P) + U
 (the planner's pipeline: m micro-batches take m + pp - 1 slots of a stage's per-micro-batch
-time T/m plus its boundary send forward and back; then the stage's gradients are synchronised
-over dp as its ZeRO level says, on P, its parameter bytes per rank), and the step is the cost
-of its most expensive stage. T and P add up over the stage's layers and sync is affine in P,
+time T/m plus its boundary send forward and back and, with a pipeline, a pipeline action's
+own cost a for its forward and its backward; then the stage's gradients are synchronised over
+dp as its ZeRO level says, on P, its parameter bytes per rank, with the exchange's cost per
+byte beyond the link for replicated data parallel; then the optimizer's step U on the
+parameters the rank updates: its layers' update_s, over dp when ZeRO shards it), and the step
+is the cost of its most expensive stage: cost_model.predict's terms. T, P and U add up over the stage's layers (U is carried in T, at m / (m + pp - 1) of it)
+and sync is affine in P,
 so for every stage start j the cheapest styles of j..i are one sweep over the layers with six
 layout states (see layer_options.py); the cuts are a DP over (layer, stage count) taking, at
 each end i, the best max(previous stages, this stage) over every start j: O(L^2 x pp x
@@ -40,6 +44,8 @@ class Setting:
     links: dict
     state_factor: float
     memory_limit: float = None
+    exchange_s_per_byte: float = 0.0   # replicated dp's exchange beyond its link
+    pipeline_action_s: float = 0.0     # a pipeline's forward or backward, beyond its compute
 
     @property
     def slots(self):
@@ -49,7 +55,8 @@ class Setting:
         """The stage's gradient (and for ZeRO, parameter) traffic over dp per step."""
         link, dp = self.links["dp"], self.dp
         if self.zero_level == 0:
-            return link.allreduce_s(parameter_bytes, dp)
+            return link.allreduce_s(parameter_bytes, dp) + (
+                self.exchange_s_per_byte * parameter_bytes if dp > 1 else 0.0)
         collectives = 2 if self.zero_level == 1 else 2 * self.micro_batches + 1
         return collectives * link.gather_s(parameter_bytes, dp)
 
@@ -57,6 +64,16 @@ class Setting:
         """Weights, gradients and optimizer state per parameter byte held by a rank."""
         f, dp = self.state_factor, self.dp
         return {0: 2 + f, 1: 2 + f / dp, 3: (2 + f) / dp}[self.zero_level]
+
+    @property
+    def update_share(self):
+        """The part of its parameters' optimizer step a rank runs (ZeRO shards it over dp)."""
+        return 1.0 if self.zero_level == 0 else 1.0 / self.dp
+
+    @property
+    def actions_s(self):
+        """A stage's pipeline actions on its critical path: a forward and a backward a slot."""
+        return self.slots * 2 * self.pipeline_action_s if self.pp > 1 else 0.0
 
     @property
     def in_flight(self):
@@ -95,7 +112,10 @@ class _Table:
     def __init__(self, options, setting, memory_first):
         source = np.array([o.source for o in options])
         target = np.array([o.target for o in options])
-        time = np.array([o.time_s for o in options])
+        # The optimizer's step, once a step, rides in the time at m / slots of it: a stage's
+        # cost takes slots / m of its time.
+        time = np.array([o.time_s + o.update_s * setting.update_share * setting.micro_batches
+                         / setting.slots for o in options])
         parameters = np.array([o.parameter_bytes for o in options], dtype=float)
         kept = np.array([o.kept_bytes for o in options], dtype=float)
         cost = setting.slots / setting.micro_batches * time + _Affine(setting).slope * parameters
@@ -164,7 +184,8 @@ class _Paths:
 def _stage_costs(paths, setting, sync, sends, last):
     """(cost, memory) of stages ending at this layer, for every (j, e, exit state)."""
     send = 0.0 if last else sends
-    cost = setting.slots * (paths.values[2] / setting.micro_batches + send) + sync(paths.values[3])
+    cost = setting.slots * (paths.values[2] / setting.micro_batches + send) + \
+        sync(paths.values[3]) + setting.actions_s
     memory = setting.memory_bytes(paths.values[3], paths.largest, paths.values[4])
     if last:   # the model's output is whole
         cost = np.where(np.isin(np.arange(STATES), (R, R + TAGGED)), cost, INF)

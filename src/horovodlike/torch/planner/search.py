@@ -48,10 +48,13 @@ def _kind_and_sizes(module):
     return "other", 0, 0
 
 
-def describe_layers(model, sample_input, sequence_dim=1, repeats=7):
+def describe_layers(model, sample_input, sequence_dim=1, repeats=7, optimizer=None,
+                    profiles=None):
     """A LayerSpec for every child of the ``torch.nn.Sequential`` ``model``, profiled on
-    ``sample_input`` (the global batch) with ``profile_layers``."""
-    profiles = profile_layers(model, sample_input, repeats=repeats)
+    ``sample_input`` (the global batch) with ``profile_layers`` (``optimizer`` as there), or
+    from ``profiles`` (a calibration's layers) when given."""
+    if profiles is None:
+        profiles = profile_layers(model, sample_input, repeats=repeats, optimizer=optimizer)
     specs, x = [], sample_input
     with torch.no_grad():
         for (name, module), profile in zip(model.named_children(), profiles):
@@ -64,7 +67,8 @@ def describe_layers(model, sample_input, sequence_dim=1, repeats=7):
                 input_bytes=x.numel() * x.element_size(),
                 output_bytes=y.numel() * y.element_size(), colwise_size=colwise,
                 rowwise_size=rowwise,
-                sequence_size=y.shape[sequence_dim] if has_sequence else 0))
+                sequence_size=y.shape[sequence_dim] if has_sequence else 0,
+                update_s=profile.update_s))
             x = y
     return specs
 
@@ -88,13 +92,14 @@ def evaluate(specs, options, stages, setting):
     Option per layer, ``stages`` [(first, end)]. Checks that the layouts join up."""
     state, results = R, []
     for number, (first, end) in enumerate(stages):
-        time = parameters = largest = kept = 0.0
+        time = parameters = largest = kept = update = 0.0
         for i in range(first, end):
             option = options[i]
             if option.source != state:
                 raise ValueError(f"layer {specs[i].name!r}: option {option} does not take "
                                  f"state {state}")
             time += option.time_s
+            update += option.update_s
             parameters += option.parameter_bytes
             largest = max(largest, option.parameter_bytes)
             kept += option.kept_bytes
@@ -103,7 +108,7 @@ def evaluate(specs, options, stages, setting):
         send = 0.0 if last else setting.send_s(
             specs[end - 1].output_bytes / (1 if state % TAGGED == R else setting.tp))
         cost = setting.slots * (time / setting.micro_batches + send) + \
-            setting.sync_s(parameters)
+            setting.sync_s(parameters) + update * setting.update_share + setting.actions_s
         results.append((cost, setting.memory_bytes(parameters, largest, kept)))
         state = state % TAGGED
     if state != R:
@@ -182,14 +187,16 @@ def _layouts_and_settings(specs, layouts, batch, links_for, options):
         for level in (options["zero_levels"] if dp > 1 else (0,)):
             settings.append(Setting(pp, dp, tp, level, m, links_for(pp, dp, tp),
                                     options["optimizer_state_factor"],
-                                    options["memory_limit"]))
+                                    options["memory_limit"], **options["terms"]))
     return settings, rejected
 
 
 def search_layers(model=None, sample_input=None, world_size=None, *, layers=None, batch=None,
                   link=None, inter_host_link=None, slots_per_host=None, layouts=None,
                   zero_levels=ZERO_LEVELS, micro_batches=None, optimizer_state_factor=2,
-                  memory_limit=None, sequence_dim=1, verbose=False):
+                  memory_limit=None, sequence_dim=1, calibration=None,
+                  exchange_s_per_byte=None, pipeline_action_s=None, optimizer=None,
+                  verbose=False):
     """The fastest per-layer plan for ``model`` (a ``torch.nn.Sequential``, profiled on
     ``sample_input``, the global batch) or for ``layers`` (LayerSpecs, with ``batch``) on
     ``world_size`` ranks, or on the ``layouts`` given as (pp, dp, tp) triples.
@@ -199,13 +206,33 @@ def search_layers(model=None, sample_input=None, world_size=None, *, layers=None
     (replicated, DistributedOptimizer), 1 (optimizer state sharded, ZeroRedundancyOptimizer)
     and 3 (fully_shard) to consider for dp > 1. ``memory_limit``: bytes per rank; a plan
     over it is never returned. ``sequence_dim``: the activations' sequence dimension.
+    ``calibration``: a Calibration (hvd.calibrate's, or the path of one) whose layer
+    profiles, links and measured terms are used for what is not given. ``exchange_s_per_byte`` and ``pipeline_action_s``:
+    as plan() prices them (replicated data parallel's exchange beyond its link per gradient
+    byte; a pipeline's forward or backward beyond its compute); 0 without a calibration.
+    ``optimizer``: the training's optimizer (a function of a list of parameters), whose step
+    the profile times per layer (plain SGD when None); LayerSpec.update_s when ``layers``.
     Returns a LayerPlan; raises ValueError when no plan fits.
     """
+    if isinstance(calibration, str):
+        from horovodlike.torch.planner.calibration import Calibration
+        calibration = Calibration.load(calibration)
+    conditions = calibration.conditions if calibration is not None else {}
+    if calibration is not None:
+        link = link or calibration.links.get("inside")
+        inter_host_link = inter_host_link or calibration.links.get("between")
+        slots_per_host = slots_per_host or calibration.slots_per_host
+    terms = dict(
+        exchange_s_per_byte=float(exchange_s_per_byte if exchange_s_per_byte is not None
+                                  else conditions.get("exchange_s_per_byte") or 0.0),
+        pipeline_action_s=float(pipeline_action_s if pipeline_action_s is not None
+                                else conditions.get("pipeline_action_s") or 0.0))
     if layers is None:
         if not isinstance(sample_input, torch.Tensor) or sample_input.dim() == 0:
             raise ValueError("search_layers: pass a model and a sample_input tensor whose "
                              "first dimension is the global batch, or layers= and batch=")
-        layers = describe_layers(model, sample_input, sequence_dim)
+        layers = describe_layers(model, sample_input, sequence_dim, optimizer=optimizer,
+                                 profiles=calibration.layers if calibration else None)
         batch = sample_input.shape[0] if batch is None else batch
     in_job = basics.is_initialized() and basics.size() > 1
     if in_job:   # every rank plans with rank 0's measurements, so that all agree
@@ -221,7 +248,7 @@ def search_layers(model=None, sample_input=None, world_size=None, *, layers=None
                                                       slots_per_host, pp, dp, tp)
     settings, rejected = _layouts_and_settings(specs, layouts, batch, links_for, dict(
         micro_batches=micro_batches, zero_levels=zero_levels, memory_limit=memory_limit,
-        optimizer_state_factor=optimizer_state_factor))
+        optimizer_state_factor=optimizer_state_factor, terms=terms))
     tables, candidates, best = {}, [], None
     # Layouts without a pipeline are searched first (in O(layers)): the best plan so far
     # bounds the stages the pipelined searches consider.
