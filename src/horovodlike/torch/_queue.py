@@ -134,21 +134,17 @@ def _run(op, name, tensor, output, process_set, reduce_op, prescale, postscale, 
     set_ = 0 if process_set is global_process_set else set_id(process_set)
     if requests.in_flight and (set_, name) in requests.in_flight:
         requests.raise_in_flight(name)
-    try:
-        if tensor.is_cpu:
-            failed = _core.run(op, name, tensor.data_ptr(), output.data_ptr(),
-                               _DTYPES[tensor.dtype], tensor.shape, reduce_op, prescale,
-                               postscale, root_rank, -1, set_)
-        else:
-            failed = _run_on_device(op, name, tensor, output, reduce_op, prescale, postscale,
-                                    root_rank, set_)
-    except (ValueError, TypeError):
-        raise  # refused before it was queued: the core never saw the buffers
-    except BaseException:
-        requests.keep_interrupted((tensor, output))
-        raise
-    if failed is not None:
-        raise_for_status(*failed)
+    if tensor.is_cpu:
+        _call_core(tensor, output, (op, name, tensor.data_ptr(), output.data_ptr(),
+                                    _DTYPES[tensor.dtype], tensor.shape, reduce_op, prescale,
+                                    postscale, root_rank, -1, set_))
+    else:
+        # A CUDA tensor (``output`` on the same device): ordered after the work queued on the
+        # current stream, and that stream waits for the result.
+        device, stream = _device_args(tensor, op, name)
+        _call_core(tensor, output, (op, name, tensor.data_ptr(), output.data_ptr(),
+                                    _DTYPES[tensor.dtype], tensor.shape, reduce_op, prescale,
+                                    postscale, root_rank, device, set_), stream)
 
 
 def _run_plain(op, name, tensor, reduce_op, prescale, postscale):
@@ -157,8 +153,7 @@ def _run_plain(op, name, tensor, reduce_op, prescale, postscale):
     the general path in one test; returns False, having done nothing, for any other tensor
     (then the caller takes the general path, whose checks say what is wrong). A small
     allreduce costs a few microseconds in all, of which each Python call is a tenth."""
-    tensor_class = tensor.__class__
-    if tensor_class is not torch.Tensor or not tensor.is_cpu or tensor.layout is not \
+    if tensor.__class__ is not torch.Tensor or not tensor.is_cpu or tensor.layout is not \
             torch.strided or not tensor.is_contiguous():
         return False
     dtype = _DTYPES.get(tensor.dtype)
@@ -167,27 +162,24 @@ def _run_plain(op, name, tensor, reduce_op, prescale, postscale):
     if requests.in_flight and (0, name) in requests.in_flight:
         requests.raise_in_flight(name)
     pointer = tensor.data_ptr()
-    try:
-        failed = _core.run(op, name, pointer, pointer, dtype, tensor.shape, reduce_op,
-                           float(prescale), float(postscale), 0, -1, 0)
-    except (ValueError, TypeError):
-        raise  # refused before it was queued: the core never saw the buffer
-    except BaseException:
-        requests.keep_interrupted((tensor, tensor))
-        raise
-    if failed is not None:
-        raise_for_status(*failed)
+    _call_core(tensor, tensor, (op, name, pointer, pointer, dtype, tensor.shape, reduce_op,
+                                float(prescale), float(postscale), 0, -1, 0))
     return True
 
 
-def _run_on_device(op, name, tensor, output, reduce_op, prescale, postscale, root_rank, set_):
-    """_run's call into the core for a tensor not on the CPU, which must be a CUDA tensor
-    (``output`` on the same device): ordered after the work queued on the current stream, and
-    that stream waits for the result."""
-    device, stream = _device_args(tensor, op, name)
-    args = (op, name, tensor.data_ptr(), output.data_ptr(), _DTYPES[tensor.dtype], tensor.shape,
-            reduce_op, prescale, postscale, root_rank, device, set_)
-    return _core.run(*args, stream=stream)
+def _call_core(tensor, output, args, stream=None):
+    """``_core.run(*args)`` (with the CUDA ``stream`` when given); raises what the collective
+    failed with. Interrupted while the core may still use ``tensor`` and ``output``, keeps
+    them alive."""
+    try:
+        failed = _core.run(*args) if stream is None else _core.run(*args, stream=stream)
+    except (ValueError, TypeError):
+        raise  # refused before it was queued: the core never saw the buffers
+    except BaseException:
+        requests.keep_interrupted((tensor, output))
+        raise
+    if failed is not None:
+        raise_for_status(*failed)
 
 
 class _GroupHandle:
