@@ -33,6 +33,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import allreduce as bench  # noqa: E402
+from provenance import footer, header, record  # noqa: E402
 
 
 def _timed_calls(call, calls, warmup):
@@ -162,6 +163,7 @@ def main():
         return
 
     load_before = os.getloadavg()
+    print(header(), flush=True)
     calls, durations = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         timeline = os.path.join(tmp, "timeline.json")
@@ -238,10 +240,11 @@ def main():
         print(f"| {label} | {phase_us[label]:.1f} us | {len(durations[label])} |")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"size": args.size, "median_s": calls, "mpi_median_s": mpi,
+            json.dump({**record(), "size": args.size, "median_s": calls, "mpi_median_s": mpi,
                        "timeline_median_us": phase_us, "timeline_counts":
                            {k: len(v) for k, v in durations.items()},
                        "load_before": load_before, "load_after": load_after}, f, indent=1)
+    print(footer())
 
 
 if __name__ == "__main__":
