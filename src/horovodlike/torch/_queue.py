@@ -135,16 +135,15 @@ def _run(op, name, tensor, output, process_set, reduce_op, prescale, postscale, 
     if requests.in_flight and (set_, name) in requests.in_flight:
         requests.raise_in_flight(name)
     if tensor.is_cpu:
-        _call_core(tensor, output, (op, name, tensor.data_ptr(), output.data_ptr(),
-                                    _DTYPES[tensor.dtype], tensor.shape, reduce_op, prescale,
-                                    postscale, root_rank, -1, set_))
+        _call_core(tensor, output, op, name, tensor.data_ptr(), output.data_ptr(),
+                   _DTYPES[tensor.dtype], reduce_op, prescale, postscale, root_rank, -1, set_)
     else:
         # A CUDA tensor (``output`` on the same device): ordered after the work queued on the
         # current stream, and that stream waits for the result.
         device, stream = _device_args(tensor, op, name)
-        _call_core(tensor, output, (op, name, tensor.data_ptr(), output.data_ptr(),
-                                    _DTYPES[tensor.dtype], tensor.shape, reduce_op, prescale,
-                                    postscale, root_rank, device, set_), stream)
+        _call_core(tensor, output, op, name, tensor.data_ptr(), output.data_ptr(),
+                   _DTYPES[tensor.dtype], reduce_op, prescale, postscale, root_rank, device,
+                   set_, stream)
 
 
 def _run_plain(op, name, tensor, reduce_op, prescale, postscale):
@@ -162,17 +161,25 @@ def _run_plain(op, name, tensor, reduce_op, prescale, postscale):
     if requests.in_flight and (0, name) in requests.in_flight:
         requests.raise_in_flight(name)
     pointer = tensor.data_ptr()
-    _call_core(tensor, tensor, (op, name, pointer, pointer, dtype, tensor.shape, reduce_op,
-                                float(prescale), float(postscale), 0, -1, 0))
+    _call_core(tensor, tensor, op, name, pointer, pointer, dtype, reduce_op, float(prescale),
+               float(postscale), 0, -1, 0)
     return True
 
 
-def _call_core(tensor, output, args, stream=None):
-    """``_core.run(*args)`` (with the CUDA ``stream`` when given); raises what the collective
-    failed with. Interrupted while the core may still use ``tensor`` and ``output``, keeps
-    them alive."""
+def _call_core(tensor, output, op, name, input_, output_, dtype, reduce_op, prescale,
+               postscale, root_rank, device, set_, stream=None):
+    """``_core.run`` of ``tensor`` into ``output`` (the pointers given; with the CUDA
+    ``stream`` when given), the arguments passed on as they come (no tuple on the hot path);
+    raises what the collective failed with. Interrupted while the core may still use the
+    buffers, keeps them alive."""
+    shape = tensor.shape
     try:
-        failed = _core.run(*args) if stream is None else _core.run(*args, stream=stream)
+        if stream is None:
+            failed = _core.run(op, name, input_, output_, dtype, shape, reduce_op, prescale,
+                               postscale, root_rank, device, set_)
+        else:
+            failed = _core.run(op, name, input_, output_, dtype, shape, reduce_op, prescale,
+                               postscale, root_rank, device, set_, stream=stream)
     except (ValueError, TypeError):
         raise  # refused before it was queued: the core never saw the buffers
     except BaseException:
