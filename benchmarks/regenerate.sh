@@ -52,6 +52,9 @@ run $R/train_step-np2-bound.txt $PY benchmarks/train_step.py --np 2 \
     --only horovodlike,nosync,exchange --windows 3 --repeat 3 --json $R/train_step-np2-bound.json
 run $R/train_step-np2-overlap-off.txt $PY benchmarks/train_step.py --np 2 --only horovodlike,nosync \
     --variant HOROVOD_OVERLAP=0 --windows 3 --repeat 5 --json $R/train_step-np2-overlap-off.json
+# The same bound within one job: the windows of each kind take turns in the same processes.
+run $R/train_bound-np2.txt $PY benchmarks/train_bound.py --np 2 --rounds 20 \
+    --json $R/train_bound-np2.json
 mkdir -p $R/multi_copy-trace
 run $R/multi_copy.txt $PY benchmarks/multi_copy.py --json $R/multi_copy.json \
     --png $R/multi_copy_timeline.png --trace-dir $R/multi_copy-trace

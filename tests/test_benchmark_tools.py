@@ -21,6 +21,7 @@ import gpu_setup  # noqa: E402
 import latency_breakdown  # noqa: E402
 import multihost  # noqa: E402
 import tensor_parallel  # noqa: E402
+import train_bound  # noqa: E402
 
 
 @pytest.mark.parametrize("algorithm", ["flat-ring", "hierarchical", "MPI", "Gloo"])
@@ -259,3 +260,15 @@ def test_fsdp_memory_counts_each_storage_once_and_rows_check_losses():
     assert row["losses"] == [2.0, 1.0] and row["loss_rel_diff"] == 0.0
     assert row["step_s"] == 0.3 and row["held_peak"] == 4801 and not row["within_bound"]
     assert fsdp.summarize(figures, [2.0, 1.1], 2)["loss_rel_diff"] == pytest.approx(0.1 / 1.1)
+
+
+def test_training_bound_compares_each_round_with_its_own_windows(capsys):
+    kinds = {"horovodlike": [110.0, 150.0], "alone": [90.0, 100.0], "in-step": [95.0, 120.0],
+             "exchange": [10.0, 20.0]}
+    result = {"kinds": {k: {"ms": v, "cpu_ms": v} for k, v in kinds.items()},
+              "tensors": 3, "parameters": 1000}
+    args = type("Args", (), {"np": 2, "batch_size": 4, "rounds": 2, "steps": 1})()
+    ratios = train_bound.report(result, args)
+    assert ratios["to_alone"] == pytest.approx([110 / 100, 150 / 120])
+    assert ratios["to_in_step"] == pytest.approx([110 / 105, 150 / 140])
+    assert "worst 1.250 (alone + exchange)" in capsys.readouterr().out
