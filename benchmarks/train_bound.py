@@ -82,8 +82,8 @@ def worker(args):
         for handle in handles:
             hvd.synchronize(handle)
 
-    steps = {"horovodlike": lambda: train(synced, sync_opt), "alone": lambda: train(plain, plain_opt),
-             "in-step": in_step, "exchange": exchange}
+    steps = {"horovodlike": lambda: train(synced, sync_opt),
+             "alone": lambda: train(plain, plain_opt), "in-step": in_step, "exchange": exchange}
     for kind in KINDS:
         for _ in range(args.warmup):
             steps[kind]()
