@@ -374,9 +374,18 @@ Runtime::TunedState Runtime::tuned() {
   return tuned_;
 }
 
+std::chrono::microseconds Runtime::LoopCycle() const {
+  auto cycle = std::chrono::microseconds(cycle_time_us_.load());
+  if (deferred_) cycle = std::max(cycle, kDeferredCycle);
+  const int idle = idle_rounds_.load(std::memory_order_relaxed) - kIdleRoundsAtFullPace;
+  if (idle <= 0) return cycle;
+  const auto stretched = cycle * (int64_t{1} << std::min(idle, 16));
+  return std::max(cycle, std::min(stretched, std::chrono::microseconds(kIdleCycleMax)));
+}
+
 void Runtime::Loop() {
   using Clock = std::chrono::steady_clock;
-  auto wait = std::chrono::microseconds(cycle_time_us_.load());
+  auto wait = LoopCycle();
   while (true) {
     // The cycle time may change between rounds (autotuning). Rounds that waiting callers ran
     // meanwhile count: an idle loop runs one a cycle time after the last round, whoever ran it.
@@ -387,8 +396,7 @@ void Runtime::Loop() {
     const bool caller_waits = deferred_ && waiting_callers_.load(std::memory_order_relaxed) > 0;
     const TensorQueue::Wake wake =
         caller_waits ? TensorQueue::Wake::kNotified : queue_.WaitForWork(wait);
-    auto cycle = std::chrono::microseconds(cycle_time_us_.load());
-    if (deferred_) cycle = std::max(cycle, kDeferredCycle);
+    const auto cycle = LoopCycle();
     auto since_last_round = [&] {
       return std::chrono::duration_cast<std::chrono::microseconds>(
           Clock::now().time_since_epoch() - std::chrono::nanoseconds(last_round_end_ns_.load()));
@@ -425,7 +433,14 @@ bool Runtime::RunRoundLocked() {
     TakeNewRequests(state);
     if (!state.popped.empty()) bells_->TookWork();
     std::vector<int> shutdown_ranks;
+    state.worked = !state.popped.empty();
     const bool shutdown = RunSets(state, &shutdown_ranks);
+    // Only where a peer that needs this rank in a round can have it: any collective of the
+    // global set brings every rank by itself; one of a process set needs the ranks outside it
+    // too, which the round bells wake (round_bells.h).
+    const bool may_slow = bells_->active() || state.set_ids.size() <= 1;
+    idle_rounds_.store(state.worked || !may_slow ? 0
+                                                 : std::min(idle_rounds_.load() + 1, 1 << 20));
     FailRequestsOfRemovedSets(state);
     cycle_time_us_ = static_cast<int64_t>(state.in_force.cycle_time_ms * 1000);
     last_round_end_ns_ = std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -522,6 +537,7 @@ bool Runtime::RunSets(RoundState& state, std::vector<int>* shutdown_ranks) {
       std::lock_guard<std::mutex> lock(tuned_mutex_);
       tuned_ = {state.in_force, set->controller->parameters_round()};
     }
+    state.worked |= !round.parts.empty() || set->controller->HasWork();
     set->executor->Prepare(round.max_parts, round.max_fused_bytes);
     size_t begin = 0;
     for (size_t end : round.ends) {

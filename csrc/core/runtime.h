@@ -115,6 +115,7 @@ class Runtime {
     std::vector<std::pair<int, Request>> popped;
     std::map<int, std::vector<Request>> by_set;
     std::vector<int> set_ids;
+    bool worked = false;  // the last round took in requests, ran parts, or left work pending
   };
   void Loop();
   // One round, with round_mutex_ held: takes the queue's new requests, negotiates and executes
@@ -171,6 +172,21 @@ class Runtime {
   // caller waits, or kDeferredCycle after the last round.
   const bool deferred_;
   static constexpr std::chrono::microseconds kDeferredCycle{50000};
+  // Rounds in a row that took in no request, ran nothing and left no work pending on this rank
+  // (RoundState::worked). Past kIdleRoundsAtFullPace of them the loop's cycle doubles with each
+  // one, up to kIdleCycleMax (or the cycle in force, if longer): an idle job's loop no longer
+  // takes a few percent of every core (a round each millisecond, each a meeting of the ranks),
+  // nor wakes up between a training step's collectives to preempt its compute. Work resets it,
+  // and a new request wakes the loop at once whatever its cycle; a peer with work waits for
+  // this rank's next round only until this rank has the same work, which any collective of
+  // the global set needs. Not where process sets exist without round bells: a set's
+  // collective would wait for the ranks outside it.
+  std::atomic<int> idle_rounds_{0};
+  static constexpr int kIdleRoundsAtFullPace = 2;
+  static constexpr std::chrono::microseconds kIdleCycleMax{50000};
+  // The loop's wait between rounds: the cycle time (kDeferredCycle at least when deferred),
+  // stretched while idle (above).
+  std::chrono::microseconds LoopCycle() const;
   // With deferred_, the threads in WaitDriving waiting for a handle the rounds have not
   // completed: the loop runs rounds back to back while there is one (see Loop).
   std::atomic<int> waiting_callers_{0};
