@@ -55,6 +55,12 @@ run $R/train_step-np2-overlap-off.txt $PY benchmarks/train_step.py --np 2 --only
 # The same bound within one job: the windows of each kind take turns in the same processes.
 run $R/train_bound-np2.txt $PY benchmarks/train_bound.py --np 2 --rounds 20 \
     --json $R/train_bound-np2.json
+# What an idle job costs (this build alone; the committed outputs ran it beside the build
+# before the idle loop's slowing, see benchmarks/README.md).
+for np in 2 4; do
+  run $R/idle_cpu-np$np.txt $PY benchmarks/idle_cpu.py --np $np --seconds 3 --repeat 3 \
+      --json $R/idle_cpu-np$np.json
+done
 mkdir -p $R/multi_copy-trace
 run $R/multi_copy.txt $PY benchmarks/multi_copy.py --json $R/multi_copy.json \
     --png $R/multi_copy_timeline.png --trace-dir $R/multi_copy-trace
