@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from provenance import footer, header, record  # noqa: E402
 
 
-def worker(args):
+def worker(args) -> None:
     import time
 
     import torch
@@ -86,8 +86,7 @@ def main():
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        worker(args)
-        return
+        return worker(args)
     from source_tree import jobs_pythonpath
     builds = [b for b in args.builds.split(",") if b] or [None]
     paths = {b: (os.path.abspath(b) if b else jobs_pythonpath()) for b in builds}
