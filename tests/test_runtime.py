@@ -91,7 +91,21 @@ def test_an_idle_job_rings_no_round_bells_and_slows_its_rounds():
             rounds, bells, after_idle_ms = int(words[4]), int(words[6]), float(words[8])
             # About 25 in the second: a few at full pace, then doubling, then every 50 ms.
             assert 5 <= rounds <= 60 and bells == 0, line
+            assert float(words[10]) == 50, line  # the cycle, slowed all the way
             assert after_idle_ms < 50, line
+
+
+def test_a_rank_outside_every_process_set_keeps_its_loops_pace():
+    """The idle slowing above is for jobs without process sets: here ranks 0 and 1 allreduce in
+    a set while rank 2 has nothing to do, and every one of the set's rounds needs rank 2 in a
+    round of the global set, so rank 2's loop keeps its 1 ms cycle (slowed, a round bell that
+    raced with its own idle round left the set's call waiting up to 50 ms for the next)."""
+    result = launch(3, "idle_outsider_worker.py", timeout=60)
+    assert_all_ranks(result, 3, "")
+    outsider = [line for line in result.stdout.splitlines() if "OUTSIDER" in line]
+    assert len(outsider) == 1, result.stdout[-3000:]
+    assert float(outsider[0].split()[-1]) == 1, outsider[0]
+    assert sum("PAIR" in line for line in result.stdout.splitlines()) == 2, result.stdout[-3000:]
 
 
 @pytest.mark.parametrize("variable,value,advice", [

@@ -81,6 +81,11 @@ void ProcessSetTable::MemberIds(std::vector<int>* out) {
   }
 }
 
+size_t ProcessSetTable::Count() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return sets_.size();
+}
+
 bool ProcessSetTable::HasWork(const std::map<int, std::vector<Request>>& new_requests) {
   for (const auto& [id, requests] : new_requests) {
     if (!requests.empty()) return true;

@@ -44,6 +44,8 @@ class ProcessSetTable {
   // Ranks of a set, or false when it does not exist (any thread).
   bool Ranks(int id, std::vector<int>* ranks);
   std::vector<int> Ids();
+  // Sets of the job, this rank a member or not (the global set counts).
+  size_t Count();
   Executor::Stats TotalStats();
 
  private:

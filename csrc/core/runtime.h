@@ -62,8 +62,11 @@ class Runtime {
   struct RoundCounts {
     int64_t loop = 0;
     int64_t caller = 0;
+    int64_t loop_cycle_us = 0;  // the loop's wait between rounds now (LoopCycle)
   };
-  RoundCounts round_counts() const { return {loop_rounds_.load(), caller_rounds_run_.load()}; }
+  RoundCounts round_counts() const {
+    return {loop_rounds_.load(), caller_rounds_run_.load(), LoopCycle().count()};
+  }
   // Point-to-point between two ranks of a process set (`message.peer` a global rank); checks
   // that both ranks are in the set, then hands over to PointToPoint.
   int64_t Send(const PointToPoint::Message& message, const void* data);
@@ -179,8 +182,8 @@ class Runtime {
   // nor wakes up between a training step's collectives to preempt its compute. Work resets it,
   // and a new request wakes the loop at once whatever its cycle; a peer with work waits for
   // this rank's next round only until this rank has the same work, which any collective of
-  // the global set needs. Not where process sets exist without round bells: a set's
-  // collective would wait for the ranks outside it.
+  // the global set needs. Not in a job with process sets: a set's collective also waits for
+  // the ranks outside it.
   std::atomic<int> idle_rounds_{0};
   static constexpr int kIdleRoundsAtFullPace = 2;
   static constexpr std::chrono::microseconds kIdleCycleMax{50000};

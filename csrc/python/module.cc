@@ -389,6 +389,8 @@ py::dict Stats() {
   const Runtime::RoundCounts rounds = runtime->round_counts();
   d["loop_rounds"] = rounds.loop;
   d["caller_rounds"] = rounds.caller;
+  // The loop's wait between rounds now: the cycle time, stretched while idle (runtime.h).
+  d["loop_cycle_us"] = rounds.loop_cycle_us;
   // Round bells this rank rang to peers on other hosts (links/tcp/network_bell.h); absent
   // without a TCP mesh.
   if (runtime->network_bells() >= 0) d["network_round_bells"] = runtime->network_bells();
