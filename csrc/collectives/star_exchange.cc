@@ -1,5 +1,7 @@
 #include "star_exchange.h"
 
+#include <algorithm>
+
 #include "../common/common.h"
 
 namespace horovodlike {
@@ -52,10 +54,16 @@ void BroadcastFromRoot(Link& link, std::vector<uint8_t>& message, int root) {
 }
 
 void BitwiseAndAllreduce(Link& link, std::vector<uint64_t>& bits, int root,
-                         std::vector<uint64_t>& scratch) {
+                         std::vector<uint64_t>& scratch, size_t equal_words) {
   const int n = link.size();
   if (n == 1) return;
   const size_t bytes = bits.size() * sizeof(uint64_t);
+  const size_t and_words = bits.size() - std::min(equal_words, bits.size());
+  // Both combinations are commutative and associative, so every rank ends with the same words.
+  auto combine = [&](const std::vector<uint64_t>& other) {
+    for (size_t i = 0; i < and_words; ++i) bits[i] &= other[i];
+    for (size_t i = and_words; i < bits.size(); ++i) bits[i] = bits[i] == other[i] ? bits[i] : 0;
+  };
   if ((n & (n - 1)) == 0) {
     // A power of two: recursive doubling, log2(n) exchanges with one partner at a time, each
     // both ways at once. Two ranks wait for one message instead of the star's two in turn.
@@ -64,7 +72,7 @@ void BitwiseAndAllreduce(Link& link, std::vector<uint64_t>& bits, int root,
     for (int distance = 1; distance < n; distance *= 2) {
       const int partner = link.rank() ^ distance;
       link.sendrecv(partner, bits.data(), bytes, partner, other.data(), bytes);
-      for (size_t i = 0; i < bits.size(); ++i) bits[i] &= other[i];
+      combine(other);
     }
     return;
   }
@@ -74,7 +82,7 @@ void BitwiseAndAllreduce(Link& link, std::vector<uint64_t>& bits, int root,
     for (int r = 0; r < link.size(); ++r) {
       if (r == root) continue;
       link.recv(r, other.data(), bytes);
-      for (size_t i = 0; i < bits.size(); ++i) bits[i] &= other[i];
+      combine(other);
     }
     for (int r = 0; r < link.size(); ++r) {
       if (r != root) link.send(r, bits.data(), bytes);

@@ -16,8 +16,10 @@ std::vector<std::vector<uint8_t>> GatherToRoot(Link& link,
 void BroadcastFromRoot(Link& link, std::vector<uint8_t>& message, int root);
 // Every rank's `bits` becomes the AND of all ranks' (all have the same length): by recursive
 // doubling when the ranks are a power of two, else through the root. `scratch` is the receive
-// buffer, kept by the caller so that a round allocates nothing.
+// buffer, kept by the caller so that a round allocates nothing. The last `equal_words` words
+// are combined by equality instead: each keeps its value where every rank gave the same one,
+// and becomes 0 where any two differ.
 void BitwiseAndAllreduce(Link& link, std::vector<uint64_t>& bits, int root,
-                         std::vector<uint64_t>& scratch);
+                         std::vector<uint64_t>& scratch, size_t equal_words = 0);
 
 }  // namespace horovodlike

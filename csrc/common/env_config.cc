@@ -214,6 +214,7 @@ Config Config::FromEnvironment() {
   c.cycle_time_ms = GetDouble("HOROVOD_CYCLE_TIME", c.cycle_time_ms);
   c.caller_rounds = GetBool("HOROVOD_CALLER_ROUNDS", c.caller_rounds);
   c.overlap = GetBool("HOROVOD_OVERLAP", c.overlap);
+  c.early_staging = GetBool("HOROVOD_EARLY_STAGING", c.early_staging);
   if (c.cycle_time_ms < 0) throw InvalidArgument("HOROVOD_CYCLE_TIME must be >= 0");
   c.cache_capacity = static_cast<int>(GetInt("HOROVOD_CACHE_CAPACITY", c.cache_capacity));
   if (c.cache_capacity < 0) throw InvalidArgument("HOROVOD_CACHE_CAPACITY must be >= 0");

@@ -34,6 +34,10 @@ struct Config {
   // HOROVOD_OVERLAP=0: asynchronous collectives wait for a caller to wait on one of them (or
   // for kDeferredCycle) instead of starting at once; for hosts with no core free for the exchange.
   bool overlap = true;
+  // HOROVOD_EARLY_STAGING (default 1): a small allreduce that a rank has alone ready is staged
+  // for shared memory's one-round allreduce before the negotiation (Controller::StageEarly);
+  // 0 stages it after.
+  bool early_staging = true;
   int cache_capacity = 1024;
   bool stall_check_enabled = true;
   double stall_warning_seconds = 60.0;

@@ -150,13 +150,51 @@ const Controller::Round& Controller::Negotiate(std::vector<Request>& new_request
   CommitPreviousRound();
   TakeNewRequests(new_requests);
   const BitLayout layout = WriteBits(shutdown_requested);
-  AgreeOnBits(layout);
+  const uint64_t tag = StageTensor();
+  const uint64_t agreed_tag = AgreeOnBits(layout, tag);
   const uint64_t flags = ReadRound(layout);
   if ((flags & kFlagNoUncached) == 0) ExchangeUncached();
   if ((flags & kFlagNoStallCheck) == 0) ExchangeStallReports();
   ApplyCacheSetting();
   Fuse(parameters_.fusion_threshold_bytes);
+  // Every rank staged the tensor the round runs alone (the agreed tag is nonzero only where
+  // all gave the same, and the parts are the same everywhere): the same answer on every rank.
+  round_.staged = agreed_tag != 0 && agreed_tag == tag && round_.parts.size() == 1 &&
+                          round_.parts[0] == staged_response_
+                      ? staged_token_
+                      : 0;
   return round_;
+}
+
+void Controller::StageEarly(InputOf input_of, Stage stage) {
+  input_of_ = std::move(input_of);
+  stage_ = std::move(stage);
+}
+
+uint64_t Controller::StageTensor() {
+  staged_response_ = nullptr;
+  staged_token_ = 0;
+  if (!stage_ || link_.size() == 1 || joined_ || !uncached_.empty() || !cache_active_) return 0;
+  int slot = -1;
+  for (size_t w = 0; w < cached_ready_.size(); ++w) {
+    const uint64_t word = cached_ready_[w];
+    if (word == 0) continue;
+    if (slot >= 0 || (word & (word - 1)) != 0) return 0;  // more than one tensor ready
+    slot = static_cast<int>(w * 64) + __builtin_ctzll(word);
+  }
+  if (slot < 0 || !cache_.occupied(slot)) return 0;
+  const Response& response = cache_.response(slot);
+  if (response.type != Response::Type::kAllreduce || response.device >= 0 ||
+      response.names.size() != 1) {
+    return 0;
+  }
+  const uint64_t token = stage_(response, input_of_(response.names[0]));
+  if (token == 0) return 0;
+  staged_response_ = &response;
+  staged_token_ = token;
+  // The slot names the tensor alike on every rank; the token's low half (it counts the
+  // provider's calls) tells stagings of it in different calls apart.
+  return (static_cast<uint64_t>(slot) + 1) << 32 | (token & 0xffffffffULL);
 }
 
 void Controller::TakeNewRequests(std::vector<Request>& new_requests) {
@@ -223,7 +261,7 @@ Controller::BitLayout Controller::WriteBits(bool shutdown_requested) {
   return layout;
 }
 
-void Controller::AgreeOnBits(const BitLayout& layout) {
+uint64_t Controller::AgreeOnBits(const BitLayout& layout, uint64_t staged) {
   std::vector<uint64_t>& bits = bits_;
   const size_t parameter_words = bits.size();
   if (carries_parameters_) {
@@ -233,7 +271,10 @@ void Controller::AgreeOnBits(const BitLayout& layout) {
       TunedParameters::AppendIdentityTo(bits);
     }
   }
-  BitwiseAndAllreduce(link_, bits, kCoordinator, bits_scratch_);
+  bits.push_back(staged);  // last, combined by equality
+  BitwiseAndAllreduce(link_, bits, kCoordinator, bits_scratch_, /*equal_words=*/1);
+  const uint64_t agreed = bits.back();
+  bits.pop_back();
   if (carries_parameters_) {
     const TunedParameters decided = TunedParameters::FromWords(bits.data() + parameter_words);
     if (decided != parameters_) {
@@ -242,6 +283,7 @@ void Controller::AgreeOnBits(const BitLayout& layout) {
     }
   }
   ++rounds_;
+  return agreed;
 }
 
 uint64_t Controller::ReadRound(const BitLayout& layout) {

@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -49,6 +50,9 @@ class Controller {
     // The most bytes a fusion of cached allreduces can pack (under the fusion threshold), for
     // the fusion buffer; changes only when the cache or the threshold does.
     size_t max_fused_bytes = 0;
+    // Nonzero when the round is one allreduce that every rank staged early with this token
+    // (StageEarly): the executor's RunStaged skips the staging. The same on every rank.
+    uint64_t staged = 0;
   };
   // Consumes `new_requests` (left empty, with room for a request per cached tensor, so that
   // the caller's next rounds of tensors seen before do not grow it). Throws TransportError
@@ -61,6 +65,17 @@ class Controller {
   const Round& Negotiate(std::vector<Request>& new_requests, bool shutdown_requested);
   // Whether this rank has requests of this set not yet executed (negotiated or not).
   bool HasWork() const;
+
+  // Early staging of a small allreduce (AllreduceProvider::StageNext): in a round in which
+  // this rank has exactly one tensor ready, a cached allreduce in host memory, `stage` gets
+  // its response and input (`input_of` finds it by name; null: none) before the bit vectors
+  // are exchanged, and the vector carries which tensor and token this rank staged. Where all
+  // ranks staged the same and the round is that tensor alone, Round::staged has the token:
+  // the round's collective needs no meeting of its own for the staging, which the
+  // negotiation's already was. Off until called.
+  using InputOf = std::function<const void*(const std::string& name)>;
+  using Stage = std::function<uint64_t(const Response& response, const void* input)>;
+  void StageEarly(InputOf input_of, Stage stage);
 
   // Global set, coordinator: the parameters the next round puts in force (ignored elsewhere).
   void Propose(const TunedParameters& parameters) { proposal_ = parameters; }
@@ -89,8 +104,12 @@ class Controller {
   // This rank's bit vector; returns its layout.
   BitLayout WriteBits(bool shutdown_requested);
   // The AND over every rank (with the coordinator's proposed parameters, when this set
-  // carries them).
-  void AgreeOnBits(const BitLayout& layout);
+  // carries them), and the staging tag `staged` (StageTensor's) combined by equality, which
+  // it returns: the tag where every rank gave the same, else 0.
+  uint64_t AgreeOnBits(const BitLayout& layout, uint64_t staged);
+  // Stages this round's only ready tensor when StageEarly allows; returns the tag the bit
+  // vector carries for it (the cache slot and the token), 0 when nothing was staged.
+  uint64_t StageTensor();
   // Starts the round from the agreed bits: shutdown, stale entries dropped, the cached tensors
   // ready everywhere; returns the agreed flags.
   uint64_t ReadRound(const BitLayout& layout);
@@ -151,6 +170,11 @@ class Controller {
   std::vector<uint64_t> cached_ready_;  // bit per cache slot this rank has ready
   std::vector<std::chrono::steady_clock::time_point> cached_since_;  // per slot
   bool joined_ = false;            // this rank called join() and contributes zeros
+
+  InputOf input_of_;  // StageEarly's
+  Stage stage_;
+  const Response* staged_response_ = nullptr;  // in the cache: what StageTensor staged
+  uint64_t staged_token_ = 0;
 
   // Reused from round to round.
   Round round_;

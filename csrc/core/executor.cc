@@ -15,7 +15,23 @@ void Executor::Prepare(size_t parts, size_t fused_bytes) {
   out_offset_.reserve(parts);
 }
 
-void Executor::Execute(const Response* const* parts, size_t count) {
+uint64_t Executor::StageEarly(const Response& response, const void* input) {
+  staged_provider_ = nullptr;
+  if (link_.size() == 1 || response.type != Response::Type::kAllreduce ||
+      response.device >= 0 || response.tensor_sizes.size() != 1 || input == nullptr) {
+    return 0;
+  }
+  const size_t count = static_cast<size_t>(response.tensor_sizes[0]);
+  if (count == 0) return 0;
+  const auto chosen = providers_->Allreduce(count, response.dtype, response.reduce_op);
+  const uint64_t token = chosen.provider->StageNext(input, count, response.dtype,
+                                                    response.reduce_op, response.prescale);
+  if (token != 0) staged_provider_ = chosen.provider;
+  return token;
+}
+
+void Executor::Execute(const Response* const* parts, size_t count, uint64_t staged) {
+  staged_ = staged;
   size_t tensor_bytes = 0;
   for (size_t i = 0; i < count; ++i) {
     tensor_bytes += static_cast<size_t>(NumElements(parts[i]->shape)) *
@@ -158,7 +174,13 @@ void Executor::Reduce(void* buf, size_t count, DataType dtype, ReduceOp op, doub
   }
   const auto chosen = providers_->Allreduce(count, dtype, op);
   timeline_.ActivityStart(chosen.label);
-  chosen.provider->Run(buf, count, dtype, op, scale);
+  const uint64_t staged = staged_;
+  staged_ = 0;
+  if (staged != 0 && chosen.provider == staged_provider_) {
+    if (chosen.provider->RunStaged(buf, count, dtype, op, scale, staged)) ++early_staged_;
+  } else {
+    chosen.provider->Run(buf, count, dtype, op, scale);
+  }
   ProviderTable::CountRun(chosen.label);
   if (chosen.by_host) ++hierarchical_allreduces_;
   timeline_.ActivityEnd();

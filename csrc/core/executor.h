@@ -48,7 +48,13 @@ class Executor {
 
   // Runs one collective: `parts` are the responses of its tensors (one, or several fused; see
   // Controller::Round). Throws TransportError after returning the entries to the queue.
-  void Execute(const Response* const* parts, size_t count);
+  // `staged`: the token of an early staging (StageEarly) that every rank of the set made for
+  // this collective's one tensor, as the negotiation found (Controller::Round::staged); 0: none.
+  void Execute(const Response* const* parts, size_t count, uint64_t staged = 0);
+  // Before the negotiation: hands a single host tensor's input (`input`, of `response`, an
+  // allreduce seen before) to the provider that would run it, to stage it early
+  // (AllreduceProvider::StageNext); returns the provider's token, 0 when it does not.
+  uint64_t StageEarly(const Response& response, const void* input);
 
   // Counters since init, for tests and tuning: collectives run and tensors they carried, and
   // how many of the allreduces and allgathers went inside and across hosts
@@ -60,11 +66,12 @@ class Executor {
     int64_t hierarchical_allreduces = 0;
     int64_t hierarchical_allgathers = 0;
     int64_t fusion_buffer_bytes = 0;  // held now
+    int64_t early_staged_allreduces = 0;  // run from an early staging (StageEarly)
   };
   Stats stats() const {
     return {allreduce_collectives_.load(), allreduce_tensors_.load(), errors_.load(),
             hierarchical_allreduces_.load(), hierarchical_allgathers_.load(),
-            static_cast<int64_t>(fusion_.capacity())};
+            static_cast<int64_t>(fusion_.capacity()), early_staged_.load()};
   }
 
  private:
@@ -81,6 +88,7 @@ class Executor {
   void Broadcast(const Response& response, TensorEntry& entry);
   // In-place allreduce of a contiguous buffer, the result multiplied by `scale`, by the
   // provider the table picks for it.
+  // A staged_ token goes to the provider it came from (RunStaged).
   void Reduce(void* buf, size_t count, DataType dtype, ReduceOp op, double scale);
   // Reduce for op Adasum: `counts` are the element counts of the tensors laid end to end in
   // `buf`, each combined on its own (adasum_allreduce.h); always over send/recv, as neither the
@@ -105,6 +113,8 @@ class Executor {
   // Reused by every collective, so that running one allocates nothing.
   std::vector<TensorEntry> entries_;
   std::string key_;
+  uint64_t staged_ = 0;                          // this collective's staging token (Execute)
+  AllreduceProvider* staged_provider_ = nullptr;  // whose token StageEarly got last
   std::vector<size_t> adasum_counts_;  // element counts of the fused tensors (Allreduce)
   // The allgather's sizes by tensor and by rank, and offsets (Allgather).
   std::vector<size_t> row_bytes_;
@@ -116,6 +126,7 @@ class Executor {
   std::atomic<int64_t> errors_{0};
   std::atomic<int64_t> hierarchical_allreduces_{0};
   std::atomic<int64_t> hierarchical_allgathers_{0};
+  std::atomic<int64_t> early_staged_{0};
 };
 
 }  // namespace horovodlike

@@ -1,6 +1,8 @@
 #include "process_set.h"
 
 #include <algorithm>
+#include <memory>
+#include <string>
 
 #include "enqueue_checks.h"
 #include "../links/subset_link.h"
@@ -21,6 +23,20 @@ ProcessSetTable::ProcessSetTable(Link& link, const Config& config, TensorQueue& 
       link_, ProviderTable::ForJob(link_, config_.cpu_operations), queue_, handles_,
       timeline_, 0, on_change_, gpu_,
       GpuSettings{config_.gpu_operations, config_.launcher_hostname, link_.hosts()});
+  if (config_.early_staging) {
+    // Small allreduces of the global set staged before its negotiation (controller.h).
+    Executor* executor = global->executor.get();
+    TensorQueue* queue = &queue_;
+    auto key = std::make_shared<std::string>();  // reused: a round allocates nothing
+    global->controller->StageEarly(
+        [queue, key](const std::string& name) {
+          QueueKey(0, name, key.get());
+          return queue->HostInput(*key);
+        },
+        [executor](const Response& response, const void* input) {
+          return executor->StageEarly(response, input);
+        });
+  }
   sets_[0] = std::move(global);
 }
 
@@ -129,6 +145,7 @@ Executor::Stats ProcessSetTable::TotalStats() {
     total.errors += s.errors;
     total.hierarchical_allreduces += s.hierarchical_allreduces;
     total.hierarchical_allgathers += s.hierarchical_allgathers;
+    total.early_staged_allreduces += s.early_staged_allreduces;
     total.fusion_buffer_bytes += s.fusion_buffer_bytes;
   }
   return total;

@@ -139,7 +139,7 @@ bool Runtime::RunSets(RoundState& state, std::vector<int>* shutdown_ranks) {
     size_t begin = 0;
     for (size_t end : round.ends) {
       const Response* const* parts = round.parts.data() + begin;
-      set->executor->Execute(parts, end - begin);
+      set->executor->Execute(parts, end - begin, begin == 0 ? round.staged : 0);
       if (tuner_ && parts[0]->type == Response::Type::kAllreduce) {
         tuner_->ObserveAllreduce(id, parts, end - begin, Clock::now());
       }

@@ -72,6 +72,14 @@ bool TensorQueue::HasNewRequests() {
   return !new_requests_.empty();
 }
 
+const void* TensorQueue::HostInput(const std::string& key) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = entries_.find(key);
+  if (it == entries_.end()) return nullptr;
+  const TensorEntry& entry = it->second;
+  return entry.output != nullptr && entry.request.device < 0 ? entry.input : nullptr;
+}
+
 bool TensorQueue::Take(const std::string& name, TensorEntry* entry) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = entries_.find(name);

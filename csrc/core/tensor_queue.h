@@ -51,6 +51,9 @@ class TensorQueue {
   bool HasNewRequests();
   // Removes and returns the entry; false when no such entry exists.
   bool Take(const std::string& name, TensorEntry* entry);
+  // The input of an entry in host memory that has an output, left in the queue; null for any
+  // other (or none). `key` as QueueKey makes it.
+  const void* HostInput(const std::string& key);
   std::vector<TensorEntry> TakeAll();
   // Removes and returns every entry of one process set.
   std::vector<TensorEntry> TakeProcessSet(int process_set_id);

@@ -385,6 +385,7 @@ py::dict Stats() {
   for (const auto& [label, count] : ProviderTable::Runs()) runs[py::str(label)] = count;
   d["provider_runs"] = runs;
   d["fusion_buffer_bytes"] = s.fusion_buffer_bytes;
+  d["early_staged_allreduces"] = s.early_staged_allreduces;
   // Negotiation rounds run by the background loop and by waiting callers (WaitDriving).
   const Runtime::RoundCounts rounds = runtime->round_counts();
   d["loop_rounds"] = rounds.loop;

@@ -95,6 +95,7 @@ void ReduceSlice(uint8_t* mine, const uint8_t* const* theirs, int count_theirs, 
 }  // namespace
 
 void ShmAllreduce::Run(void* buf, size_t count, DataType dtype, ReduceOp op, double scale) {
+  staged_step_ = 0;
   if (count == 0 || link_.size() == 1) {
     ScaleInPlace(buf, count, dtype, scale);
     return;
@@ -130,10 +131,7 @@ void ShmAllreduce::OneRound(uint8_t* data, size_t count, size_t elem, DataType d
   link_.Publish(&shm::RankControl::staged, step);
   link_.WaitForPeers(&shm::RankControl::staged, step);
   const auto all_staged = staged != Clock::time_point{} ? Clock::now() : Clock::time_point{};
-  // x0 + x1 + ... in rank order on every rank, so that every rank gets the same bits.
-  if (link_.rank() != 0) std::memcpy(data, link_.staging(0, step), bytes);
-  for (int p = 1; p < link_.size(); ++p) ReduceInto(data, link_.staging(p, step), count, dtype, op);
-  link_.Publish(&shm::RankControl::released, step);
+  ReduceStaged(data, count, dtype, op, step);
   if (all_staged != Clock::time_point{}) {
     // Rank 0 learns from its own staging and its reading of the others' slots, not from the
     // wait for their arrival.
@@ -142,6 +140,54 @@ void ShmAllreduce::OneRound(uint8_t* data, size_t count, size_t elem, DataType d
         stream, bytes, std::chrono::duration_cast<std::chrono::nanoseconds>(spent).count(),
         true));
   }
+}
+
+void ShmAllreduce::ReduceStaged(uint8_t* data, size_t count, DataType dtype, ReduceOp op,
+                                uint64_t step) {
+  // x0 + x1 + ... in rank order on every rank, so that every rank gets the same bits.
+  if (link_.rank() != 0) std::memcpy(data, link_.staging(0, step), count * DataTypeSize(dtype));
+  for (int p = 1; p < link_.size(); ++p) ReduceInto(data, link_.staging(p, step), count, dtype, op);
+  link_.Publish(&shm::RankControl::released, step);
+}
+
+uint64_t ShmAllreduce::StageNext(const void* input, size_t count, DataType dtype, ReduceOp op,
+                                 double prescale) {
+  staged_step_ = 0;
+  const size_t bytes = count * DataTypeSize(dtype);
+  // Not where Run would take another path (the sliced algorithm, or streaming stores, which
+  // would need a fence before the negotiation's message), nor before a free slot.
+  if (count == 0 || link_.size() == 1 || op == ReduceOp::kAdasum || bytes > link_.small_bytes() ||
+      bytes >= SlotStores::kOneRoundFrom) {
+    return 0;
+  }
+  const uint64_t step = step_ + 1;
+  if (step > 2 && !link_.PeersReached(&shm::RankControl::released, step - 2)) return 0;
+  ScaleCopy(link_.staging(link_.rank(), step), input, count, dtype, prescale);
+  staged_step_ = step;
+  staged_bytes_ = bytes;
+  return step;
+}
+
+bool ShmAllreduce::RunStaged(void* buf, size_t count, DataType dtype, ReduceOp op, double scale,
+                             uint64_t token) {
+  const uint64_t step = step_ + 1;
+  // Every rank holds the same token and the same step_ (they count the same calls), so every
+  // rank takes the same branch. The staged_ checks hold wherever the tokens matched.
+  if (token != step || staged_step_ != step || staged_bytes_ != count * DataTypeSize(dtype)) {
+    staged_step_ = 0;
+    Run(buf, count, dtype, op, scale);
+    return false;
+  }
+  staged_step_ = 0;
+  link_.CheckUsable();
+  step_ = step;
+  // Every peer's input for the step is in its slot: its negotiation message, read before this,
+  // was written after it.
+  link_.Publish(&shm::RankControl::staged, step);
+  auto* data = static_cast<uint8_t*>(buf);
+  ReduceStaged(data, count, dtype, op, step);
+  ScaleInPlace(data, count, dtype, scale);
+  return true;
 }
 
 void ShmAllreduce::Sliced(uint8_t* data, size_t count, size_t elem, DataType dtype, ReduceOp op,

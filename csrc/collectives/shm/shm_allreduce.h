@@ -25,14 +25,25 @@ class ShmAllreduce final : public AllreduceProvider {
   // `scale` as it is written (every rank passes the same scale). Every rank of the link calls
   // it with the same arguments, in the same order as its other calls.
   void Run(void* buf, size_t count, DataType dtype, ReduceOp op, double scale) override;
+  // The one-round algorithm's staging, ahead of the call (provider.h): for a message of the
+  // one-round algorithm's size written with ordinary stores, when the slot of the next step is
+  // free already (the peers released the step that used it last); the token is that step.
+  uint64_t StageNext(const void* input, size_t count, DataType dtype, ReduceOp op,
+                     double prescale) override;
+  bool RunStaged(void* buf, size_t count, DataType dtype, ReduceOp op, double scale,
+                 uint64_t token) override;
 
  private:
   void OneRound(uint8_t* data, size_t count, size_t elem, DataType dtype, ReduceOp op);
+  // The one-round algorithm's second half: every rank's staged input reduced into `data`.
+  void ReduceStaged(uint8_t* data, size_t count, DataType dtype, ReduceOp op, uint64_t step);
   void Sliced(uint8_t* data, size_t count, size_t elem, DataType dtype, ReduceOp op,
               double scale);
 
   ShmLink& link_;
   uint64_t step_ = 0;  // steps so far; the same on every rank
+  uint64_t staged_step_ = 0;  // the step StageNext staged for (0: none since the last call)
+  size_t staged_bytes_ = 0;
   SlotStores stores_;  // how the slots are written (slot_stores.h)
 };
 

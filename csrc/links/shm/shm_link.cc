@@ -482,14 +482,16 @@ void ShmLink::WaitFor(const std::function<bool()>& ready, int peer) {
   WaitUntil(ready, [peer] { return peer; }, peer);
 }
 
+int ShmLink::Behind(Progress progress, uint64_t step) const {
+  for (int p = 0; p < size(); ++p) {
+    if (p != index_ && (control(p).*progress).load(std::memory_order_acquire) < step) return p;
+  }
+  return -1;
+}
+
 void ShmLink::WaitForPeers(Progress progress, uint64_t step) {
-  auto behind = [&] {
-    for (int p = 0; p < size(); ++p) {
-      if (p != index_ && (control(p).*progress).load(std::memory_order_acquire) < step) return p;
-    }
-    return -1;
-  };
-  WaitUntil([&] { return behind() < 0; }, [&] { return std::max(0, behind()); });
+  WaitUntil([&] { return Behind(progress, step) < 0; },
+            [&] { return std::max(0, Behind(progress, step)); });
 }
 
 void ShmLink::CheckUsable() const {

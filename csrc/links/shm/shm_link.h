@@ -21,6 +21,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -94,6 +95,8 @@ class ShmLink : public Link {
   // Waits until every other rank's `progress` counter reached `step`; throws TransportError as
   // send/recv do (aborted, a peer stopped or died, the peer timeout).
   void WaitForPeers(Progress progress, uint64_t step);
+  // Whether every other rank has published at least `step` for `progress` (no waiting).
+  bool PeersReached(Progress progress, uint64_t step) const { return Behind(progress, step) < 0; }
   // The round bell inside a host (link.h's PeerBell says when a negotiation rings): a wait
   // of such a negotiation for a peer of the host that has not answered within kRingAfterUs,
   // is in no round itself (RoundStarted until RoundEnded) and has taken in no work of its own
@@ -147,7 +150,8 @@ class ShmLink : public Link {
   // when it is >= 0.
   void CheckPeers(bool check_processes, int peer = -1);
   // Whether more threads are runnable on this machine than this process may use cores
-  // (/proc/loadavg, read at the moment).
+  // (/proc/loadavg, read at most every kLoadRefreshNs by whichever waiter asks first: the read
+  // costs more than a short wait, and a waiter reading it misses its peer's answer meanwhile).
   bool CpusOversubscribed() const;
   // Publishes this thread's CPU, and says whether `peer` last waited on the same one; moves
   // this thread to a free CPU when that keeps happening.
@@ -155,6 +159,8 @@ class ShmLink : public Link {
   // Called now and then while spinning for `peer`: yields the CPU when the peer may need it.
   void GiveWay(int peer);
   void MoveToFreeCpu(int cpu);
+  // The first other rank whose `progress` is below `step`, or -1.
+  int Behind(Progress progress, uint64_t step) const;
   [[noreturn]] void FailPeer(int peer, const std::string& what, TransportError::Cause cause);
   // FailPeer for a peer silent for the peer timeout.
   [[noreturn]] void FailSilentPeer(int peer);
@@ -171,6 +177,8 @@ class ShmLink : public Link {
   int64_t max_spin_ns_;  // HOROVOD_SHM_SPIN_US; 0 with more ranks on this host than cores
   int64_t yield_ns_;     // HOROVOD_SHM_YIELD_US; used only where max_spin_ns_ is 0
   int loadavg_fd_ = -1;
+  mutable std::atomic<int64_t> load_read_ns_{INT64_MIN / 2};  // when loadavg_fd_ was last read
+  mutable std::atomic<bool> oversubscribed_{false};            // what it said then
   int cpus_ = 1;  // the cores the host's ranks may use between them (their masks' union)
   std::atomic<int64_t> last_shared_cpu_ns_{0};
   std::atomic<int> shared_cpu_meetings_{0};
