@@ -27,19 +27,20 @@ class AllreduceProvider {
   virtual void Run(void* buf, size_t count, DataType dtype, ReduceOp op, double scale) = 0;
 
   // Early staging, for a provider whose collective begins with each rank publishing its input
-  // where the others read it (shared memory's one-round allreduce). StageNext copies `input`
-  // (multiplied by `prescale`) there for this provider's next call, before the ranks have
-  // agreed to run it, and returns a nonzero token; 0 when it does not (the default). The
-  // negotiation then tells every rank whether all of them staged the same tensor with the same
-  // token (its message is written after the stores, so the peers see the data with it); if so
-  // each calls RunStaged with the token instead of Run, which skips the staging and the wait
-  // for it, and returns true. Between StageNext and that call no other call of the provider
-  // is made. A token no longer valid makes RunStaged a Run that returns false (the same on
-  // every rank: tokens count calls).
-  virtual uint64_t StageNext(const void* /*input*/, size_t /*count*/, DataType /*dtype*/,
-                             ReduceOp /*op*/, double /*prescale*/) {
-    return 0;
+  // where the others read it (shared memory's one-round allreduce). StagingFor returns where
+  // this rank's input for the provider's next call goes, when that may be written now, before
+  // the ranks have agreed to run it (null: no early staging, the default); the caller writes
+  // the input there, multiplied by its prescale factor, and Staged returns a nonzero token for
+  // it. The negotiation then tells every rank whether all of them staged the same tensor with
+  // the same token (its message is written after the stores, so the peers see the data with
+  // it); if so each calls RunStaged with the token instead of Run, which skips the staging and
+  // the wait for it, and returns true. Between StagingFor and that call no other call of the
+  // provider is made. A token no longer valid makes RunStaged a Run that returns false (the
+  // same on every rank: tokens count calls).
+  virtual void* StagingFor(size_t /*count*/, DataType /*dtype*/, ReduceOp /*op*/) {
+    return nullptr;
   }
+  virtual uint64_t Staged() { return 0; }
   virtual bool RunStaged(void* buf, size_t count, DataType dtype, ReduceOp op, double scale,
                          uint64_t /*token*/) {
     Run(buf, count, dtype, op, scale);

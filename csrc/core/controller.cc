@@ -166,11 +166,6 @@ const Controller::Round& Controller::Negotiate(std::vector<Request>& new_request
   return round_;
 }
 
-void Controller::StageEarly(InputOf input_of, Stage stage) {
-  input_of_ = std::move(input_of);
-  stage_ = std::move(stage);
-}
-
 uint64_t Controller::StageTensor() {
   staged_response_ = nullptr;
   staged_token_ = 0;
@@ -188,7 +183,7 @@ uint64_t Controller::StageTensor() {
       response.names.size() != 1) {
     return 0;
   }
-  const uint64_t token = stage_(response, input_of_(response.names[0]));
+  const uint64_t token = stage_(response);
   if (token == 0) return 0;
   staged_response_ = &response;
   staged_token_ = token;

@@ -66,16 +66,15 @@ class Controller {
   // Whether this rank has requests of this set not yet executed (negotiated or not).
   bool HasWork() const;
 
-  // Early staging of a small allreduce (AllreduceProvider::StageNext): in a round in which
+  // Early staging of a small allreduce (AllreduceProvider::StagingFor): in a round in which
   // this rank has exactly one tensor ready, a cached allreduce in host memory, `stage` gets
-  // its response and input (`input_of` finds it by name; null: none) before the bit vectors
-  // are exchanged, and the vector carries which tensor and token this rank staged. Where all
-  // ranks staged the same and the round is that tensor alone, Round::staged has the token:
-  // the round's collective needs no meeting of its own for the staging, which the
-  // negotiation's already was. Off until called.
-  using InputOf = std::function<const void*(const std::string& name)>;
-  using Stage = std::function<uint64_t(const Response& response, const void* input)>;
-  void StageEarly(InputOf input_of, Stage stage);
+  // its response before the bit vectors are exchanged and returns a token when it staged it,
+  // and the vector carries which tensor and token this rank staged. Where all ranks staged
+  // the same and the round is that tensor alone, Round::staged has the token: the round's
+  // collective needs no meeting of its own for the staging, which the negotiation's already
+  // was. Off until called.
+  using Stage = std::function<uint64_t(const Response& response)>;
+  void StageEarly(Stage stage) { stage_ = std::move(stage); }
 
   // Global set, coordinator: the parameters the next round puts in force (ignored elsewhere).
   void Propose(const TunedParameters& parameters) { proposal_ = parameters; }
@@ -171,8 +170,7 @@ class Controller {
   std::vector<std::chrono::steady_clock::time_point> cached_since_;  // per slot
   bool joined_ = false;            // this rank called join() and contributes zeros
 
-  InputOf input_of_;  // StageEarly's
-  Stage stage_;
+  Stage stage_;  // StageEarly's
   const Response* staged_response_ = nullptr;  // in the cache: what StageTensor staged
   uint64_t staged_token_ = 0;
 

@@ -15,17 +15,22 @@ void Executor::Prepare(size_t parts, size_t fused_bytes) {
   out_offset_.reserve(parts);
 }
 
-uint64_t Executor::StageEarly(const Response& response, const void* input) {
+uint64_t Executor::StageEarly(const Response& response) {
   staged_provider_ = nullptr;
   if (link_.size() == 1 || response.type != Response::Type::kAllreduce ||
-      response.device >= 0 || response.tensor_sizes.size() != 1 || input == nullptr) {
+      response.device >= 0 || response.tensor_sizes.size() != 1 || response.names.size() != 1) {
     return 0;
   }
   const size_t count = static_cast<size_t>(response.tensor_sizes[0]);
   if (count == 0) return 0;
   const auto chosen = providers_->Allreduce(count, response.dtype, response.reduce_op);
-  const uint64_t token = chosen.provider->StageNext(input, count, response.dtype,
-                                                    response.reduce_op, response.prescale);
+  void* slot = chosen.provider->StagingFor(count, response.dtype, response.reduce_op);
+  if (slot == nullptr) return 0;
+  QueueKey(process_set_id_, response.names[0], &key_);
+  const void* input = queue_.HostInput(key_);
+  if (input == nullptr) return 0;
+  ScaleCopy(slot, input, count, response.dtype, response.prescale);
+  const uint64_t token = chosen.provider->Staged();
   if (token != 0) staged_provider_ = chosen.provider;
   return token;
 }

@@ -51,10 +51,10 @@ class Executor {
   // `staged`: the token of an early staging (StageEarly) that every rank of the set made for
   // this collective's one tensor, as the negotiation found (Controller::Round::staged); 0: none.
   void Execute(const Response* const* parts, size_t count, uint64_t staged = 0);
-  // Before the negotiation: hands a single host tensor's input (`input`, of `response`, an
-  // allreduce seen before) to the provider that would run it, to stage it early
-  // (AllreduceProvider::StageNext); returns the provider's token, 0 when it does not.
-  uint64_t StageEarly(const Response& response, const void* input);
+  // Before the negotiation: stages a single host tensor's input (of `response`, an allreduce
+  // seen before, queued on this rank) where the provider that would run it reads it
+  // (AllreduceProvider::StagingFor); returns the provider's token, 0 when it did not.
+  uint64_t StageEarly(const Response& response);
 
   // Counters since init, for tests and tuning: collectives run and tensors they carried, and
   // how many of the allreduces and allgathers went inside and across hosts

@@ -1,8 +1,6 @@
 #include "process_set.h"
 
 #include <algorithm>
-#include <memory>
-#include <string>
 
 #include "enqueue_checks.h"
 #include "../links/subset_link.h"
@@ -26,16 +24,8 @@ ProcessSetTable::ProcessSetTable(Link& link, const Config& config, TensorQueue& 
   if (config_.early_staging) {
     // Small allreduces of the global set staged before its negotiation (controller.h).
     Executor* executor = global->executor.get();
-    TensorQueue* queue = &queue_;
-    auto key = std::make_shared<std::string>();  // reused: a round allocates nothing
     global->controller->StageEarly(
-        [queue, key](const std::string& name) {
-          QueueKey(0, name, key.get());
-          return queue->HostInput(*key);
-        },
-        [executor](const Response& response, const void* input) {
-          return executor->StageEarly(response, input);
-        });
+        [executor](const Response& response) { return executor->StageEarly(response); });
   }
   sets_[0] = std::move(global);
 }

@@ -96,6 +96,7 @@ void ReduceSlice(uint8_t* mine, const uint8_t* const* theirs, int count_theirs, 
 
 void ShmAllreduce::Run(void* buf, size_t count, DataType dtype, ReduceOp op, double scale) {
   staged_step_ = 0;
+  offered_step_ = 0;
   if (count == 0 || link_.size() == 1) {
     ScaleInPlace(buf, count, dtype, scale);
     return;
@@ -150,22 +151,31 @@ void ShmAllreduce::ReduceStaged(uint8_t* data, size_t count, DataType dtype, Red
   link_.Publish(&shm::RankControl::released, step);
 }
 
-uint64_t ShmAllreduce::StageNext(const void* input, size_t count, DataType dtype, ReduceOp op,
-                                 double prescale) {
+void* ShmAllreduce::StagingFor(size_t count, DataType dtype, ReduceOp op) {
   staged_step_ = 0;
+  offered_step_ = 0;
   const size_t bytes = count * DataTypeSize(dtype);
   // Not where Run would take another path (the sliced algorithm, or streaming stores, which
   // would need a fence before the negotiation's message), nor before a free slot.
   if (count == 0 || link_.size() == 1 || op == ReduceOp::kAdasum || bytes > link_.small_bytes() ||
       bytes >= SlotStores::kOneRoundFrom) {
-    return 0;
+    return nullptr;
   }
+  // Where the ranks spin, the meeting it saves costs a cache line's trip, no more than the
+  // look-ups that come with it (benchmarks/results/compare-early-staging-np2.txt); where a
+  // wait gives up the core, it saves a thread switch.
+  if (!link_.WaitsGiveWay()) return nullptr;
   const uint64_t step = step_ + 1;
-  if (step > 2 && !link_.PeersReached(&shm::RankControl::released, step - 2)) return 0;
-  ScaleCopy(link_.staging(link_.rank(), step), input, count, dtype, prescale);
-  staged_step_ = step;
+  if (step > 2 && !link_.PeersReached(&shm::RankControl::released, step - 2)) return nullptr;
+  offered_step_ = step;
   staged_bytes_ = bytes;
-  return step;
+  return link_.staging(link_.rank(), step);
+}
+
+uint64_t ShmAllreduce::Staged() {
+  staged_step_ = offered_step_;
+  offered_step_ = 0;
+  return staged_step_;
 }
 
 bool ShmAllreduce::RunStaged(void* buf, size_t count, DataType dtype, ReduceOp op, double scale,

@@ -26,10 +26,11 @@ class ShmAllreduce final : public AllreduceProvider {
   // it with the same arguments, in the same order as its other calls.
   void Run(void* buf, size_t count, DataType dtype, ReduceOp op, double scale) override;
   // The one-round algorithm's staging, ahead of the call (provider.h): for a message of the
-  // one-round algorithm's size written with ordinary stores, when the slot of the next step is
-  // free already (the peers released the step that used it last); the token is that step.
-  uint64_t StageNext(const void* input, size_t count, DataType dtype, ReduceOp op,
-                     double prescale) override;
+  // one-round algorithm's size written with ordinary stores, where waits give up the core, and
+  // when the slot of the next step is free already (the peers released the step that used it
+  // last); the token is that step.
+  void* StagingFor(size_t count, DataType dtype, ReduceOp op) override;
+  uint64_t Staged() override;
   bool RunStaged(void* buf, size_t count, DataType dtype, ReduceOp op, double scale,
                  uint64_t token) override;
 
@@ -42,7 +43,8 @@ class ShmAllreduce final : public AllreduceProvider {
 
   ShmLink& link_;
   uint64_t step_ = 0;  // steps so far; the same on every rank
-  uint64_t staged_step_ = 0;  // the step StageNext staged for (0: none since the last call)
+  uint64_t staged_step_ = 0;  // the step staged early (0: none since the last call)
+  uint64_t offered_step_ = 0;  // the step of the last StagingFor
   size_t staged_bytes_ = 0;
   SlotStores stores_;  // how the slots are written (slot_stores.h)
 };

@@ -116,6 +116,10 @@ class ShmLink : public Link {
   // How this rank waits (_core.stats()): whether it spins before sleeping, the cores the host's
   // ranks may use between them, and how often a spinner moved off a peer's CPU.
   bool spins() const { return max_spin_ns_ > 0; }
+  // Whether a wait now gives up its core at once (it does not spin: more ranks on the host
+  // than cores, or more runnable threads than cores at the last look), so that a meeting of
+  // the ranks costs a thread switch rather than a cache line's trip.
+  bool WaitsGiveWay() const { return !spins() || CpusOversubscribed(); }
   int host_cores() const { return cpus_; }
   int cpu_moves() const { return moves_.load(std::memory_order_relaxed); }
   // Waits that went to sleep, and of those the ones that stopped spinning early because more
