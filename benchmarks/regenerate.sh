@@ -30,6 +30,15 @@ for np in 2 4; do
       --repeat 20 --iter-scale 0.3 --alternate --only hvdl-shm,MPI,mem-bound \
       --json $R/allreduce-np$np-jobs.json
 done
+# Early staging, off and on in the same tree, in turns; and small messages at 4 ranks against MPI.
+for np in 2 4; do
+  run $R/compare-early-staging-np$np.txt $PY benchmarks/compare_builds.py --before src \
+      --after src --before-env HOROVOD_EARLY_STAGING=0 --rounds 10 --np $np --sizes 4K,8K \
+      --only hvdl-shm --json $R/compare-early-staging-np$np.json
+done
+run $R/allreduce-np4-small-jobs.txt $PY benchmarks/allreduce.py --np 4 --sizes 4K,64K \
+    --repeat 10 --iter-scale 0.3 --alternate --only hvdl-shm,MPI \
+    --json $R/allreduce-np4-small-jobs.json
 # The ways of writing the shared-memory slots: the default (auto) beside ordinary stores only
 # and streaming stores only, in turns, each job with the cross-core probe around it.
 for np in 2 4; do
