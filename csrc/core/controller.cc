@@ -326,6 +326,20 @@ void Controller::ExchangeUncached() {
   for (const Response& response : decided_) order_.push_back(&response);
 }
 
+Response Controller::JoinedError(const std::string& name, const Request& request) const {
+  Response error;
+  error.type = Response::Type::kError;
+  error.names = {name};
+  error.group_id = request.group_id;
+  error.group_size = request.group_size;
+  std::string ranks;
+  for (int r : joined_ranks_) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+  error.error_message = std::string(OpTypeName(request.op)) + " of tensor '" + name +
+                        "' cannot proceed: " + (joined_ranks_.size() == 1 ? "rank " : "ranks ") +
+                        ranks + " already called join(); only allreduce continues after a join";
+  return error;
+}
+
 std::vector<Response> Controller::CoordinatorCollect(
     const std::vector<std::vector<uint8_t>>& messages) {
   const int n = link_.size();
@@ -359,6 +373,22 @@ std::vector<Response> Controller::CoordinatorCollect(
   for (auto order = arrival_order_.begin(); order != arrival_order_.end();) {
     auto it = table_.find(order->second);
     Pending& pending = it->second.second;
+    if (!joined_ranks_.empty() && pending.count < n) {
+      // After a join only allreduces continue. Any other collective fails at once on each rank
+      // that submits it, as in Horovod, not once every rank still in submitted it: ranks that
+      // joined at different points name their unnamed calls differently, and would wait for
+      // each other's names until the stall check stopped the job.
+      const Request* first = nullptr;
+      for (int r = 0; r < n && first == nullptr; ++r) {
+        if (pending.present[r]) first = &pending.by_rank[r];
+      }
+      if (first->op != OpType::kAllreduce) {
+        responses.push_back(JoinedError(it->first, *first));
+        table_.erase(it);
+        order = arrival_order_.erase(order);
+        continue;
+      }
+    }
     // Joined ranks stand in for the tensors they will never submit.
     int absent_joined = 0;
     for (int r : joined_ranks_) absent_joined += pending.present[r] ? 0 : 1;

@@ -116,6 +116,8 @@ class Controller {
   void ExchangeUncached();
   // Coordinator only: records requests and returns the responses that became ready.
   std::vector<Response> CoordinatorCollect(const std::vector<std::vector<uint8_t>>& messages);
+  // The error of a collective other than allreduce submitted while ranks have joined.
+  Response JoinedError(const std::string& name, const Request& request) const;
   // Holds back members of a group until the whole group is ready, then releases them together.
   std::vector<Response> ReleaseGroups(std::vector<Response> responses);
   // Stall inspection: the coordinator asks for it in the bit vector every so often; then every

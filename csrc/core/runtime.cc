@@ -205,7 +205,7 @@ int64_t Runtime::Enqueue(EnqueueArgs args) {
                           " is a control operation, not a collective over a tensor");
   }
   CheckTensorArgs(args);
-  std::vector<int> members;
+  thread_local std::vector<int> members;  // keeps its storage from call to call
   if (!process_sets_.Ranks(args.process_set, &members)) {
     throw InvalidArgument("'" + args.name + "': process set " + std::to_string(args.process_set) +
                           " does not exist (it was never added, or was removed)");
