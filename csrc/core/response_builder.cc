@@ -113,16 +113,8 @@ class Agreement {
     if (!AllSame(DeviceOf)) return Failed(Mismatch("devices", DeviceOf));
     if (!AllSame(GroupOf)) return Failed(Mismatch("grouping", GroupOf));
     same_grouping_ = true;
-    if (requests_.size() < all_.size() && first().op != OpType::kAllreduce) {
-      std::string list;
-      int joined = 0;
-      for (int r = 0; r < static_cast<int>(all_.size()); ++r) {
-        if (!present_[r]) list += (joined++ ? ", " : "") + std::to_string(r);
-      }
-      return Failed(Fail(std::string(OpTypeName(first().op)) + " of tensor '" + name_ +
-                         "' cannot proceed: " + (joined == 1 ? "rank " : "ranks ") + list +
-                         " already called join(); only allreduce continues after a join"));
-    }
+    // Only allreduces get here without every rank: the coordinator fails any other
+    // collective submitted after a join at once (Controller::JoinedError).
     return true;
   }
 
