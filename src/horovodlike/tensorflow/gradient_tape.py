@@ -64,6 +64,10 @@ def reduce_gradients(grads, sources, name, compression, sparse_as_dense, op,
     fuses them as it sees fit (and serves them from its response cache); each explicit group is
     a grouped allreduce that the core runs as one unit.
     """
+    if not process_set.included():
+        # A rank outside the set keeps its own gradients (as in Horovod): every rank may build
+        # the same tape or optimizer for a set, and only the set's members exchange.
+        return list(grads)
     if sparse_as_dense:
         grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
     present = [i for i, g in enumerate(grads) if g is not None]

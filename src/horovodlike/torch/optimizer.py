@@ -54,8 +54,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._hooks = []
         if process_set.size() is None:
             raise ValueError(f"{process_set} is not registered; add it first")
-        # An elastic job may grow from one rank: the hooks stay on whatever the size.
-        self._distributed = process_set.size() > 1 or _elastic.is_elastic()
+        # An elastic job may grow from one rank: the hooks stay on whatever the size. A rank
+        # outside the process set steps on its own gradients (as in Horovod): every rank may
+        # build the same optimizer for a set, and only the set's members exchange.
+        self._distributed = process_set.included() and (
+            process_set.size() > 1 or _elastic.is_elastic())
         self._hook_new_params()
 
     @staticmethod
@@ -246,7 +249,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                          "op=hvd.Average, not for op=hvd.Adasum (Adasum is not averaged)")
     if process_set.size() is None:
         raise ValueError(f"{process_set} is not registered; add it first")
-    adasum = op == Adasum and process_set.size() > 1
+    adasum = op == Adasum and process_set.size() > 1 and process_set.included()
     if adasum and (groups or num_groups):
         raise ValueError("DistributedOptimizer: groups and num_groups do not apply to "
                          "op=hvd.Adasum, which combines each parameter's update on its own")
