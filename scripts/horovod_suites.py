@@ -25,7 +25,8 @@ start. --batch 1 runs every test alone.
 are tests that cannot pass here for reasons outside horovodlike, each with its reason.
 
 --expect compares every test's outcome with scripts/horovod_suites_expected.json, kept per suite
-and transport (default, --gloo, --mpi): it exits 1 when a test that passed fails or skips, when
+and transport (default, --gloo, --mpi) on 2 ranks, and per transport and number of ranks on
+others ("default np4"): it exits 1 when a test that passed fails or skips, when
 a test fails or skips in a new way, or when fewer tests pass; when tests do better, it says to
 update the expectations (--update-expectations writes this run's outcomes there).
 
@@ -407,6 +408,13 @@ def transport_name(args):
     return "gloo" if args.gloo else "mpi" if args.mpi else "default"
 
 
+def expectation_key(args):
+    """The expectations' entry for this run: the transport's name on 2 ranks (Horovod's own
+    CI), with the number of ranks after it on any other ("default np4")."""
+    transport = transport_name(args)
+    return transport if args.np == 2 else f"{transport} np{args.np}"
+
+
 def compare(expected, outcomes):
     """(regressions, improvements) of this run's {test name: outcome} against `expected`
     ({"passed": [names], "skipped": [...], "failed": [...]}). Any change to a test that passed,
@@ -439,7 +447,7 @@ def check_expectations(expected, results, args, say):
     """Says how this run's outcomes differ from the expected ones; False on a regression."""
     transport, ok = transport_name(args), True
     for suite, outcomes in results.items():
-        entry = expected.get(suite, {}).get(transport)
+        entry = expected.get(suite, {}).get(expectation_key(args))
         where = f"{suite} on the {transport} transport"
         if entry is None or entry.get("np") != args.np:
             say(f"EXPECTATIONS: none for {where} with -np {args.np}; record them with "
@@ -469,7 +477,7 @@ def update_expectations(path, results, args):
         entry = {"np": args.np}
         for outcome in OUTCOMES:
             entry[outcome] = sorted(name for name, now in outcomes.items() if now == outcome)
-        expected.setdefault(suite, {})[transport_name(args)] = entry
+        expected.setdefault(suite, {})[expectation_key(args)] = entry
     path.write_text(json.dumps(expected, indent=1, sort_keys=True) + "\n")
 
 

@@ -147,10 +147,33 @@ def test_check_expectations_says_update_the_expectations_when_tests_do_better():
     assert "none for test_torch.py on the mpi transport" in said[0], said
 
 
+def test_expectations_on_more_ranks_are_kept_apart_from_those_on_two(tmp_path):
+    path = tmp_path / "expected.json"
+    two, four = Namespace(gloo=False, mpi=False, np=2), Namespace(gloo=False, mpi=False, np=4)
+    suites.update_expectations(path, {"test_torch.py": {"a": "passed", "b": "failed"}}, two)
+    suites.update_expectations(path, {"test_torch.py": {"a": "passed", "b": "passed"}}, four)
+    expected = json.loads(path.read_text())
+    assert expected["test_torch.py"]["default"]["failed"] == ["b"]
+    assert expected["test_torch.py"]["default np4"] == {"np": 4, "passed": ["a", "b"],
+                                                        "skipped": [], "failed": []}
+    said = []
+    # b passes on 4 ranks; the 2-rank entry, where it fails, is not the one judged.
+    assert suites.check_expectations(expected, {"test_torch.py": {"a": "passed",
+                                                                  "b": "passed"}},
+                                     four, said.append)
+    assert said == ["EXPECTATIONS: test_torch.py on the default transport as expected"], said
+    said.clear()
+    assert not suites.check_expectations(expected, {"test_torch.py": {"a": "passed"}},
+                                         Namespace(gloo=False, mpi=False, np=3), said.append)
+    assert "none for test_torch.py on the default transport with -np 3" in said[0], said
+
+
 def test_the_committed_expectations_cover_three_transports_and_fail_only_known_tests():
     expected = json.loads(suites.EXPECTATIONS.read_text())
     torch_suite = expected["test_torch.py"]
-    assert sorted(torch_suite) == ["default", "gloo", "mpi"]
+    assert sorted(torch_suite) == ["default", "default np4", "gloo", "mpi"]
+    assert torch_suite["default np4"]["np"] == 4
+    assert all(torch_suite[t]["np"] == 2 for t in ("default", "gloo", "mpi"))
     for transport, entry in torch_suite.items():
         names = entry["passed"] + entry["skipped"] + entry["failed"]
         assert len(names) == len(set(names)), transport
@@ -160,7 +183,7 @@ def test_the_committed_expectations_cover_three_transports_and_fail_only_known_t
 
 def test_ci_requires_the_horovod_suites_and_both_transports():
     script = (REPO / ".ci" / "run").read_text()
-    assert "horovod-tests" in script and "--expect" in script
+    assert "horovod-tests" in script and "--expect" in script and "--np 4" in script
     for transport in ("--gloo", "--mpi"):
         assert transport in script
     required = [line for line in script.splitlines()
