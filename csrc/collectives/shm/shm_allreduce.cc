@@ -200,20 +200,10 @@ bool ShmAllreduce::RunStaged(void* buf, size_t count, DataType dtype, ReduceOp o
   return true;
 }
 
-size_t ShmAllreduce::ChunkBytes(size_t bytes) const {
-  // With more ranks than cores, each rank's phases of a chunk run in turns on the cores, and
-  // quarter chunks keep what the ranks touch between two turns (every rank's slots and slices)
-  // in the caches; a message of a few chunks would only pay more meetings. Every rank takes the
-  // same size: the host's core count is agreed (ShmLink::host_cores), not looked up per rank.
-  const size_t full = link_.staging_bytes();
-  if (link_.size() <= link_.host_cores() || bytes < kQuarterChunksFrom) return full;
-  return std::max(shm::RoundUp(full / 4, shm::kLine), shm::kLine);
-}
-
 void ShmAllreduce::Sliced(uint8_t* data, size_t count, size_t elem, DataType dtype, ReduceOp op,
                           double scale) {
   const int n = link_.size();
-  const size_t chunk_elems = ChunkBytes(count * elem) / elem;
+  const size_t chunk_elems = link_.staging_bytes() / elem;
   const size_t chunks = (count + chunk_elems - 1) / chunk_elems;
   // Slices start on cache lines, so that no two ranks write one line of a slot.
   const size_t align = std::max<size_t>(1, shm::kLine / elem);

@@ -38,10 +38,6 @@ class ShmAllreduce final : public AllreduceProvider {
   void OneRound(uint8_t* data, size_t count, size_t elem, DataType dtype, ReduceOp op);
   // The one-round algorithm's second half: every rank's staged input reduced into `data`.
   void ReduceStaged(uint8_t* data, size_t count, DataType dtype, ReduceOp op, uint64_t step);
-  // Messages from this size are cut into quarter chunks where the host has more ranks than
-  // cores (ChunkBytes).
-  static constexpr size_t kQuarterChunksFrom = size_t{8} << 20;
-  size_t ChunkBytes(size_t bytes) const;
   void Sliced(uint8_t* data, size_t count, size_t elem, DataType dtype, ReduceOp op,
               double scale);
 
