@@ -14,7 +14,8 @@
 # Environment: RESULTS (folder of the raw outputs, default gpu_check_out), ARCHIVE (also pack
 # RESULTS into this .tgz after every step, so that a run cut short still leaves what it did),
 # BUDGET (seconds for the whole run, default 450: a step gets what is left, never more),
-# SUITE_SECONDS (for each of Horovod's test_torch.py runs, default 180), ONLY
+# SUITE_SECONDS and SUITE2_SECONDS (Horovod's test_torch.py at 1 and 2 ranks, default 210
+# and 150), ONLY
 # (the steps to run, by number: ONLY="10 20" runs 10-... and 20-... after the build).
 #
 # Steps (docs/gpu.md): 1. the project's GPU tests (one rank on the GPU over NCCL, and 2 and 4
@@ -150,9 +151,14 @@ SUITE_DIR=$PREPARED/horovod-tests
 step 10-torch-cuda-tests 180 python3 -m pytest -v -rs -p no:cacheprovider tests/test_torch_device.py &
 step 11-standin-tests 150 python3 -m pytest -q -rs -p no:cacheprovider tests/test_gpu.py \
   tests/test_gpu_standins_*.py &
-PYTEST_ADDOPTS=$HANG step 20-horovod-test-torch-np1 "${SUITE_SECONDS:-180}" python3 scripts/horovod_suites.py "$SUITE_DIR" test_torch.py \
-  --np 1 --timeout 40 --check --progress --record "$RESULTS/20-record.txt" &
-PYTEST_ADDOPTS=$HANG step 21-horovod-test-torch-np2 "${SUITE_SECONDS:-180}" python3 scripts/horovod_suites.py "$SUITE_DIR" test_torch.py \
+# At 1 rank, the suite's process-set tests cannot pass (each adds a set of rank 0, which the
+# global set already is: Horovod refuses such a duplicate too) and test_horovod_join_allreduce
+# asserts that join returns a rank other than the first to join; the process-set tests are left
+# out there, so that the rest of the suite runs to its end within the budget. At 2 ranks on one
+# GPU, the suite's CUDA tests place rank r's tensors on cuda:r, a device rank 1 does not have.
+PYTEST_ADDOPTS=$HANG step 20-horovod-test-torch-np1 "${SUITE_SECONDS:-210}" python3 scripts/horovod_suites.py "$SUITE_DIR" test_torch.py \
+  --np 1 -k "not process_sets" --timeout 40 --check --progress --record "$RESULTS/20-record.txt" &
+PYTEST_ADDOPTS=$HANG step 21-horovod-test-torch-np2 "${SUITE2_SECONDS:-150}" python3 scripts/horovod_suites.py "$SUITE_DIR" test_torch.py \
   --np 2 --timeout 40 --check --progress --record "$RESULTS/21-record.txt" &
 (
   export SUITE_K="cuda or gpu" TEST_TIMEOUT=60 PYTEST_ADDOPTS=$HANG
@@ -170,10 +176,14 @@ PYTEST_ADDOPTS=$HANG step 21-horovod-test-torch-np2 "${SUITE_SECONDS:-180}" pyth
   step 31-digits-np2 90 horovodlikerun -np 2 python3 examples/pytorch_digits.py --cuda
 ) &
 wait
+# What a step cut at its limit left running (a launcher's ranks in sessions of their own) would
+# load the timed steps.
+pkill -9 -f "pytest|horovodlikerun|horovodlike[.]runner|horovod_suites" 2> /dev/null
+sleep 1
 
 # 4-5: time, alone on the machine.
 step 40-allreduce-np1 100 python3 benchmarks/allreduce.py --cuda --np 1 --repeat 3 \
-  --sizes 4K,64K,1M,16M,256M --json "$RESULTS/40-allreduce-np1.json"
+  --only hvdl-cuda,torch-nccl --sizes 4K,64K,1M,16M,256M --json "$RESULTS/40-allreduce-np1.json"
 step 41-allreduce-np2 100 python3 benchmarks/allreduce.py --cuda --np 2 --repeat 3 \
   --only hvdl-cuda,torch-gloo-cuda --sizes 4K,64K,1M,16M,64M --json "$RESULTS/41-allreduce-np2.json"
 step 50-train-step-np1 90 python3 benchmarks/train_step.py --cuda --np 1 --repeat 3 \
