@@ -127,6 +127,20 @@ def test_exit_code_of_the_rank_that_failed_first_in_cause(tmp_path):
     assert leftovers(env["HOROVODLIKE_TEST_TAG"]) == []
 
 
+def test_ranks_failing_because_of_another_are_let_finish_their_output(tmp_path):
+    """Rank 1 exits 3; ranks 0 and 2 fail because of it and take a second to print their last
+    words (a test runner's summary): the launcher names rank 1 and lets them finish instead of
+    cutting them off with SIGTERM."""
+    env = tagged_env()
+    result = run(3, [sys.executable, str(WORKERS / "last_words_worker.py"), "1.0"], env)
+    assert result.returncode == 3, result.output[-4000:]
+    assert launcher_lines(result)[0] == \
+        "horovodlikerun: rank 1 (on localhost) exited with code 3; stopping the job"
+    for rank in (0, 2):
+        assert f"[{rank}]<stdout>:rank {rank}: last words" in result.stdout, result.output[-4000:]
+    assert leftovers(env["HOROVODLIKE_TEST_TAG"]) == []
+
+
 # ------------------------------------------------------------------------- stalls
 
 # Rank 1 is 2.5 s late in the first phase (tests/workers/stall_worker.py): well past the check

@@ -138,7 +138,8 @@ class Job:
             records = failures.read_records(self._server)
             primary = failures.primary_failure(exits, records)
             if primary is not None:
-                return self._fail(self._processes[primary], exits[primary], records.get(primary))
+                return self._fail(self._processes[primary], exits[primary], records.get(primary),
+                                  running)
             if not running or time.monotonic() >= deadline:
                 break
             try:
@@ -157,7 +158,7 @@ class Job:
         culprit, blame = failures.trace_cause(first.rank, exits, records, running)
         if culprit == first.rank:
             return self._fail(self._processes[first.rank], first.returncode,
-                              records.get(first.rank))
+                              records.get(first.rank), running)
         first_process = self._processes[first.rank]
         first_process.join_output(timeout=0.5)
         what, code = describe_exit(first.returncode)
@@ -167,11 +168,34 @@ class Job:
                    f"{what}); stopping the job")
         self._console.message(message)
         self._server.abort(message)
+        self._let_failing_ranks_finish(running)
         self._stop_all()
         return code
 
+    def _let_failing_ranks_finish(self, running: set[int]) -> None:
+        """Before the others are stopped: up to failures.EXIT_GRACE_S for the running ranks that
+        reported a failure of their own (their runtime has stopped: they are on their way out)
+        to exit by themselves, so that their last output (a traceback, a test runner's summary)
+        reaches the console instead of being cut by SIGTERM. A rank that reported nothing may
+        be busy or hung and is not waited for; a signal to the launcher ends the wait."""
+        start = time.monotonic()
+        while running and time.monotonic() < start + failures.EXIT_GRACE_S:
+            # A rank's report may come a moment after the first rank's exit.
+            if time.monotonic() >= start + failures.REPORT_WAIT_S and \
+                    not running & failures.read_records(self._server).keys():
+                return
+            try:
+                event = self._events.get(timeout=_POLL_S)
+            except Empty:
+                continue
+            if isinstance(event, RankExited):
+                running.discard(event.rank)
+            else:
+                return  # a signal to the launcher: stop them now
+
     def _fail(self, process: RankProcess, returncode: int,
-              record: failures.FailureRecord | None = None) -> int:
+              record: failures.FailureRecord | None = None,
+              running: set[int] | None = None) -> int:
         process.join_output(timeout=0.5)  # its last lines first, then the verdict
         what, code = describe_exit(returncode)
         hint = ""
@@ -187,6 +211,7 @@ class Job:
         if record is not None:
             self._console.message(f"rank {process.rank} reported: {record.reason}")
         self._server.abort(message)
+        self._let_failing_ranks_finish(running or set())
         self._stop_all()
         return code
 
