@@ -29,3 +29,10 @@ def test_launcher_tunable_flags_reach_the_core():
                     launcher_args=["--fusion-threshold-mb", "0", "--disable-cache",
                                    "--cycle-time-ms", "2"])
     assert_all_ranks(result, 2, "collectives OK")
+
+
+def test_allreduce_fast_path_of_plain_tensors():
+    # _core.run_plain: every dtype summed against NumPy; anything not plain left alone and
+    # reduced (or refused) by the general path; a name in flight; a mismatch's error.
+    result = launch(2, "plain_tensor_worker.py")
+    assert_all_ranks(result, 2, "plain tensor OK")

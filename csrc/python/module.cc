@@ -1,5 +1,6 @@
 // horovodlike._core; csrc/python/ is the only folder that includes pybind11. Frameworks hand
-// raw pointers here; nothing in the core knows a framework type.
+// raw pointers here; nothing in the core knows a framework type (run_plain, plain_tensor.h,
+// reads a tensor's attributes by the names a framework layer registered).
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -18,6 +19,7 @@
 #include "../links/connect.h"
 #include "../links/shm/shm_link.h"
 #include "gpu.h"
+#include "plain_tensor.h"
 #include "testing.h"
 #include "../common/backend_names.h"
 
@@ -151,15 +153,18 @@ py::tuple WaitCall(int64_t handle) {
   return py::make_tuple(static_cast<int>(state->status.code), state->status.message);
 }
 
+}  // namespace
+
 // enqueue + wait + release in one call, for the framework layers' synchronous collectives
 // whose output is the caller's own buffer (allreduce, broadcast): one crossing into C++
 // instead of three, and this thread runs the rounds (caller_waits). Call it with positional
 // arguments: pybind11 looks every keyword up by name, which costs more than a small collective.
 // When the wait is interrupted the operation may still be pending: the handle is kept (and
 // the caller keeps the buffers alive), as with wait().
-py::object RunCall(int op, const std::string& name, uintptr_t input, uintptr_t output, int dtype,
-                  std::vector<int64_t> shape, int reduce_op, double prescale, double postscale,
-                  int root_rank, int device, int process_set, uintptr_t stream) {
+py::object horovodlike::RunCall(int op, const std::string& name, uintptr_t input,
+                                uintptr_t output, int dtype, std::vector<int64_t> shape,
+                                int reduce_op, double prescale, double postscale, int root_rank,
+                                int device, int process_set, uintptr_t stream) {
   const int64_t handle = EnqueueCall(op, name, input, output, dtype, std::move(shape), reduce_op,
                                      prescale, postscale, root_rank, device, process_set, {}, 0,
                                      0, /*caller_waits=*/true, stream);
@@ -168,6 +173,8 @@ py::object RunCall(int op, const std::string& name, uintptr_t input, uintptr_t o
   if (state->status.ok()) return py::none();
   return py::make_tuple(static_cast<int>(state->status.code), state->status.message);
 }
+
+namespace {
 
 // run() as the interpreter calls a C function with METH_FASTCALL: the arguments arrive as an
 // array, without the tuple, the keyword lookups and the per-argument casters of pybind11's
@@ -574,4 +581,5 @@ PYBIND11_MODULE(_core, m) {
   // Test-only entry points live in their own submodule (testing.cc).
   DefineTestingModule(m);
   DefineGpuFunctions(m);
+  DefinePlainTensorFunctions(m);
 }

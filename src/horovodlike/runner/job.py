@@ -71,6 +71,13 @@ class Job:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
 
+    def _next_event(self):
+        """The next RankExited or signal number, or None after _POLL_S without one."""
+        try:
+            return self._events.get(timeout=_POLL_S)
+        except Empty:
+            return None
+
     def _on_signal(self, signum, frame) -> None:
         self._signals_received += 1
         self._events.put(signum)  # SimpleQueue.put is safe to call from a signal handler
@@ -97,10 +104,7 @@ class Job:
         waiting_to_join = set(hostnames)
         running = {p.rank for p in self._started}
         while running:
-            try:
-                event = self._events.get(timeout=_POLL_S)
-            except Empty:
-                event = None
+            event = self._next_event()
             if isinstance(event, RankExited):
                 running.discard(event.rank)
                 if event.returncode == 0:
@@ -142,9 +146,8 @@ class Job:
                                   running)
             if not running or time.monotonic() >= deadline:
                 break
-            try:
-                event = self._events.get(timeout=_POLL_S)
-            except Empty:
+            event = self._next_event()
+            if event is None:
                 continue
             if isinstance(event, RankExited):
                 running.discard(event.rank)
@@ -184,13 +187,10 @@ class Job:
             if time.monotonic() >= start + failures.REPORT_WAIT_S and \
                     not running & failures.read_records(self._server).keys():
                 return
-            try:
-                event = self._events.get(timeout=_POLL_S)
-            except Empty:
-                continue
+            event = self._next_event()
             if isinstance(event, RankExited):
                 running.discard(event.rank)
-            else:
+            elif event is not None:
                 return  # a signal to the launcher: stop them now
 
     def _fail(self, process: RankProcess, returncode: int,

@@ -16,7 +16,7 @@ from horovodlike.common.constants import (ALLGATHER as _OP_ALLGATHER,
                                           BROADCAST as _OP_BROADCAST,
                                           REDUCESCATTER as _OP_REDUCESCATTER,
                                           Adasum, Average, Max, Min, Product, Sum)  # noqa: F401
-from horovodlike.common.exceptions import DeviceMismatchError
+from horovodlike.common.exceptions import DeviceMismatchError, raise_for_status
 from horovodlike.common.numpy_ops import check_name_length
 from horovodlike.common.process_sets import global_process_set, set_id, set_ranks
 from horovodlike.torch.compression import Compression
@@ -88,9 +88,12 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                postscale_factor=1.0, process_set=global_process_set):
     """Reduces ``tensor`` over all ranks in place and returns it."""
     name = name or _auto_name("allreduce", process_set)
-    if average is None and process_set is global_process_set and \
-            _run_plain(_OP_ALLREDUCE, name, tensor, op, prescale_factor, postscale_factor):
-        return tensor
+    if average is None and process_set is global_process_set:
+        done = _run_plain(_OP_ALLREDUCE, name, tensor, op, prescale_factor, postscale_factor)
+        if done is True:
+            return tensor
+        if done is not None:
+            raise_for_status(*done)
     _check_tensor(tensor, "allreduce", name)
     _check_inplace(tensor, "allreduce", name)
     op = _resolve_op(average, op, "allreduce", name)
