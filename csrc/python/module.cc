@@ -268,8 +268,7 @@ void RouteRunThroughRunFast(py::module_& m) {
       "enqueue + wait + release: runs a collective whose output is the caller's buffer; "
       "returns None, or (status code, message) when it failed. Pass every argument "
       "positionally, the floats as floats (faster)."};
-  m.attr("run") = py::reinterpret_steal<py::object>(
-      PyCFunction_NewEx(&run_def, nullptr, m.attr("__name__").ptr()));
+  AddCFunction(m, &run_def);
 }
 
 // init() runs on a thread of its own while the caller's thread wakes for signals: the

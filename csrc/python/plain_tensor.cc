@@ -176,8 +176,12 @@ void DefinePlainTensorFunctions(py::module_& m) {
       "The collective `op` of the global process set, in place, on a plain tensor (see "
       "register_plain_tensors). None: not a plain call, nothing done (take the general path); "
       "True: done; (status code, message): it failed."};
-  m.attr("run_plain") = py::reinterpret_steal<py::object>(
-      PyCFunction_NewEx(&run_plain_def, nullptr, m.attr("__name__").ptr()));
+  AddCFunction(m, &run_plain_def);
+}
+
+void AddCFunction(py::module_& m, PyMethodDef* def) {
+  m.attr(def->ml_name) = py::reinterpret_steal<py::object>(
+      PyCFunction_NewEx(def, nullptr, m.attr("__name__").ptr()));
 }
 
 }  // namespace horovodlike

@@ -21,4 +21,8 @@ pybind11::object RunCall(int op, const std::string& name, uintptr_t input, uintp
 
 void DefinePlainTensorFunctions(pybind11::module_& core);
 
+// Sets the module's attribute `def->ml_name` to the C function `def` describes (METH_FASTCALL
+// functions, which pybind11 does not make); `def` must outlive the module.
+void AddCFunction(pybind11::module_& core, PyMethodDef* def);
+
 }  // namespace horovodlike
