@@ -23,7 +23,7 @@ GRACE_S = 2.0
 # Once the job is failing, how long the ranks that reported a failure of their own may take to
 # exit by themselves before the launcher stops them (job.py).
 EXIT_GRACE_S = 3.0
-REPORT_WAIT_S = 0.25
+REPORT_WAIT_S = 1.0
 KEY_PREFIX = "failure/"
 
 
