@@ -184,7 +184,9 @@ namespace {
 // binding of RunCall (g_run_checked), whose conversions and errors stay the reference.
 PyObject* g_run_checked = nullptr;
 
-bool ArgInt(PyObject* arg, long long& out) {
+}  // namespace
+
+bool horovodlike::ArgInt(PyObject* arg, long long& out) {
   if (!PyLong_Check(arg)) return false;
   int overflow = 0;
   out = PyLong_AsLongLongAndOverflow(arg, &overflow);
@@ -194,6 +196,8 @@ bool ArgInt(PyObject* arg, long long& out) {
   }
   return true;
 }
+
+namespace {
 
 bool ArgPointer(PyObject* arg, uintptr_t& out) {
   long long value = 0;

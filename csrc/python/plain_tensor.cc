@@ -31,12 +31,8 @@ bool Is(PyObject* object, PyObject* name, PyObject* expected, bool call = false)
   return same;
 }
 
-bool ExactInt(PyObject* arg, long long& out) {
-  if (!PyLong_CheckExact(arg)) return false;
-  int overflow = 0;
-  out = PyLong_AsLongLongAndOverflow(arg, &overflow);
-  return overflow == 0 && !(out == -1 && PyErr_Occurred());
-}
+// An int itself (not a bool).
+bool ExactInt(PyObject* arg, long long& out) { return PyLong_CheckExact(arg) && ArgInt(arg, out); }
 
 bool FitsInt(long long value) { return value >= INT32_MIN && value <= INT32_MAX; }
 
@@ -83,10 +79,20 @@ bool Plain(PyObject* tensor, long long& dtype, long long& pointer, std::vector<i
   return ok;
 }
 
+// Whether an asynchronous operation of the global set named `name` is in flight (its key in
+// requests.in_flight is (0, name)); looked up only while any is.
+bool InFlight(PyObject* name) {
+  if (PyDict_GET_SIZE(g_plain.in_flight) == 0) return false;
+  PyObject* key = Py_BuildValue("(iO)", 0, name);
+  const int found = key == nullptr ? 1 : PyDict_Contains(g_plain.in_flight, key);
+  Py_XDECREF(key);
+  return found != 0;
+}
+
 // run_plain(op, name, tensor, reduce_op, prescale, postscale): the collective `op` of the
 // global process set, in place, on a plain tensor (see Plain) with an integer reduce op the
-// core takes, numbers for the scales, and no asynchronous operation in flight (the general
-// path checks their names). Returns None when any of that does not hold, having done nothing
+// core takes, numbers for the scales, and no asynchronous operation under the same name in
+// flight (the general path refuses it). Returns None when any of that does not hold, having done nothing
 // (the caller then takes its general path, whose checks say what is wrong); True when the
 // collective completed; (status code, message) when it failed.
 PyObject* RunPlain(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
@@ -103,7 +109,7 @@ PyObject* RunPlain(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   Py_ssize_t name_size = 0;
   PyObject* tensor = args[2];
   const bool plain =
-      g_plain.type != nullptr && PyDict_GET_SIZE(g_plain.in_flight) == 0 &&
+      g_plain.type != nullptr && !InFlight(args[1]) &&
       ExactInt(args[0], op) && FitsInt(op) && PyUnicode_Check(args[1]) &&
       (name = PyUnicode_AsUTF8AndSize(args[1], &name_size)) != nullptr &&
       ExactInt(args[3], reduce_op) && FitsInt(reduce_op) &&
@@ -166,8 +172,9 @@ void DefinePlainTensorFunctions(py::module_& m) {
         "Tells run_plain() what a plain tensor is: an object of `tensor_type` itself with "
         "is_cpu, layout (`dense_layout`), is_contiguous(), dtype (a key of `dtypes`, whose "
         "value is the core's dtype code), data_ptr() and shape; `reduce_ops`: the reduce "
-        "ops' codes; `in_flight`: the dict of asynchronous operations in flight (run_plain "
-        "steps aside while it is not empty); `keep_interrupted(buffers)`: called with the "
+        "ops' codes; `in_flight`: the dict of asynchronous operations in flight, keyed by "
+        "(process set id, name) (run_plain steps aside for a name in it); "
+        "`keep_interrupted(buffers)`: called with the "
         "tensor when a wait is interrupted while the core may still use it.");
   static PyMethodDef run_plain_def = {
       "run_plain", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&RunPlain)),

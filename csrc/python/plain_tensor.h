@@ -19,6 +19,10 @@ pybind11::object RunCall(int op, const std::string& name, uintptr_t input, uintp
                          double postscale, int root_rank, int device, int process_set,
                          uintptr_t stream);
 
+// A Python int (bools included) that fits a long long, into `out`; false (no error set) for
+// anything else.
+bool ArgInt(PyObject* arg, long long& out);
+
 void DefinePlainTensorFunctions(pybind11::module_& core);
 
 // Sets the module's attribute `def->ml_name` to the C function `def` describes (METH_FASTCALL

@@ -73,12 +73,16 @@ scaled = source.clone()
 hvd.allreduce_(scaled, op=hvd.Sum, prescale_factor=np.float64(2.0), name="plain.np_scale")
 np.testing.assert_allclose(scaled.numpy(), 2 * expected)
 
-# An asynchronous operation in flight: the fast path steps aside, and the general path refuses
-# the same name while it is in flight.
+# An asynchronous operation in flight: the fast path steps aside for its name (nothing done)
+# and runs other names; the general path refuses the same name while it is in flight.
 pending = torch.ones(4)
 handle = hvd.allreduce_async_(pending, op=hvd.Sum, name="plain.pending")
+same = torch.ones(4)
+assert _queue._run_plain(ALLREDUCE, "plain.pending", same, hvd.Sum, 1.0, 1.0) is None
+assert same.tolist() == [1.0] * 4, same
 other = torch.ones(4)
-assert _queue._run_plain(ALLREDUCE, "plain.other", other, hvd.Sum, 1.0, 1.0) is None
+assert _queue._run_plain(ALLREDUCE, "plain.other", other, hvd.Sum, 1.0, 1.0) is True
+assert other.tolist() == [float(size)] * 4, other
 try:
     hvd.allreduce_(torch.ones(4), op=hvd.Sum, name="plain.pending")
 except ValueError as error:

@@ -194,8 +194,7 @@ class Job:
                 return  # a signal to the launcher: stop them now
 
     def _fail(self, process: RankProcess, returncode: int,
-              record: failures.FailureRecord | None = None,
-              running: set[int] | None = None) -> int:
+              record: failures.FailureRecord | None, running: set[int]) -> int:
         process.join_output(timeout=0.5)  # its last lines first, then the verdict
         what, code = describe_exit(returncode)
         hint = ""
@@ -211,7 +210,7 @@ class Job:
         if record is not None:
             self._console.message(f"rank {process.rank} reported: {record.reason}")
         self._server.abort(message)
-        self._let_failing_ranks_finish(running or set())
+        self._let_failing_ranks_finish(running)
         self._stop_all()
         return code
 
