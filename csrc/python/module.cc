@@ -117,6 +117,9 @@ struct SignalsDuringRound {
   }
 };
 
+// The waits this process has completed (wait(), run(), run_plain()); read with the GIL held.
+uint64_t g_waits = 0;
+
 // Waits for the handle (see wait() below) and returns its state.
 std::shared_ptr<HandleState> WaitState(int64_t handle) {
   std::shared_ptr<HandleState> state;
@@ -140,6 +143,7 @@ std::shared_ptr<HandleState> WaitState(int64_t handle) {
     if (state) {
       // GPU work: the caller's stream waits for the core's completion event.
       if (state->completion_event) GpuCompletions::AfterWait(*state);
+      ++g_waits;
       break;
     }
     CheckSignals("waited for a collective to complete; it is still pending on this rank, and "
@@ -527,6 +531,9 @@ PYBIND11_MODULE(_core, m) {
     return Runtime::Get()->EnqueueControl(static_cast<OpType>(op), name, std::move(control));
   }, py::arg("op"), py::arg("name"), py::arg("ranks") = std::vector<int32_t>(),
      py::arg("process_set_id") = -1);
+  m.def("waits", [] { return g_waits; },
+        "The number of waits this process has completed (wait(), run(), run_plain()): a name "
+        "whose operation is done is released once this count has moved past its enqueue.");
   m.def("wait", &WaitCall, py::arg("handle"),
         "Blocks (without the GIL, waking every 100 ms for Python's signal handlers) until the "
         "handle is done; returns (status code, message).");

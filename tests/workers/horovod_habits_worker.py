@@ -4,6 +4,7 @@ parameter names, the warning for step() after synchronize(), optimizer state wit
 that have no gradient, sparse gradients through DistributedOptimizer, and collectives other
 than allreduce started after another rank joined; init(process_sets=...) refusing duplicates."""
 
+import time
 import warnings
 
 import numpy as np
@@ -49,6 +50,38 @@ for kind, start in (("allreduce", lambda: hvd.allreduce_async(t, name="dup.allre
     raises(ValueError, start, "already in flight")
     hvd.synchronize(handle)
     hvd.synchronize(start())
+
+
+def wait_done(handle):
+    while not hvd.poll(handle):
+        time.sleep(0.001)
+
+
+# Done but not synchronized, with no other wait since: still in flight ("submit twice in a row"
+# stays an error however fast the first one ran).
+quick = hvd.allreduce_async(t, name="dup.quick")
+wait_done(quick)
+raises(ValueError, lambda: hvd.allreduce_async(t, name="dup.quick"), "already in flight")
+hvd.synchronize(quick)
+# Horovod frees a name once its operation has run, and code written for it drops handles it
+# never synchronizes and reuses their names: done, and with a wait for another handle since (a
+# barrier), the name is free again (in place on a plain tensor, out of place, asynchronous),
+# and the dropped handle still gives its result.
+dropped = hvd.allreduce_async(torch.full((3,), rank + 1.0), name="dup.dropped", op=hvd.Sum)
+hvd.barrier()
+wait_done(dropped)
+again = torch.full((3,), 2.0)
+hvd.allreduce_(again, name="dup.dropped", op=hvd.Sum)
+check(again.tolist() == [2.0 * size] * 3, f"name reused after a dropped handle: {again}")
+dropped_again = hvd.allreduce_async(torch.ones(3), name="dup.dropped", op=hvd.Sum)
+check(hvd.allreduce(torch.ones(3), name="dup.other", op=hvd.Sum).tolist() == [size] * 3,
+      "an allreduce beside a reused name")
+wait_done(dropped_again)
+check(hvd.allreduce(torch.ones(3), name="dup.dropped", op=hvd.Max).tolist() == [1.0] * 3,
+      "an out-of-place allreduce under a name freed after a wait")
+check(hvd.synchronize(dropped).tolist() == [size * (size + 1) / 2] * 3,
+      "the dropped handle's result")
+check(hvd.synchronize(dropped_again).tolist() == [float(size)] * 3, "the second dropped handle")
 
 # reducescatter with Adasum is an error (a RuntimeError, as in Horovod), raised before sending.
 raises(RuntimeError, lambda: hvd.reducescatter(torch.ones(2 * size), op=hvd.Adasum), "Adasum")

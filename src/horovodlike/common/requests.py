@@ -21,10 +21,16 @@ REDUCE_OPS = frozenset((Average, Sum, Min, Max, Product, Adasum))
 _lock = threading.Lock()
 _name_counters = {}
 _group_ids = itertools.count(1)
-# (process set id, name) -> handle, until the handle is waited for: as in Horovod, a second
-# collective under a name still in flight is an error, raised at once on the rank that made it
-# (the core's own check misses it when the first one has already run but not been waited on).
+# (process set id, name) -> handle: as in Horovod, a second collective under a name still in
+# flight is an error, raised at once on the rank that made it (the core's own check misses it
+# when the first one has already run but not been waited on). A name is held until its handle
+# is waited for, or until its operation is done and this rank has waited for another handle
+# since (a barrier, say): Horovod frees a name once its operation has run, and code written for
+# it drops handles it never waits for and reuses their names later; the wait in between keeps
+# "submit twice in a row" an error however fast the first one ran.
 in_flight = {}
+# handle -> _core.waits() when it was queued, while its name is held (see free_name).
+_held_since = {}
 # handle -> (kind, buffers the core uses until done, result, its key in in_flight or None).
 # A wait that a signal interrupts (Ctrl-C) leaves its entry, and so its buffers, in place.
 _pending = {}
@@ -37,6 +43,7 @@ def _restart():
     with _lock:
         _name_counters.clear()
         in_flight.clear()
+        _held_since.clear()
         _interrupted.clear()
 
 
@@ -84,6 +91,21 @@ def raise_in_flight(name):
                      "operation a unique name")
 
 
+def free_name(set_, name):
+    """Raises when a collective named ``name`` is in flight in process set ``set_`` on this rank;
+    releases the name of one that is done when this rank has waited for another handle since it
+    was queued (its handle stays valid: synchronize() still returns its result)."""
+    with _lock:
+        handle = in_flight.get((set_, name))
+        if handle is None:
+            return
+        if _held_since.get(handle, 0) < _core.waits() and _core.poll(handle):
+            del in_flight[(set_, name)]
+            del _held_since[handle]
+            return
+    raise_in_flight(name)
+
+
 def enqueue(kind, name, process_set, pointer, output_pointer, dtype_code, shape, keep,
             result=None, **kwargs):
     """Queues a collective with the core; returns its handle, for wait(). ``keep`` holds the
@@ -91,14 +113,14 @@ def enqueue(kind, name, process_set, pointer, output_pointer, dtype_code, shape,
     collectives whose output the caller allocated."""
     set_ = set_id(process_set)
     key = (set_, name)
-    with _lock:
-        if key in in_flight:
-            raise_in_flight(name)
+    if key in in_flight:
+        free_name(set_, name)
     handle = _core.enqueue(kind, name, pointer, output_pointer, dtype_code, list(shape),
                            process_set=set_, **kwargs)
     with _lock:
         _pending[handle] = (kind, keep, result, key)
         in_flight[key] = handle
+        _held_since[handle] = _core.waits()
     return handle
 
 
@@ -126,6 +148,7 @@ def wait(handle, read_output=None):
     code, message = _core.wait(handle)
     with _lock:
         kind, keep, result, key = _pending.pop(handle)
+        _held_since.pop(handle, None)
         if key is not None and in_flight.get(key) == handle:
             del in_flight[key]
     extra = None

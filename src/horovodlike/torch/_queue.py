@@ -133,7 +133,7 @@ def _run(op, name, tensor, output, process_set, reduce_op, prescale, postscale, 
     allreduce costs a few microseconds in all."""
     set_ = 0 if process_set is global_process_set else set_id(process_set)
     if requests.in_flight and (set_, name) in requests.in_flight:
-        requests.raise_in_flight(name)
+        requests.free_name(set_, name)
     if tensor.is_cpu:
         _call_core(tensor, output, op, name, tensor.data_ptr(), output.data_ptr(),
                    _DTYPES[tensor.dtype], reduce_op, prescale, postscale, root_rank, -1, set_)
