@@ -117,16 +117,31 @@ def _sh(*words, check=True):
     return subprocess.run(list(words), check=check, capture_output=True, text=True)
 
 
-class EmulatedHosts:
-    """Namespaces <prefix>0..N-1 with 10.<subnet>.0.(i+1) on their `mh0`, one bridge."""
+def split_cpus(count: int, cpus: list[int]) -> list[list[int]]:
+    """The CPUs of each of ``count`` hosts: ``cpus`` cut into equal consecutive shares (one
+    CPU each, taken in turn, when there are fewer CPUs than hosts)."""
+    if len(cpus) < count:
+        return [[cpus[i % len(cpus)]] for i in range(count)]
+    share = len(cpus) // count
+    return [cpus[i * share:(i + 1) * share] for i in range(count)]
 
-    def __init__(self, count: int, subnet: int):
+
+class EmulatedHosts:
+    """Namespaces <prefix>0..N-1 with 10.<subnet>.0.(i+1) on their `mh0`, one bridge.
+    ``own_cores``: each host's processes run on a share of this machine's CPUs of their own
+    (split_cpus), as a real host's run on its own cores; otherwise every host's processes
+    share all of them, and the scheduler's placement (say, both ranks of one pipeline stage on
+    one core for a while, then one of each) changes a job's speed from step to step."""
+
+    def __init__(self, count: int, subnet: int, own_cores: bool = False):
         self.count, self.subnet = count, subnet
         tag = f"{os.getpid() % 100000}"
         self.bridge = f"mhbr{tag}"
         self.namespaces = [f"hvdl-mh{tag}-{i}" for i in range(count)]
         self.outer = [f"mh{tag}x{i}" for i in range(count)]  # bridge side of each veth
         self.addresses = [f"10.{subnet}.0.{i + 1}" for i in range(count)]
+        self.cpus = (split_cpus(count, sorted(os.sched_getaffinity(0))) if own_cores
+                     else None)
 
     def create(self):
         _sh("ip", "link", "add", self.bridge, "type", "bridge")
@@ -164,7 +179,13 @@ class EmulatedHosts:
         _sh("ip", "link", "del", self.bridge, check=False)
 
     def exec_prefix(self, i: int) -> list[str]:
-        return ["ip", "netns", "exec", self.namespaces[i]]
+        return ["ip", "netns", "exec", self.namespaces[i]] + self.pin(i)
+
+    def pin(self, i: int) -> list[str]:
+        """The prefix that keeps a command on host ``i``'s own CPUs (none without own_cores)."""
+        if self.cpus is None:
+            return []
+        return ["taskset", "-c", ",".join(map(str, self.cpus[i]))]
 
 
 def parse_rate(text: str) -> int:
@@ -192,13 +213,14 @@ esac
 # A temporary directory per host: the hosts share one kernel and one host name, and Open MPI
 # names its session directory and shared-memory segments after the host name.
 mkdir -p "$tmp" && export TMPDIR="$tmp" OMPI_MCA_btl_vader_backing_directory="$tmp"
-exec ip netns exec "$ns" sh -c "$*"
+exec ip netns exec "$ns" $pin sh -c "$*"
 """
 
 
 def write_fake_ssh(directory: str, hosts: EmulatedHosts) -> str:
-    cases = "\n".join(f"  {a}) ns={n}; tmp={os.path.join(directory, n)} ;;"
-                      for a, n in zip(hosts.addresses, hosts.namespaces))
+    cases = "\n".join(f"  {a}) ns={n}; tmp={os.path.join(directory, n)}; "
+                      f"pin='{' '.join(hosts.pin(i))}' ;;"
+                      for i, (a, n) in enumerate(zip(hosts.addresses, hosts.namespaces)))
     path = os.path.join(directory, "ssh")
     with open(path, "w") as f:
         f.write(FAKE_SSH.format(cases=cases))

@@ -6,7 +6,8 @@
 Two models (planner_models.py: an MLP and a small transformer) on 4 ranks, in two setups:
 "one-host" (4 ranks of this machine, shared memory between them) and "two-hosts" (2 emulated
 hosts x 2 ranks, multihost.py's network namespaces joined by a link shaped to --rate with tc
-tbf). A job runs --rounds rounds; in each, for each model, every rank first runs
+tbf; with --own-cores each host's ranks run on a share of this machine's cores of their own,
+as real hosts' do, instead of all ranks on all of them). A job runs --rounds rounds; in each, for each model, every rank first runs
 ``hvd.calibrate`` (each layer profiled on every input size the layouts give a rank; an
 alpha-beta line per link from the core's allreduce; how the ranks share the cores), then
 ``hvd.plan`` with that calibration; then every candidate layout (replicated data parallel:
@@ -75,9 +76,10 @@ def worker(args):
     hvd.shutdown()
 
 
-def run_job(worker_argv, setup, rate, timeout, ranks=4, slots=2):
+def run_job(worker_argv, setup, rate, timeout, ranks=4, slots=2, own_cores=False):
     """Runs ``worker_argv`` (python arguments) as a job of ``ranks`` ranks: on this machine,
-    or on emulated hosts of ``slots`` ranks joined by links shaped to ``rate``."""
+    or on emulated hosts of ``slots`` ranks joined by links shaped to ``rate`` (``own_cores``:
+    each host's ranks on a share of this machine's CPUs of their own)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_")}
     env.update(OMP_NUM_THREADS="1", PYTHONPATH=jobs_pythonpath())
     if setup == "one-host-tcp":
@@ -93,7 +95,7 @@ def run_job(worker_argv, setup, rate, timeout, ranks=4, slots=2):
                          "--setups one-host otherwise")
     # A SIGTERM (timeout, kill) unwinds through the finally below, which removes the hosts.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
-    hosts = EmulatedHosts(ranks // slots, subnet=232)
+    hosts = EmulatedHosts(ranks // slots, subnet=232, own_cores=own_cores)
     with tempfile.TemporaryDirectory() as tmp:
         ssh = write_fake_ssh(tmp, hosts)
         env = _base_env(tmp)
@@ -213,6 +215,10 @@ def main():
     parser.add_argument("--setups", default="one-host,two-hosts",
                         help=f"of {', '.join(SETUPS)} (default one-host,two-hosts)")
     parser.add_argument("--rate", default="1gbit", help="the two-hosts link (tc rate)")
+    parser.add_argument("--own-cores", action="store_true",
+                        help="give each emulated host its own share of this machine's cores "
+                             "(sharing them all, the scheduler's placement of the two hosts' "
+                             "ranks makes some layouts' steps vary twofold)")
     parser.add_argument("--steps", type=int, default=8, help="timed steps per layout and round")
     parser.add_argument("--rounds", type=int, default=3,
                         help="rounds of calibrate, plan, measure every layout (default 3)")
@@ -244,14 +250,16 @@ def main():
             qdisc = run_job([os.path.abspath(__file__), "--worker", "--out", out, "--models",
                              args.models, "--steps", str(args.steps),
                              "--rounds", str(args.rounds)], setup, args.rate,
-                            args.timeout)
+                            args.timeout, own_cores=args.own_cores)
             after = os.getloadavg()
             with open(out) as f:
                 results = json.load(f)
         raw["setups"][setup] = {"load_before": before, "load_after": after, "qdisc": qdisc,
+                                "own_cores": bool(qdisc) and args.own_cores,
                                 "rate": args.rate if qdisc else None, "models": results}
-        print(f"\n== {setup}" + (f" ({args.rate} link between the hosts: {qdisc})"
-                                 if qdisc else "")
+        print(f"\n== {setup}" + (f" ({args.rate} link between the hosts: {qdisc}"
+                                 + ("; each host on cores of its own" if args.own_cores else "")
+                                 + ")" if qdisc else "")
               + f"; load average before {before[0]:.1f} {before[1]:.1f} {before[2]:.1f}, "
               f"after {after[0]:.1f} {after[1]:.1f} {after[2]:.1f}")
         for name, result in results.items():

@@ -134,6 +134,23 @@ def test_emulated_ssh_runs_the_command_in_the_hosts_namespace(tmp_path):
     unknown = subprocess.run([ssh, "10.0.0.99", "true"], capture_output=True, text=True,
                              env={"PATH": f"{tmp_path}:/usr/bin:/bin"})
     assert unknown.returncode == 255 and "no emulated host 10.0.0.99" in unknown.stderr
+    # Hosts with cores of their own: the command runs under taskset on the host's share.
+    pinned = multihost.EmulatedHosts(2, 78, own_cores=True)
+    os.makedirs(tmp_path / "pinned")
+    ssh = multihost.write_fake_ssh(str(tmp_path / "pinned"), pinned)
+    run = subprocess.run([ssh, pinned.addresses[1], "prog"], capture_output=True, text=True,
+                         env={"PATH": f"{tmp_path}:/usr/bin:/bin"})
+    cpus = ",".join(map(str, pinned.cpus[1]))
+    assert run.stdout.splitlines()[0] == \
+        f"netns exec {pinned.namespaces[1]} taskset -c {cpus} sh -c prog", run.stdout
+    assert pinned.exec_prefix(0)[-3:] == ["taskset", "-c", ",".join(map(str, pinned.cpus[0]))]
+
+
+def test_emulated_hosts_split_the_cpus():
+    assert multihost.split_cpus(2, [0, 1, 2, 3]) == [[0, 1], [2, 3]]
+    assert multihost.split_cpus(2, [0, 1, 2]) == [[0], [1]]
+    assert multihost.split_cpus(3, [4, 5]) == [[4], [5], [4]]
+    assert multihost.split_cpus(1, [0, 1]) == [[0, 1]]
 
 
 def test_rates_are_parsed_as_tc_writes_them():
