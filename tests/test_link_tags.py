@@ -36,3 +36,12 @@ def test_tagged_messages_over_every_link(flags, env, carrier):
     for rank, name in enumerate(carriers):
         assert f"[{rank}]<stdout>:rank {rank}: link={name} tagged OK" in result.stdout, \
             result.stdout
+
+
+def test_a_host_peer_rings_a_rank_that_waits_in_poll_for_other_hosts_too():
+    """Ranks 0 and 1 share memory, rank 2 is on another (emulated) host: a rank waiting for
+    both sleeps in poll() on its TCP connections, and its host peer's messages ring its poll
+    bell instead of waiting out the poll (links/shm/shm_bell.h)."""
+    result = launch(3, "poll_bell_worker.py", launcher_args=["-H", "localhost:2,127.0.0.1:1"],
+                    transport="tcp")
+    assert_all_ranks(result, 3, "OK")

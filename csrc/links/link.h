@@ -91,6 +91,12 @@ class Link {
   // `timeout_ms` for something to happen (0: no wait). Throws only when the link is aborted;
   // a lost peer fails its own requests.
   virtual void progress(int timeout_ms);
+  // progress(), whose wait also ends when descriptor `wake_fd` becomes readable (a link that
+  // cannot watch one waits as progress() does).
+  virtual void progress_or_readable(int timeout_ms, int wake_fd) {
+    (void)wake_fd;
+    progress(timeout_ms);
+  }
   // What carries the tagged messages, named as name() names links ("tcp", "mpi").
   virtual const char* tagged_name() const { return name(); }
 

@@ -78,9 +78,18 @@ std::unique_ptr<ShmLink> ConnectHostSharedMemory(Link& tcp, const Config& config
 void ProgressTaggedOnBoth(ShmLink* shm, Link& tcp, int timeout_ms) {
   if (!shm) return tcp.progress(timeout_ms);
   if (shm->size() == tcp.size()) return shm->progress(timeout_ms);
-  // Peers on both: neither sleep sees the other's traffic, so each waits a short turn.
+  // Peers on both: a sleep in poll() on the TCP connections does not see the host's peers'
+  // traffic, so they ring this process's poll bell while it sleeps there (shm_bell.h); the
+  // sleep stays short, for a ring that could not be sent.
   shm->progress(0);
-  tcp.progress(std::min(timeout_ms, 1));
+  const int bell = shm->PollBell();
+  if (bell < 0) {
+    tcp.progress(std::min(timeout_ms, 1));
+  } else {
+    shm->SetPolling(true);
+    if (!shm->TaggedWorkWaiting()) tcp.progress_or_readable(std::min(timeout_ms, 1), bell);
+    shm->SetPolling(false);
+  }
   shm->progress(0);
 }
 

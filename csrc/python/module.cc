@@ -418,6 +418,9 @@ py::dict Stats() {
     d["shm_busy_sleeps"] = shm->busy_sleeps();
     // Round bells this rank rang: its rounds waited for a peer of the host in no round.
     d["shm_round_bells"] = shm->round_bells();
+    // Poll bells this rank rang: a host peer waited in poll() for peers on other hosts too
+    // (links/shm/shm_bell.h).
+    d["shm_poll_bells"] = shm->poll_bells();
   }
   return d;
 }

@@ -46,8 +46,11 @@ struct alignas(kLine) RankControl {
   // Others write: bumped (and futex-woken) when this rank sleeps and something it may wait for
   // changed.
   alignas(kLine) std::atomic<uint32_t> doorbell;
-  // The owner writes: how many of its threads are about to sleep or sleeping on its doorbell.
+  // The owner writes: how many of its threads are about to sleep or sleeping on its doorbell;
+  // and how many in poll() on its other connections, woken by its poll bell (shm_bell.h).
+  // One line, which a peer's Notify reads whole.
   alignas(kLine) std::atomic<uint32_t> sleeping;
+  std::atomic<uint32_t> polling;
   // The owner writes: the shared-memory allreduce's steps (collectives/shm/), and liveness.
   alignas(kLine) std::atomic<uint64_t> staged;    // last step whose input is in staging
   std::atomic<uint64_t> reduced;                  // last step whose slice is reduced in staging
@@ -55,6 +58,7 @@ struct alignas(kLine) RankControl {
   std::atomic<uint32_t> aborted;                  // set when this rank's link stopped
   int32_t pid;                                    // for liveness checks through /proc
   uint64_t start_time;                            // /proc/<pid>/stat field 22, against pid reuse
+  uint64_t bell_token;                            // its poll bell's (shm_bell.h); 0: none
   // Others write: bumped to ask the owner for a negotiation round at once (a peer's
   // negotiation waits for this rank, which is in no round: the round bell, links/link.h).
   alignas(kLine) std::atomic<uint32_t> round_bell;

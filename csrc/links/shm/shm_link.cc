@@ -1,5 +1,6 @@
 #include "shm_link.h"
 
+#include "shm_bell.h"
 #include "shm_os.h"
 
 #include <fcntl.h>
@@ -281,6 +282,9 @@ void ShmLink::Notify(int peer) {
   if (c.sleeping.load(std::memory_order_relaxed) != 0) {
     c.doorbell.fetch_add(1, std::memory_order_relaxed);
     FutexWakeAll(&c.doorbell);
+  }
+  if (c.polling.load(std::memory_order_relaxed) != 0 && shm::RingPollBell(c.pid, c.bell_token)) {
+    poll_bells_.fetch_add(1, std::memory_order_relaxed);
   }
 }
 

@@ -106,11 +106,21 @@ class ShmLink : public Link {
   void RoundStarted();
   void RoundEnded();
   int64_t round_bells() const { return round_bells_.load(std::memory_order_relaxed); }
+  // Poll bells this rank rang: a peer of the host slept in poll() for its other connections.
+  int64_t poll_bells() const { return poll_bells_.load(std::memory_order_relaxed); }
   // This rank's round bell, and a sleep while it still reads `seen` (at most timeout_ms);
   // returns its value then. WakeRoundListener ends such a sleep in this process.
   uint32_t round_bell() const;
   uint32_t WaitForRoundBell(uint32_t seen, int timeout_ms);
   void WakeRoundListener();
+  // For a thread that waits for tagged messages from this link's peers and, in poll(), from
+  // peers on other hosts (per_peer_link.h): its poll bell's descriptor (-1: none, then only the
+  // poll's own timeout ends such a sleep), and its polling count, which makes the peers ring
+  // the bell when they publish something for this rank (shm_bell.h; false drains the bell).
+  // TaggedWorkWaiting: whether a tagged pump would move something now.
+  int PollBell() const;
+  void SetPolling(bool polling);
+  bool TaggedWorkWaiting() const;
   // Throws TransportError once abort() was called.
   void CheckUsable() const;
   // How this rank waits (_core.stats()): whether it spins before sleeping, the cores the host's
@@ -190,6 +200,7 @@ class ShmLink : public Link {
   std::atomic<int64_t> sleeps_{0};
   std::atomic<int64_t> busy_sleeps_{0};
   std::atomic<int64_t> round_bells_{0};
+  std::atomic<int64_t> poll_bells_{0};
   std::chrono::milliseconds peer_timeout_;
   std::atomic<bool> aborted_{false};
   std::unique_ptr<ShmTaggedChannel> tagged_;  // declared last: it uses the rest

@@ -1,5 +1,7 @@
 #include "shm_os.h"
 
+#include "shm_bell.h"
+
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <sched.h>
@@ -77,6 +79,7 @@ void RecordThisProcess(RankControl* control) {
   ReadProcessStat(::getpid(), &state, &start_time);
   control->pid = ::getpid();
   control->start_time = start_time;
+  control->bell_token = PollBellToken();
   control->cpu.store(-1, std::memory_order_relaxed);
   cpu_set_t set;
   CPU_ZERO(&set);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "shm_bell.h"
 #include "shm_link.h"
 #include "shm_os.h"
 
@@ -378,5 +379,24 @@ std::unique_ptr<Link::Request> ShmLink::irecv(int peer, int tag, void* buf, size
 }
 
 void ShmLink::progress(int timeout_ms) { tagged_->Progress(timeout_ms); }
+
+int ShmLink::PollBell() const {
+  return control(index_).bell_token != 0 ? shm::PollBellFd() : -1;
+}
+
+void ShmLink::SetPolling(bool polling) {
+  shm::RankControl& mine = control(index_);
+  if (polling) {
+    mine.polling.fetch_add(1, std::memory_order_relaxed);
+    // Pairs with the fence in Notify: either a peer sees the count and rings, or the
+    // caller's look at the channels after this sees what the peer published.
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+  } else {
+    mine.polling.fetch_sub(1, std::memory_order_relaxed);
+    shm::DrainPollBell();
+  }
+}
+
+bool ShmLink::TaggedWorkWaiting() const { return tagged_->WorkWaiting(); }
 
 }  // namespace horovodlike

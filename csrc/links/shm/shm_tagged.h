@@ -36,6 +36,8 @@ class ShmTaggedChannel {
   std::unique_ptr<Link::Request> Send(int peer, int tag, const void* buf, size_t n);
   std::unique_ptr<Link::Request> Recv(int peer, int tag, void* buf, size_t n);
   void Progress(int timeout_ms);
+  // Lock-free: whether a pump would move something (bytes to read, room for a queued send).
+  bool WorkWaiting() const;
 
  private:
   using Op = TaggedOp;
@@ -53,8 +55,6 @@ class ShmTaggedChannel {
   void CheckPeersLocked();
   void FailPeerLocked(int peer, const std::string& why, TransportError::Cause cause);
   void FailAllLocked(const std::string& why);
-  // Lock-free: whether a pump would move something (bytes to read, room for a queued send).
-  bool WorkWaiting() const;
   // Wakes this rank's other threads that sleep in a wait, after a pump completed requests.
   void WakeOwnWaiters();
   void Wait(Op& op);

@@ -235,7 +235,7 @@ bool TaggedChannel::PumpLocked() {
   return completed;
 }
 
-void TaggedChannel::PollPeers(int timeout_ms) {
+void TaggedChannel::PollPeers(int timeout_ms, int wake_fd) {
   std::vector<pollfd> polls;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -245,16 +245,17 @@ void TaggedChannel::PollPeers(int timeout_ms) {
     }
   }
   if (polls.empty()) return;
+  if (wake_fd >= 0) polls.push_back({wake_fd, POLLIN, 0});
   ::poll(polls.data(), polls.size(), timeout_ms);
 }
 
-void TaggedChannel::Progress(int timeout_ms) {
+void TaggedChannel::Progress(int timeout_ms, int wake_fd) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (aborted_) throw TransportError("the link was shut down");
     if (PumpLocked() || timeout_ms <= 0) return;
   }
-  PollPeers(timeout_ms);
+  PollPeers(timeout_ms, wake_fd);
   std::lock_guard<std::mutex> lock(mutex_);
   PumpLocked();
 }

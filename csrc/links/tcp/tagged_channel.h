@@ -29,7 +29,8 @@ class TaggedChannel {
 
   std::unique_ptr<Link::Request> Send(int peer, int tag, const void* buf, size_t n);
   std::unique_ptr<Link::Request> Recv(int peer, int tag, void* buf, size_t n);
-  void Progress(int timeout_ms);
+  // `wake_fd` (when not -1): a descriptor whose becoming readable also ends the wait.
+  void Progress(int timeout_ms, int wake_fd = -1);
   // Shuts every socket down: pending and later requests fail.
   void Abort();
   void set_timeout_ms(int timeout_ms) { timeout_ms_ = timeout_ms; }
@@ -45,7 +46,7 @@ class TaggedChannel {
   bool ReadLocked(int peer);
   void FailPeerLocked(int peer, const std::string& what, TransportError::Cause cause);
   // Sleeps until a socket of a peer with work may move, at most timeout_ms.
-  void PollPeers(int timeout_ms);
+  void PollPeers(int timeout_ms, int wake_fd = -1);
   void Wait(Op& op);
   void CheckPeer(int peer) const;
 

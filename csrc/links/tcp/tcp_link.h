@@ -42,6 +42,9 @@ class TcpLink : public Link {
   std::unique_ptr<Link::Request> isend(int peer, int tag, const void* buf, size_t n) override;
   std::unique_ptr<Link::Request> irecv(int peer, int tag, void* buf, size_t n) override;
   void progress(int timeout_ms) override { tagged_.Progress(timeout_ms); }
+  void progress_or_readable(int timeout_ms, int wake_fd) override {
+    tagged_.Progress(timeout_ms, wake_fd);
+  }
   const char* name() const override { return "tcp"; }
   bool interruptible() const override { return true; }
   TcpLink* tcp_mesh() override { return this; }
