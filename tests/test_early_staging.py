@@ -44,7 +44,10 @@ def test_staging_off_runs_the_same_calls_unstaged():
     assert_all_ranks(result, 2, "STAGING")
     counts = staging_counts(result)
     assert all(c["early_staged_allreduces"] == 0 for c in counts.values()), counts
-    assert all(c["allreduce_collectives"] >= 400 for c in counts.values()), counts
+    # Every call ran: 240 steady ones alone, and at least one collective for each of the 60
+    # crossed and 40 paired rounds (two tensors ready in one round fuse: how many do depends
+    # on when each rank's second call comes) and the 40 single ones after the pairs.
+    assert all(c["allreduce_collectives"] >= 380 for c in counts.values()), counts
 
 
 def test_a_small_cache_reuses_slots_for_other_tensors():

@@ -56,6 +56,9 @@ class RecordingCore:
     def wait(self, handle):
         return self.STATUS_OK, ""
 
+    def waits(self):  # the completed waits, which release the names of done handles
+        return 0
+
     def output(self, handle):  # a device output: no bytes on the host
         return np.zeros(0, dtype=np.uint8), self.shapes[handle], [4, 4]
 
