@@ -18,9 +18,11 @@ alike. Two kinds of job:
 - with --subsets, an allreduce over a process set of half the ranks (the first half), while
   the other half waits in a barrier ("idle"), or runs the same over its own set at once
   ("busy"); and over every rank ("global"), for reference: the median per call on rank 0,
-  through horovodlike.torch. Needs an even --np of 4 or more. With --hosts 2 the jobs run on
-  two emulated hosts (multihost.py's network namespaces, joined by a link shaped to --rate;
-  needs root), each half of the ranks on a host of its own.
+  through horovodlike.torch. Needs an even --np of 4 or more.
+With --hosts 2 the --subsets and --p2p jobs run on two emulated hosts (multihost.py's network
+namespaces, joined by a link shaped to --rate; needs root), each half of the ranks on a host
+of its own: the ping-pong's ranks 0 and 1 are then two ranks of one host in a job that also
+has ranks on another.
 The table gives, per size, each build's median over the rounds of the per-round medians and its
 best round, and the ratios after/before of both.
 """
@@ -81,11 +83,21 @@ def median_call(one, nbytes, args):
     return statistics.median(bench._time_loop(one, *bench.iterations(nbytes, args.iter_scale)))
 
 
+def apply_job_settings(args):
+    """The HOROVOD_ settings a worker on the emulated hosts was given as arguments (their jobs
+    start with no HOROVOD_ variables)."""
+    for setting in args.job_setting:
+        name, value = setting.split("=", 1)
+        os.environ[name] = value
+
+
 def p2p_worker(args):
     """One rank of the point-to-point job: rank 0 sends each size to rank 1, which sends it
-    back; the median of half a round trip per size, from rank 0. Ranks above 1 only join."""
+    back; the median of half a round trip per size, from rank 0. Ranks above 1 only join (on
+    emulated hosts ranks 0 and 1 share the first host, the others are on the second)."""
     import numpy as np
     from horovodlike import _core
+    apply_job_settings(args)
     _core.init()
     rank = _core.rank()
     uint8 = 0  # the dtype code of uint8 since the first release
@@ -135,9 +147,7 @@ def subset_worker(args):
     import numpy as np
     import torch
     os.environ["HOROVOD_DYNAMIC_PROCESS_SETS"] = "1"
-    for setting in args.subset_setting:
-        name, value = setting.split("=", 1)
-        os.environ[name] = value
+    apply_job_settings(args)
     import horovodlike.torch as hvd
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
@@ -171,24 +181,29 @@ def subset_job(build, scenario, sizes, args, settings):
         worker = [os.path.abspath(__file__), "--subset-worker", scenario, "--out", out,
                   "--sizes", args.sizes, "--iter-scale", str(args.iter_scale)]
         if args.hosts > 1:
-            # The emulated hosts' jobs start with no HOROVOD_ variables: each rank sets them.
-            worker += [f"--subset-setting={k}={v}" for k, v in settings.items()]
-            from planner import run_job as run_on_hosts
-            saved = os.environ.get("PYTHONPATH")
-            os.environ["PYTHONPATH"] = build   # the job's PYTHONPATH starts with it
-            try:
-                run_on_hosts(worker, "two-hosts", args.rate, args.timeout, ranks=args.np,
-                             slots=args.np // args.hosts)
-            finally:
-                if saved is None:
-                    os.environ.pop("PYTHONPATH")
-                else:
-                    os.environ["PYTHONPATH"] = saved
+            run_on_hosts(build, worker, settings, args)
         else:
             run(build, [sys.executable, "-m", "horovodlike.runner.launch", "-np",
                         str(args.np), sys.executable, *worker], settings, args.timeout)
         with open(out) as f:
             return {n: v for n, v in ((int(k), v) for k, v in json.load(f).items())}
+
+
+def run_on_hosts(build: str, worker: list[str], settings: dict, args) -> None:
+    """Runs `worker` (python arguments) with `build` as a job of --np ranks on --hosts emulated
+    hosts (planner.run_job); each rank sets `settings` itself (apply_job_settings)."""
+    from planner import run_job
+    worker = worker + [f"--job-setting={k}={v}" for k, v in settings.items()]
+    saved = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = build   # the job's PYTHONPATH starts with it
+    try:
+        run_job(worker, "two-hosts", args.rate, args.timeout, ranks=args.np,
+                slots=args.np // args.hosts)
+    finally:
+        if saved is None:
+            os.environ.pop("PYTHONPATH")
+        else:
+            os.environ["PYTHONPATH"] = saved
 
 
 def run(build: str, command: list[str], env: dict, timeout: float) -> None:
@@ -227,10 +242,14 @@ def p2p_job(build, link, sizes, args, settings):
     env, flags = P2P_LINKS[link]
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "out.json")
-        run(build, [sys.executable, "-m", "horovodlike.runner.launch", "-np", str(args.np),
-                    *flags, sys.executable, os.path.abspath(__file__), "--p2p-worker", "--out",
-                    out, "--sizes", args.sizes, "--iter-scale", str(args.iter_scale)],
-            {**settings, **env}, args.timeout)
+        worker = [os.path.abspath(__file__), "--p2p-worker", "--out", out, "--sizes",
+                  args.sizes, "--iter-scale", str(args.iter_scale)]
+        if args.hosts > 1:
+            run_on_hosts(build, worker, {**settings, **env}, args)
+        else:
+            run(build, [sys.executable, "-m", "horovodlike.runner.launch", "-np",
+                        str(args.np), *flags, sys.executable, *worker], {**settings, **env},
+                args.timeout)
         with open(out) as f:
             return {n: v for n, v in ((int(k), v) for k, v in json.load(f).items())}
 
@@ -321,7 +340,8 @@ def main():
                         help="process-set jobs, from " + ",".join(SUBSET_SCENARIOS) +
                         " (default: none; an even --np of 4 or more)")
     parser.add_argument("--hosts", type=int, default=1, choices=(1, 2),
-                        help="--subsets jobs on this many emulated hosts (2 needs root)")
+                        help="--subsets and --p2p jobs on this many emulated hosts (2 needs "
+                        "root; --p2p then takes shm and tcp)")
     parser.add_argument("--rate", default="1gbit",
                         help="with --hosts 2, the link between the hosts (tc rate)")
     parser.add_argument("--before-env", action="append", default=[], metavar="NAME=VALUE",
@@ -337,8 +357,7 @@ def main():
     parser.add_argument("--p2p-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--subset-worker", choices=list(SUBSET_SCENARIOS), dest="scenario",
                         help=argparse.SUPPRESS)
-    parser.add_argument("--subset-setting", action="append", default=[],
-                        help=argparse.SUPPRESS)
+    parser.add_argument("--job-setting", action="append", default=[], help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     sizes = [bench.parse_size(s) for s in args.sizes.split(",") if s.strip()]
@@ -360,6 +379,8 @@ def main():
     for link in filter(None, args.p2p.split(",")):
         if link not in P2P_LINKS:
             parser.error(f"--p2p: {link!r} is not one of {', '.join(P2P_LINKS)}")
+        if args.hosts > 1 and P2P_LINKS[link][1]:
+            parser.error(f"--p2p {link} needs its launcher flag: not on emulated hosts")
     scenarios = list(filter(None, args.subsets.split(",")))
     for scenario in scenarios:
         if scenario not in SUBSET_SCENARIOS:

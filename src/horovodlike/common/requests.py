@@ -29,9 +29,8 @@ _group_ids = itertools.count(1)
 # it drops handles it never waits for and reuses their names later; the wait in between keeps
 # "submit twice in a row" an error however fast the first one ran.
 in_flight = {}
-# handle -> _core.waits() when it was queued, while its name is held (see free_name).
-_held_since = {}
-# handle -> (kind, buffers the core uses until done, result, its key in in_flight or None).
+# handle -> (kind, buffers the core uses until done, result, its key in in_flight or None,
+# _core.waits() when it was queued: see free_name).
 # A wait that a signal interrupts (Ctrl-C) leaves its entry, and so its buffers, in place.
 _pending = {}
 # Buffers of synchronous calls interrupted while the core may still use them: kept alive, as
@@ -43,7 +42,6 @@ def _restart():
     with _lock:
         _name_counters.clear()
         in_flight.clear()
-        _held_since.clear()
         _interrupted.clear()
 
 
@@ -99,9 +97,8 @@ def free_name(set_, name):
         handle = in_flight.get((set_, name))
         if handle is None:
             return
-        if _held_since.get(handle, 0) < _core.waits() and _core.poll(handle):
+        if _pending[handle][4] < _core.waits() and _core.poll(handle):
             del in_flight[(set_, name)]
-            del _held_since[handle]
             return
     raise_in_flight(name)
 
@@ -118,16 +115,15 @@ def enqueue(kind, name, process_set, pointer, output_pointer, dtype_code, shape,
     handle = _core.enqueue(kind, name, pointer, output_pointer, dtype_code, list(shape),
                            process_set=set_, **kwargs)
     with _lock:
-        _pending[handle] = (kind, keep, result, key)
+        _pending[handle] = (kind, keep, result, key, _core.waits())
         in_flight[key] = handle
-        _held_since[handle] = _core.waits()
     return handle
 
 
 def record(handle, kind):
     """A handle queued without buffers or a name of its own (join, barrier), waited like any."""
     with _lock:
-        _pending[handle] = (kind, (), None, None)
+        _pending[handle] = (kind, (), None, None, 0)
     return handle
 
 
@@ -147,8 +143,7 @@ def wait(handle, read_output=None):
             raise ValueError(f"unknown handle {handle}: it was already synchronized")
     code, message = _core.wait(handle)
     with _lock:
-        kind, keep, result, key = _pending.pop(handle)
-        _held_since.pop(handle, None)
+        kind, keep, result, key, _ = _pending.pop(handle)
         if key is not None and in_flight.get(key) == handle:
             del in_flight[key]
     extra = None
