@@ -2,6 +2,7 @@
 layer profiles and a given link, so the answer does not depend on this machine's load), and a
 real 2-rank job that profiles, measures the link and builds the chosen ProcessMesh."""
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -414,6 +415,30 @@ def test_a_tensor_parallel_collective_pays_its_own_measured_meeting():
     assert mixed.step_s == pytest.approx(0.006 / 4 * 3.0 + 2 * 512e-9 + 2 * 0.003
                                          + 2 * 0.5 * 500_000 / 1e9 + 0.001)
 
+
+def test_a_groups_collective_under_a_pipeline_pays_its_meeting_on_a_crowded_host():
+    # Hosts of two ranks on one core: a tensor parallel group of a host's two ranks has nobody
+    # of the host outside it, so without a pipeline its collectives pay no wake; under a
+    # pipeline each waits for the other stages' ranks too (every round negotiates the global
+    # set), as a meeting on a crowded host does: collective_wake_s (3 ms) per message, and
+    # wake_s (1 ms) for a gradient allreduce. On hosts with a core per rank, nothing.
+    profile = layers([0.006] * 2, 0, 0, tp_sizes=(4,), tp_messages=(512,), batch=8)
+    crowded = Contention(cores=1, ranks=2, profiled_busy=1, wake_s=0.001,
+                         collective_wake_s=0.003)
+    assert crowded.sync_s(2, collective=True) == 0.0          # the host's whole group
+    assert crowded.set_sync_s(2, False, collective=True) == 0.0
+    assert crowded.set_sync_s(2, True, collective=True) == 0.003
+    assert crowded.set_sync_s(2, True) == 0.001
+    roomy = Contention(cores=2, ranks=2, profiled_busy=1, wake_s=0.001,
+                       collective_wake_s=0.003)
+    assert roomy.set_sync_s(2, True, collective=True) == 0.0
+    piped = predict(profile, FREE, 2, 1, 2, 8, contention=crowded)
+    free = predict(profile, FREE, 2, 1, 2, 8,
+                   contention=dataclasses.replace(crowded, collective_wake_s=0.0))
+    # 8 micro-batches, each stage's one message a micro-batch 3 ms later: the played-out
+    # schedule holds a stage's 8 x 3 ms at least.
+    assert piped.micro_batches == 8
+    assert piped.step_s - free.step_s >= 8 * 0.003 - 1e-9
 
 def test_calibration_records_the_cores_its_ranks_shared(tmp_path):
     # Outside a job: this process alone on the CPUs it may run on.

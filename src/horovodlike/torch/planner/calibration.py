@@ -204,8 +204,10 @@ def measure_sharing(unit, cores, machine, rounds=25, seconds=0.04, message_bytes
     rounds and over the ranks that took part. ``collective_wake_s``: the same for a meeting
     through an allreduce of ``message_bytes`` over the pair (a tensor parallel collective of the
     model: a multi-step exchange on shared memory, each step a meeting), beyond what ``link``
-    prices it at, over ``pair`` (_pair_set); None where not measured (the job not all on one
-    machine, or no pair). Collective; every rank gets the same figures."""
+    prices it at, over ``pair`` (_pair_set), every pair of the job meeting at once, the
+    machine's own pairs (with several machines, theirs too: each round of a pair's set
+    negotiates the job's global set as well); None where not measured (no pair). Collective;
+    every rank gets the same figures."""
     rank = basics.rank()
     piece = _small_unit()
     unit()
@@ -221,8 +223,7 @@ def measure_sharing(unit, cores, machine, rounds=25, seconds=0.04, message_bytes
     # exchange stays unmeasured (0: the cost model estimates).
     exchanges = basics.build_info().get("point_to_point") is not None
     crowded_machine = len(machine) > cores and exchanges
-    meeting = (_pair_meeting(message_bytes, link, pair)
-               if crowded_machine and len(machine) == basics.size() else None)
+    meeting = _pair_meeting(message_bytes, link, pair) if crowded_machine else None
 
     def partner_of(ranks):
         """This rank's partner among ``ranks`` (None: none, or no exchanges), and whether it
@@ -261,7 +262,7 @@ def measure_sharing(unit, cores, machine, rounds=25, seconds=0.04, message_bytes
     def beyond(kind, priced=0.0):
         return max(0.0, statistics.median(
             statistics.median(f[kind]) - statistics.median(f["crowded"]) - priced
-            for f in everyone if f[kind]))
+            for f in everyone if f[kind] and f["crowded"]))
     if crowded_machine:
         wake = beyond("paired")
     if meeting is not None:

@@ -16,7 +16,9 @@ function of its own, for a search over other splits to reuse.
   members get a core only in the scheduler's turn), a tensor parallel collective the
   measured ``collective_wake_s`` (an allreduce of the model's size meets several times);
   calibrations without those figures estimate tensor parallel's wait for its slowest peer
-  instead (``tp_skew_s``);
+  instead (``tp_skew_s``); under a pipeline a group's collective (tensor parallel's, the
+  gradients' over dp) pays it even when the group is all of its host's ranks: each round
+  negotiates the job's global set too, and the other stages' ranks are busy elsewhere;
 - tensor parallel (``tp_communication_s``): each column/row pair allreduces once in forward
   (the row's output) and once in backward (the column's input gradient), per micro-batch,
   each message paying the link's latency;
@@ -202,6 +204,16 @@ class Contention:
             return self.collective_wake_s
         return self.wake_s
 
+    def set_sync_s(self, group_on_host, apart, collective=False):
+        """What a collective of a group (``group_on_host`` of its ranks on this host) costs
+        beyond its link; ``apart``: the job's other ranks work elsewhere meanwhile (other
+        pipeline stages): each round negotiates the job's global set too, so the group's
+        collective waits for their rounds as for its own members' on a crowded host, even
+        when the group is all of this host's ranks."""
+        if apart and self.ranks > self.cores:
+            return self.sync_s(0, collective)
+        return self.sync_s(group_on_host, collective)
+
 
 def busy_fraction(pp, micro_batches):
     """The share of a step a rank computes: under GPipe or 1F1B a stage works in m of the
@@ -372,9 +384,11 @@ def predict(layers, links, pp, dp, tp, batch, micro_batches=None, state_factor=2
     profiled = [layer_compute_s(layer, rows, tp) for layer in layers]
     compute = [p * scale for p in profiled]
     alone = [p * (contention.alone_scale() if contention else 1.0) for p in profiled]
+    # Under a pipeline a group's collective meets while the other stages' ranks work.
+    apart = pp > 1
     waits = [tp_communication_s(layer, links["tp"], rows, tp)
-             + ((contention.sync_s(members_per_host(contention.ranks, 1, tp), collective=True)
-                 * len(layer.tp_messages)
+             + ((contention.set_sync_s(members_per_host(contention.ranks, 1, tp), apart,
+                                       collective=True) * len(layer.tp_messages)
                  if tp > 1 else 0.0) if measured else tp_skew_s(c, tp, crowd))
              for c, layer in zip(compute, layers)]
     per_layer = [c + w for c, w in zip(compute, waits)]
@@ -397,7 +411,7 @@ def predict(layers, links, pp, dp, tp, batch, micro_batches=None, state_factor=2
                                            scale, exchange_s_per_byte), \
                 2 * params * (dp - 1) / dp
         if dp > 1 and measured and params:
-            sync += contention.sync_s(members_per_host(contention.ranks, tp, dp))
+            sync += contention.set_sync_s(members_per_host(contention.ranks, tp, dp), apart)
         finish.append(ends[index] + sync + update_s(stage, tp, dp, fsdp) * scale)
         moved.append(nbytes)
     step = max(finish)
