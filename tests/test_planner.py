@@ -16,7 +16,8 @@ from horovodlike.torch.planner import (Calibration, LayerProfile, LinkProfile, f
 from horovodlike.torch.planner.calibration import layout_sizes
 from horovodlike.torch.planner.calibration import shared_cores
 from horovodlike.torch.planner.cost_model import (Contention, busy_fraction, layer_compute_s,
-                                                  links_by_dimension, predict, tp_skew_s)
+                                                  links_by_dimension, pipeline_sends, predict,
+                                                  tp_skew_s)
 from horovodlike.torch.planner.pipeline_sim import StageWork, simulate_1f1b
 from horovodlike.torch.planner.profiling import linear_calls, slice_share
 
@@ -489,6 +490,29 @@ def test_lines_leaving_a_host_share_its_wire():
         .bus_bytes_per_s == pytest.approx(3e8)
     pairs = links_by_dimension(inside, between, 2, 1, 2, 2, across_link=across)
     assert pairs["dp"].bus_bytes_per_s == pytest.approx(1e8) and pairs["tp"] is inside
+
+
+def test_pipeline_hand_offs_take_the_point_to_point_link_of_their_boundary():
+    inside = LinkProfile(latency_s=20e-6, bus_bytes_per_s=5e9)
+    between = LinkProfile(latency_s=100e-6, bus_bytes_per_s=1e8)
+    # Two hosts of two ranks: pp=4 crosses between stages 1 and 2 only, one rank a stage;
+    # pp=2 x dp=2 crosses at its one boundary, the host's two ranks sharing the wire.
+    assert pipeline_sends(2, 4, 1, 1, inside, between) == [inside, between, inside]
+    assert pipeline_sends(2, 2, 2, 1, inside, between) == [between.shared_by(2)]
+    assert pipeline_sends(None, 4, 1, 1, inside, None) == [inside] * 3   # one host
+    assert pipeline_sends(2, 4, 1, 1, inside, None) is None              # not measured
+    assert pipeline_sends(None, 4, 1, 1, None, None) is None
+    # Played out: each boundary's activation (1 KiB a micro-batch) on its own link.
+    profile = layers([0.004] * 4, 0, 8 * 1024, batch=8)
+    links = {"pp": between, "dp": between, "tp": between}
+    apart = predict(profile, links, 4, 1, 1, 8)
+    split = predict(profile, {**links, "pp_sends": pipeline_sends(2, 4, 1, 1, inside, between)},
+                    4, 1, 1, 8)
+    sends = [inside.send_s(1024), between.send_s(1024), inside.send_s(1024)]
+    work = [StageWork(0.004 / 8 / 3, 0.008 / 8 / 3)] * 4   # a layer a stage, a row each
+    assert split.step_s == pytest.approx(max(simulate_1f1b(work, 8, sends)))
+    assert apart.step_s == pytest.approx(max(simulate_1f1b(work, 8, [sends[1]] * 3)))
+    assert split.step_s < apart.step_s
 
 
 class Pair(torch.nn.Module):

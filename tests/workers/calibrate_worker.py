@@ -38,6 +38,9 @@ if sharing > cores and size % 2 == 0:
     check(collective is not None and collective >= 0.0, f"collective_wake_s {collective}")
 else:
     check(collective is None, f"nothing to measure it on, yet collective_wake_s {collective}")
+send = calibration.links.get("send_inside")   # a point-to-point message, rank 0 to 1
+check(size < 2 or (send is not None and send.latency_s >= 0 and send.bus_bytes_per_s > 0
+                   and len(send.samples) == 3), f"send_inside {send}")
 check(conditions["exchange_s_per_byte"] >= 0.0, f"{conditions['exchange_s_per_byte']}")
 action = conditions["pipeline_action_s"]
 check(action >= 0.0 if size % 2 == 0 else action == 0.0, f"pipeline_action_s {action}")

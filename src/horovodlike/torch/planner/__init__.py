@@ -27,7 +27,8 @@ from horovodlike.common.objects import broadcast_object
 from horovodlike.torch.planner.calibration import (Calibration, calibrate, measure_links,
                                                    shared_cores)
 from horovodlike.torch.planner.cost_model import (Candidate, Contention, factorisations,
-                                                  links_by_dimension, predict, why_not)
+                                                  links_by_dimension, pipeline_sends,
+                                                  predict, why_not)
 from horovodlike.torch.planner.links import LinkProfile, fit_link, measure_link
 from horovodlike.torch.planner.profiling import LayerProfile, profile_layers
 from horovodlike.torch.planner.search import (LayerChoice, LayerPlan, LayerSpec,
@@ -180,6 +181,8 @@ def plan(model, sample_input, world_size, hosts=None, link=None, inter_host_link
         raise ValueError("plan: sample_input must be a tensor whose first dimension is the "
                          f"global batch, got {getattr(sample_input, 'shape', sample_input)!r}")
     in_job = basics.is_initialized() and basics.size() > 1
+    # Links given in the call replace the calibration's, its point-to-point ones too.
+    given_links = link is not None or inter_host_link is not None
     calibration, hosts, link, inter_host_link, across_link, layers = _from_calibration(
         calibration, hosts, link, inter_host_link, layers)
     cores = (calibration and calibration.conditions.get("cpus")) or os.cpu_count()
@@ -215,6 +218,10 @@ def plan(model, sample_input, world_size, hosts=None, link=None, inter_host_link
             continue
         links = links_by_dimension(link, inter_host_link or link, slots, pp, dp, tp,
                                    across_link=across_link)
+        sends = pipeline_sends(slots, pp, dp, tp, *(calibration.links.get(k) for k in (
+            "send_inside", "send_between"))) if calibration and not given_links else None
+        if sends is not None:
+            links["pp_sends"] = sends
         for sharded in (False, True) if dp > 1 and fsdp else (False,):
             candidates.append(predict(layers, links, pp, dp, tp, batch, micro_batches,
                                       optimizer_state_factor, memory_limit, fsdp=sharded,

@@ -19,7 +19,7 @@ from horovodlike.torch.mpi_ops import barrier
 from horovodlike.torch.p2p import recv, send
 from horovodlike.torch.planner.cost_model import (factorisations, gradient_sync_s,
                                                   micro_batch_count)
-from horovodlike.torch.planner.links import LinkProfile, measure_link
+from horovodlike.torch.planner.links import LinkProfile, measure_link, measure_send
 from horovodlike.torch.planner.profiling import (LayerProfile, median_time, profile_layers,
                                                   sequential_children)
 
@@ -273,14 +273,18 @@ def measure_sharing(unit, cores, machine, rounds=25, seconds=0.04, message_bytes
 def measure_links():
     """{"inside": link between the ranks of a host, "between": link between hosts (one rank
     per host) and "across": a line of every rank (only with several hosts of two or more
-    ranks each)}, and then the ranks per host and the process set of this rank's host (else
-    None, None). Collective: every rank of the job calls it."""
+    ranks each), "send_inside" and "send_between": a point-to-point message inside a host
+    and from one host to the next (measure_send; the latter with "across")}, and then the
+    ranks per host and the process set of this rank's host (else None, None). Collective:
+    every rank of the job calls it."""
     names = allgather_object(os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname(),
                              name="plan.hosts")
     slots = [names.count(h) for h in dict.fromkeys(names)]
     inside_kind = "TCP" if os.environ.get("HOROVOD_SHM_DISABLE") == "1" else "shared memory"
     if len(slots) == 1:
-        return {"inside": measure_link(kind=inside_kind)}, None, None
+        return ({"inside": measure_link(kind=inside_kind),
+                 "send_inside": measure_send(1, kind=f"point-to-point, {inside_kind}")},
+                None, None)
     if len(set(slots)) != 1 or slots[0] < 2:
         return {"inside": measure_link(kind="TCP")}, None, None
     from horovodlike.torch.process_mesh import ProcessMesh
@@ -294,7 +298,10 @@ def measure_links():
     # And the whole job, several ranks on each host: a line like it (tp or dp over every
     # rank) keeps part of its steps inside the hosts.
     across = measure_link(kind="TCP across hosts")
-    return ({"inside": inside, "between": between, "across": across}, slots[0],
+    # A pipeline's hand-offs, inside a host and from the first host to the next.
+    sends = {"send_inside": measure_send(1, kind=f"point-to-point, {inside_kind}"),
+             "send_between": measure_send(slots[0], kind="point-to-point between hosts")}
+    return ({"inside": inside, "between": between, "across": across, **sends}, slots[0],
             mesh.process_set("local"))
 
 

@@ -121,6 +121,23 @@ def lines_per_host(slots_per_host, stride, size):
     return max(1, slots_per_host // members_per_host(slots_per_host, stride, size))
 
 
+def pipeline_sends(slots_per_host, pp, dp, tp, send_inside, send_between):
+    """The link each of a pipeline's pp - 1 hand-offs takes (point-to-point messages from each
+    rank of a stage to its peer dp x tp ranks on): ``send_between`` where they leave a host
+    of ``slots_per_host`` consecutive ranks, shared by the stage's ranks on it, else
+    ``send_inside``. None unless ``send_inside`` is given (and ``send_between`` with hosts)."""
+    group = dp * tp
+    if send_inside is None or (slots_per_host and send_between is None):
+        return None
+    sends = []
+    for stage in range(pp - 1):
+        first = stage * group
+        leaves = slots_per_host and first // slots_per_host != (first + group) // slots_per_host
+        sends.append(send_between.shared_by(min(group, slots_per_host)) if leaves
+                     else send_inside)
+    return sends
+
+
 def links_by_dimension(link, inter_host_link, slots_per_host, pp, dp, tp, across_link=None):
     """The link each dimension's lines use: ranks are laid out tp fastest, then dp, then pp
     (as ProcessMesh((pp, dp, tp)) does), so a line leaves its host when it spans more
@@ -336,10 +353,11 @@ def stage_memory_bytes(layers, dp, tp, pp, micro_batches, state_factor, fsdp):
 
 
 def _played_pipeline(layers, alone, waits, stages, boundary, link, m, dp, tp, contention,
-                     action_s=0.0):
+                     action_s=0.0, sends=None):
     """Each stage's end of its last backward under Schedule1F1B (pipeline_sim), from each
     layer's compute ``alone`` on a core and each action's own cost ``action_s`` (alone too):
-    each machine's sharing of its cores played out event by event."""
+    each machine's sharing of its cores played out event by event. The hand-offs take
+    ``sends`` (a link per boundary, pipeline_sends), else ``link``."""
     hosts, ranks = stage_hosts(len(stages), dp, tp, contention.ranks if contention else None)
     work = []
     for (first, last), host in zip(stages, hosts):
@@ -351,9 +369,10 @@ def _played_pipeline(layers, alone, waits, stages, boundary, link, m, dp, tp, co
             backward += c * share
             waited += w
         work.append(StageWork(forward, backward, waited / 2, waited / 2, host, ranks))
+    sends = [wire.send_s(b) for wire, b in zip(sends or [link] * len(boundary), boundary)]
     if contention is None:
-        return simulate_1f1b(work, m, [link.send_s(b) for b in boundary])
-    return simulate_1f1b(work, m, [link.send_s(b) for b in boundary], cores=contention.cores,
+        return simulate_1f1b(work, m, sends)
+    return simulate_1f1b(work, m, sends, cores=contention.cores,
                          wake_s=contention.sync_s(2), slowdown=contention.core_slowdown)
 
 
@@ -361,7 +380,8 @@ def predict(layers, links, pp, dp, tp, batch, micro_batches=None, state_factor=2
             memory_limit=None, fsdp=False, overlap=True, contention=None,
             exchange_s_per_byte=0.0, pipeline_action_s=0.0):
     """The Candidate for one layout, with the stage split that balances the per-micro-batch
-    time. ``links`` maps "pp", "dp", "tp" to the LinkProfile their lines use; ``fsdp``: dp
+    time. ``links`` maps "pp", "dp", "tp" to the LinkProfile their lines use, and may map
+    "pp_sends" to the link of each pipeline hand-off (pipeline_sends); ``fsdp``: dp
     shards the parameters (fully_shard on each layer) instead of replicating them;
     ``overlap``: the gradient allreduce runs during the backward (see gradient_sync_s);
     ``contention``: the host's ranks and cores (a Contention), None to take the profiles as
@@ -397,7 +417,7 @@ def predict(layers, links, pp, dp, tp, batch, micro_batches=None, state_factor=2
     boundary = [layers[last - 1].activation_bytes / batch * rows for _, last in stages[:-1]]
     if pp > 1:
         ends = _played_pipeline(layers, alone, waits, stages, boundary, links["pp"], m,
-                                dp, tp, contention, pipeline_action_s)
+                                dp, tp, contention, pipeline_action_s, links.get("pp_sends"))
     else:
         ends = [slots[0]]
     finish, moved = [], []

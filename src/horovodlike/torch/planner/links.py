@@ -7,12 +7,14 @@ import statistics
 import numpy as np
 import torch
 
+from horovodlike.common import basics
 from horovodlike.common.objects import broadcast_object
 from horovodlike.common.process_sets import global_process_set, set_ranks
 from horovodlike.torch.mpi_ops import Sum, allreduce_
 from horovodlike.torch.planner.profiling import median_time
 
 LINK_SIZES = (1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24)
+SEND_SIZES = (1 << 12, 1 << 16, 1 << 18)
 
 
 @dataclasses.dataclass
@@ -110,3 +112,31 @@ def measure_link(process_set=None, sizes=LINK_SIZES, repeats=10, kind="", sharin
     if share:   # every rank uses rank 0's figures, so that every rank plans alike
         seconds = broadcast_object(seconds, root_rank=0, name="plan.link.times")
     return fit_link(sizes, seconds, ranks, kind, sharing)
+
+
+def measure_send(peer, sizes=SEND_SIZES, repeats=10, kind=""):
+    """A point-to-point message's time from rank 0 to ``peer``: half a ping-pong's round trip
+    for each of ``sizes`` bytes, fitted as ``send_s`` prices it (``latency_s`` a round trip's,
+    as for the collectives' links, ``send_s`` taking half). A pipeline's hand-off is such a
+    message, which needs no negotiation round: a collective between the same two ranks also
+    waits for the rounds of the ranks outside it. Collective: rank 0 and ``peer`` measure
+    while the others wait, and every rank gets rank 0's figures."""
+    from horovodlike.torch.p2p import recv, send
+    rank, seconds = basics.rank(), None
+    if rank in (0, peer):
+        other = peer if rank == 0 else 0
+        seconds = []
+        for nbytes in sizes:
+            buffer = torch.zeros(nbytes // 4)
+
+            def ping():
+                if rank == 0:
+                    send(buffer, other, tag=11)
+                    recv(buffer, other, tag=12)
+                else:
+                    recv(buffer, other, tag=11)
+                    send(buffer, other, tag=12)
+            seconds.append(median_time(ping, repeats) / 2)
+    seconds = broadcast_object(seconds, root_rank=0, name="plan.link.send")
+    one_way = fit_link(sizes, seconds, 2, kind)
+    return dataclasses.replace(one_way, latency_s=2 * one_way.latency_s)
