@@ -14,7 +14,7 @@ from horovodlike.torch.mpi_ops import Sum, allreduce_
 from horovodlike.torch.planner.profiling import median_time
 
 LINK_SIZES = (1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24)
-SEND_SIZES = (1 << 12, 1 << 16, 1 << 18)
+SEND_SIZES = (1 << 12, 1 << 16, 1 << 20)
 
 
 @dataclasses.dataclass
