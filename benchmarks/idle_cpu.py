@@ -3,6 +3,7 @@
 
     python benchmarks/idle_cpu.py --np 2 --seconds 3 --repeat 3
     python benchmarks/idle_cpu.py --np 2 --builds ../hvdl-before/src,src   # two builds in turns
+    python benchmarks/idle_cpu.py --np 4 --process-set     # a job with a process set
 
 Each job: init(), one allreduce, then every rank sleeps --seconds while its threads' CPU time
 (from /proc/self/task) and the runtime's loop rounds are counted; rank 0 and every other rank
@@ -32,7 +33,9 @@ def worker(args) -> None:
 
     import horovodlike.torch as hvd
     from horovodlike import _core
-    hvd.init()
+    # A job with a process set keeps its loops at their pace (a set's collective needs the
+    # ranks outside it in a round; docs/architecture.md).
+    hvd.init(process_sets=[[0, 1]] if args.process_set else None)
     hvd.allreduce(torch.ones(1), name="warm")
     tick = os.sysconf("SC_CLK_TCK")
 
@@ -64,7 +67,7 @@ def run_job(args, pythonpath: str) -> list:
         done = subprocess.run(
             [sys.executable, "-m", "horovodlike.runner.launch", "-np", str(args.np),
              sys.executable, os.path.abspath(__file__), "--worker", "--out", out,
-             "--seconds", str(args.seconds)],
+             "--seconds", str(args.seconds)] + (["--process-set"] if args.process_set else []),
             env=env, capture_output=True, text=True, timeout=120 + 2 * args.seconds)
         if done.returncode != 0 or not os.path.exists(out):
             raise SystemExit(f"the job failed:\n{(done.stdout + done.stderr)[-3000:]}")
@@ -81,6 +84,9 @@ def main():
                         help="comma-separated source folders (each with its built core), run "
                         "in turns; default: the jobs' usual one (this checkout's build, or the "
                         "installed package)")
+    parser.add_argument("--process-set", action="store_true",
+                        help="the job has a process set (ranks 0 and 1), as a model-parallel "
+                             "job has its meshes")
     parser.add_argument("--json", help="also write the results to this file")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
@@ -100,8 +106,9 @@ def main():
             print(f"round {round_ + 1}/{args.repeat}, build {build or 'default'}: " + "; ".join(
                 f"rank {r}: {cpu:.1f} ms CPU per second, {rounds:.0f} loop rounds per second"
                 for r, (cpu, rounds) in enumerate(ranks)), flush=True)
-    print(f"\n{args.np} ranks asleep for {args.seconds:g} s after init(); CPU time of all of a "
-          f"rank's threads; median over ranks and jobs\n")
+    print(f"\n{args.np} ranks asleep for {args.seconds:g} s after init()"
+          f"{' with a process set of ranks 0 and 1' if args.process_set else ''}; CPU time of "
+          f"all of a rank's threads; median over ranks and jobs\n")
     print("| build | CPU ms per second per rank | worst rank and job | loop rounds per second |")
     print("|---|---:|---:|---:|")
     for build, jobs in results.items():
@@ -113,6 +120,7 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump({**provenance, "np": args.np, "seconds": args.seconds,
+                       "process_set": args.process_set,
                        "builds": results}, f, indent=1)
 
 
