@@ -427,12 +427,12 @@ def test_a_groups_collective_under_a_pipeline_pays_its_meeting_on_a_crowded_host
     crowded = Contention(cores=1, ranks=2, profiled_busy=1, wake_s=0.001,
                          collective_wake_s=0.003)
     assert crowded.sync_s(2, collective=True) == 0.0          # the host's whole group
-    assert crowded.set_sync_s(2, False, collective=True) == 0.0
-    assert crowded.set_sync_s(2, True, collective=True) == 0.003
-    assert crowded.set_sync_s(2, True) == 0.001
+    assert crowded.sync_s(2, collective=True, apart=False) == 0.0
+    assert crowded.sync_s(2, collective=True, apart=True) == 0.003
+    assert crowded.sync_s(2, apart=True) == 0.001
     roomy = Contention(cores=2, ranks=2, profiled_busy=1, wake_s=0.001,
                        collective_wake_s=0.003)
-    assert roomy.set_sync_s(2, True, collective=True) == 0.0
+    assert roomy.sync_s(2, collective=True, apart=True) == 0.0
     piped = predict(profile, FREE, 2, 1, 2, 8, contention=crowded)
     free = predict(profile, FREE, 2, 1, 2, 8,
                    contention=dataclasses.replace(crowded, collective_wake_s=0.0))
@@ -502,6 +502,10 @@ def test_pipeline_hand_offs_take_the_point_to_point_link_of_their_boundary():
     assert pipeline_sends(None, 4, 1, 1, inside, None) == [inside] * 3   # one host
     assert pipeline_sends(2, 4, 1, 1, inside, None) is None              # not measured
     assert pipeline_sends(None, 4, 1, 1, None, None) is None
+    # links_by_dimension gives them beside the dimensions' links when it has them.
+    assert links_by_dimension(between, between, 2, 4, 1, 1, sends=(inside, between))[
+        "pp_sends"] == [inside, between, inside]
+    assert "pp_sends" not in links_by_dimension(between, between, 2, 4, 1, 1)
     # Played out: each boundary's activation (1 KiB a micro-batch) on its own link.
     profile = layers([0.004] * 4, 0, 8 * 1024, batch=8)
     links = {"pp": between, "dp": between, "tp": between}

@@ -27,8 +27,7 @@ from horovodlike.common.objects import broadcast_object
 from horovodlike.torch.planner.calibration import (Calibration, calibrate, measure_links,
                                                    shared_cores)
 from horovodlike.torch.planner.cost_model import (Candidate, Contention, factorisations,
-                                                  links_by_dimension, pipeline_sends,
-                                                  predict, why_not)
+                                                  links_by_dimension, predict, why_not)
 from horovodlike.torch.planner.links import LinkProfile, fit_link, measure_link
 from horovodlike.torch.planner.profiling import LayerProfile, profile_layers
 from horovodlike.torch.planner.search import (LayerChoice, LayerPlan, LayerSpec,
@@ -182,9 +181,11 @@ def plan(model, sample_input, world_size, hosts=None, link=None, inter_host_link
                          f"global batch, got {getattr(sample_input, 'shape', sample_input)!r}")
     in_job = basics.is_initialized() and basics.size() > 1
     # Links given in the call replace the calibration's, its point-to-point ones too.
-    given_links = link is not None or inter_host_link is not None
+    own_links = calibration is not None and link is None and inter_host_link is None
     calibration, hosts, link, inter_host_link, across_link, layers = _from_calibration(
         calibration, hosts, link, inter_host_link, layers)
+    sends = (tuple(calibration.links.get(k) for k in ("send_inside", "send_between"))
+             if own_links else (None, None))
     cores = (calibration and calibration.conditions.get("cpus")) or os.cpu_count()
     profiled_here = layers is None
     if layers is None:
@@ -217,11 +218,7 @@ def plan(model, sample_input, world_size, hosts=None, link=None, inter_host_link
             rejected.append((f"pp={pp} dp={dp} tp={tp}", reason))
             continue
         links = links_by_dimension(link, inter_host_link or link, slots, pp, dp, tp,
-                                   across_link=across_link)
-        sends = pipeline_sends(slots, pp, dp, tp, *(calibration.links.get(k) for k in (
-            "send_inside", "send_between"))) if calibration and not given_links else None
-        if sends is not None:
-            links["pp_sends"] = sends
+                                   across_link=across_link, sends=sends)
         for sharded in (False, True) if dp > 1 and fsdp else (False,):
             candidates.append(predict(layers, links, pp, dp, tp, batch, micro_batches,
                                       optimizer_state_factor, memory_limit, fsdp=sharded,

@@ -133,18 +133,21 @@ def pipeline_sends(slots_per_host, pp, dp, tp, send_inside, send_between):
     for stage in range(pp - 1):
         first = stage * group
         leaves = slots_per_host and first // slots_per_host != (first + group) // slots_per_host
-        sends.append(send_between.shared_by(min(group, slots_per_host)) if leaves
-                     else send_inside)
+        sends.append(send_between.shared_by(lines_per_host(slots_per_host, group, pp))
+                     if leaves else send_inside)
     return sends
 
 
-def links_by_dimension(link, inter_host_link, slots_per_host, pp, dp, tp, across_link=None):
+def links_by_dimension(link, inter_host_link, slots_per_host, pp, dp, tp, across_link=None,
+                       sends=(None, None)):
     """The link each dimension's lines use: ranks are laid out tp fastest, then dp, then pp
     (as ProcessMesh((pp, dp, tp)) does), so a line leaves its host when it spans more
     consecutive ranks than a host has slots; then every line of that dimension with a rank
     on the host shares the host's wire. A line leaving its host with several ranks on each
     host takes ``across_link`` when given (measured over such a line: part of its steps stay
-    inside the hosts), else ``inter_host_link`` (one rank per host)."""
+    inside the hosts), else ``inter_host_link`` (one rank per host). With ``sends`` (the
+    point-to-point links inside a host and between hosts), "pp_sends" holds the link of each
+    pipeline hand-off (pipeline_sends)."""
     stride = {"tp": 1, "dp": tp, "pp": tp * dp}
     sizes = {"tp": tp, "dp": dp, "pp": pp}
     links = {}
@@ -156,6 +159,9 @@ def links_by_dimension(link, inter_host_link, slots_per_host, pp, dp, tp, across
         several = members_per_host(slots_per_host, stride[dim], sizes[dim]) > 1
         wire = across_link if across_link is not None and several else inter_host_link
         links[dim] = wire.shared_by(lines_per_host(slots_per_host, stride[dim], sizes[dim]))
+    hand_offs = pipeline_sends(slots_per_host, pp, dp, tp, *sends)
+    if hand_offs is not None:
+        links["pp_sends"] = hand_offs
     return links
 
 
@@ -211,25 +217,18 @@ class Contention:
         return (self.oversubscription(busy_share)
                 * self.core_slowdown(self.ranks * busy_share) * self.alone_scale())
 
-    def sync_s(self, group_on_host, collective=False):
+    def sync_s(self, group_on_host, collective=False, apart=False):
         """What a synchronisation of a group with ``group_on_host`` ranks on this host costs
         beyond its link: ``wake_s`` (``collective_wake_s`` for a tensor parallel
-        ``collective``) when ranks outside the group compete for the cores."""
-        if self.ranks <= self.cores or group_on_host >= self.ranks:
+        ``collective``) when ranks outside the group compete for the cores, or (``apart``)
+        when the job's other ranks work elsewhere meanwhile, other pipeline stages: each
+        round negotiates the job's global set too, so the collective waits for their rounds
+        even when the group is all of this host's ranks."""
+        if self.ranks <= self.cores or (group_on_host >= self.ranks and not apart):
             return 0.0
         if collective and self.collective_wake_s is not None:
             return self.collective_wake_s
         return self.wake_s
-
-    def set_sync_s(self, group_on_host, apart, collective=False):
-        """What a collective of a group (``group_on_host`` of its ranks on this host) costs
-        beyond its link; ``apart``: the job's other ranks work elsewhere meanwhile (other
-        pipeline stages): each round negotiates the job's global set too, so the group's
-        collective waits for their rounds as for its own members' on a crowded host, even
-        when the group is all of this host's ranks."""
-        if apart and self.ranks > self.cores:
-            return self.sync_s(0, collective)
-        return self.sync_s(group_on_host, collective)
 
 
 def busy_fraction(pp, micro_batches):
@@ -407,8 +406,8 @@ def predict(layers, links, pp, dp, tp, batch, micro_batches=None, state_factor=2
     # Under a pipeline a group's collective meets while the other stages' ranks work.
     apart = pp > 1
     waits = [tp_communication_s(layer, links["tp"], rows, tp)
-             + ((contention.set_sync_s(members_per_host(contention.ranks, 1, tp), apart,
-                                       collective=True) * len(layer.tp_messages)
+             + ((contention.sync_s(members_per_host(contention.ranks, 1, tp), collective=True,
+                                   apart=apart) * len(layer.tp_messages)
                  if tp > 1 else 0.0) if measured else tp_skew_s(c, tp, crowd))
              for c, layer in zip(compute, layers)]
     per_layer = [c + w for c, w in zip(compute, waits)]
@@ -431,7 +430,7 @@ def predict(layers, links, pp, dp, tp, batch, micro_batches=None, state_factor=2
                                            scale, exchange_s_per_byte), \
                 2 * params * (dp - 1) / dp
         if dp > 1 and measured and params:
-            sync += contention.set_sync_s(members_per_host(contention.ranks, tp, dp), apart)
+            sync += contention.sync_s(members_per_host(contention.ranks, tp, dp), apart=apart)
         finish.append(ends[index] + sync + update_s(stage, tp, dp, fsdp) * scale)
         moved.append(nbytes)
     step = max(finish)
