@@ -18,7 +18,9 @@ alike. Two kinds of job:
 - with --subsets, an allreduce over a process set of half the ranks (the first half), while
   the other half waits in a barrier ("idle"), or runs the same over its own set at once
   ("busy"); and over every rank ("global"), for reference: the median per call on rank 0,
-  through horovodlike.torch. Needs an even --np of 4 or more.
+  through horovodlike.torch. "paused": the first half's calls each after a 20 ms pause, while
+  the other half waits for a point-to-point message (no collective of its own, so the loops
+  may slow down): the mean per call. Needs an even --np of 4 or more.
 With --hosts 2 the --subsets and --p2p jobs run on two emulated hosts (multihost.py's network
 namespaces, joined by a link shaped to --rate; needs root), each half of the ranks on a host
 of its own: the ping-pong's ranks 0 and 1 are then two ranks of one host in a job that also
@@ -36,6 +38,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -81,6 +84,18 @@ def core_worker(args):
 def median_call(one, nbytes, args):
     """The median time of one call of `one`, timed as allreduce.py times its calls."""
     return statistics.median(bench._time_loop(one, *bench.iterations(nbytes, args.iter_scale)))
+
+
+def paused_call(one, calls=30, pause_s=0.02):
+    """The mean time of `calls` calls of `one`, each after a pause in which the ranks' loops
+    slow down: the mean, so that a call held up for a slowed loop's cycle counts."""
+    total = 0.0
+    for _ in range(calls):
+        time.sleep(pause_s)
+        start = time.perf_counter()
+        one()
+        total += time.perf_counter() - start
+    return total / calls
 
 
 def apply_job_settings(args):
@@ -137,6 +152,9 @@ def p2p_worker(args):
 SUBSET_SCENARIOS = {
     "idle": "over the first half of the ranks, the other half waiting in a barrier",
     "busy": "over each half of the ranks at once, each its own process set",
+    "paused": "over the first half of the ranks, a 20 ms pause before each call (the loops "
+              "slow down), the other half waiting for a point-to-point message; the mean per "
+              "call of 30, not the median",
     "global": "over every rank",
 }
 
@@ -155,7 +173,7 @@ def subset_worker(args):
               hvd.add_process_set(list(range(size // 2, size)))]
     mine = halves[0] if rank < size // 2 else halves[1]
     calls = mine if args.scenario != "global" else hvd.global_process_set
-    works = args.scenario != "idle" or rank < size // 2
+    works = args.scenario not in ("idle", "paused") or rank < size // 2
     results = {}
     for nbytes in args.sizes:
         buf = torch.full((nbytes // 4,), float(rank + 1))
@@ -167,7 +185,13 @@ def subset_worker(args):
             one()
             bench._check(float(buf[0]), float(sum(r + 1 for r in members)),
                          f"allreduce of {nbytes} B over ranks {list(members)}")
-            results[nbytes] = median_call(one, nbytes, args)
+            results[nbytes] = (paused_call(one) if args.scenario == "paused" else
+                               median_call(one, nbytes, args))
+            if args.scenario == "paused" and rank == 0:
+                for peer in range(size // 2, size):  # the other half may go on
+                    hvd.send(torch.zeros(1), dst=peer)
+        elif args.scenario == "paused":
+            hvd.irecv(torch.zeros(1), src=0).wait()  # no collective meanwhile
         hvd.barrier()
     if rank == 0:
         with open(args.out, "w") as f:

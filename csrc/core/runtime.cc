@@ -384,10 +384,11 @@ bool Runtime::RunRoundLocked() {
     std::vector<int> shutdown_ranks;
     state.worked = !state.popped.empty();
     const bool shutdown = RunSets(state, &shutdown_ranks);
-    // Only in a job without process sets: any collective of the global set brings every rank
-    // by itself, but one of a process set needs the ranks outside it in a round too, including
-    // ranks in no set but the global one (a round bell wakes them, but it may come late).
-    const bool may_slow = process_sets_.Count() <= 1;
+    // A collective of the global set brings every rank by itself; one of a process set needs
+    // the ranks outside it in a round too. Those slow down only together with the set's ranks
+    // (a round in which some rank had work resets every rank's pace: RunSets), and where a
+    // round bell reaches every rank, to wake them for a set's collective after a pause.
+    const bool may_slow = process_sets_.Count() <= 1 || bells_->WakesEveryRank();
     idle_rounds_.store(state.worked || !may_slow ? 0
                                                  : std::min(idle_rounds_.load() + 1, 1 << 20));
     FailRequestsOfRemovedSets(state);

@@ -19,7 +19,12 @@ std::chrono::microseconds Runtime::LoopCycle() const {
 
 void Runtime::Loop() {
   using Clock = std::chrono::steady_clock;
-  auto wait = LoopCycle();
+  auto since_last_round = [&] {
+    const int64_t end = last_round_end_ns_.load();
+    if (end == 0) return std::chrono::microseconds(std::chrono::hours(1));  // none yet
+    return std::chrono::duration_cast<std::chrono::microseconds>(
+        Clock::now().time_since_epoch() - std::chrono::nanoseconds(end));
+  };
   while (true) {
     // The cycle time may change between rounds (autotuning). Rounds that waiting callers ran
     // meanwhile count: an idle loop runs one a cycle time after the last round, whoever ran it.
@@ -27,22 +32,17 @@ void Runtime::Loop() {
     // that a peer which submits the last part of the caller's collective finds it there at
     // once (the round waits in the link for the peers without using a core, and their own
     // rounds pace it); otherwise the loop turns only every kDeferredCycle.
+    // The wait counts from the end of the last round, with the pace that round left (work
+    // anywhere resets every rank's: RunSets), so that the ranks' idle rounds come together.
     const bool caller_waits = deferred_ && waiting_callers_.load(std::memory_order_relaxed) > 0;
+    const auto wait = std::max(std::chrono::microseconds(0), LoopCycle() - since_last_round());
     const TensorQueue::Wake wake =
         caller_waits ? TensorQueue::Wake::kNotified : queue_.WaitForWork(wait);
     const auto cycle = LoopCycle();
-    auto since_last_round = [&] {
-      return std::chrono::duration_cast<std::chrono::microseconds>(
-          Clock::now().time_since_epoch() - std::chrono::nanoseconds(last_round_end_ns_.load()));
-    };
-    if (wake == TensorQueue::Wake::kTimeout && !shutdown_requested_) {
-      const auto since = since_last_round();
-      if (since < cycle) {
-        wait = cycle - since;
-        continue;
-      }
+    if (wake == TensorQueue::Wake::kTimeout && !shutdown_requested_ &&
+        since_last_round() < cycle) {
+      continue;
     }
-    wait = cycle;
     std::lock_guard<std::mutex> lock(round_mutex_);
     if (finished_) return;
     // A waiting caller may have run a round while this thread waited for the lock (a long
@@ -110,7 +110,8 @@ bool Runtime::RunSets(RoundState& state, std::vector<int>* shutdown_ranks) {
   // Every rank visits its sets in the same (id) order, so each set's members negotiate and
   // execute in step; sets added this round are visited from the next one.
   process_sets_.MemberIds(&state.set_ids);
-  const bool work = bells_->active() && process_sets_.HasWork(state.by_set);
+  const bool busy = process_sets_.HasWork(state.by_set);
+  const bool work = bells_->active() && busy;
   for (int id : state.set_ids) {
     ProcessSet* set = process_sets_.Member(id);
     if (set == nullptr) continue;  // removed earlier in this round
@@ -125,7 +126,7 @@ bool Runtime::RunSets(RoundState& state, std::vector<int>* shutdown_ranks) {
     // Rings the set's silent peers when this rank's work is in other sets (round_bells.h).
     const RoundBells::Negotiating negotiating(*bells_, state.by_set[id], *set->controller, work);
     const Controller::Round& round = set->controller->Negotiate(
-        state.by_set[id], id == 0 && shutdown_requested_.load());
+        state.by_set[id], id == 0 && shutdown_requested_.load(), busy);
     if (timeline_->active()) {
       for (const Response* part : round.parts) timeline_->NegotiateEnd(part->names.at(0));
     }
@@ -134,7 +135,10 @@ bool Runtime::RunSets(RoundState& state, std::vector<int>* shutdown_ranks) {
       std::lock_guard<std::mutex> lock(tuned_mutex_);
       tuned_ = {state.in_force, set->controller->parameters_round()};
     }
-    state.worked |= !round.parts.empty() || set->controller->HasWork();
+    // Work anywhere in the job keeps every loop at its pace: a set's collective needs the
+    // ranks outside the set in a round too (the global set's `all_idle`).
+    state.worked |= !round.parts.empty() || set->controller->HasWork() ||
+                    (id == 0 && !round.all_idle);
     set->executor->Prepare(round.max_parts, round.max_fused_bytes);
     size_t begin = 0;
     for (size_t end : round.ends) {

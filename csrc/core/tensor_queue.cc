@@ -29,8 +29,10 @@ void TensorQueue::Add(TensorEntry entry, bool wake) {
     }
     new_requests_.emplace_back(entry.process_set_id, entry.request);
     entries_.emplace(entry.key, std::move(entry));
+    added_.fetch_add(1, std::memory_order_release);
   }
   if (wake) cv_.notify_one();
+  if (on_add_) on_add_();
 }
 
 void TensorQueue::PopNewRequests(std::vector<std::pair<int, Request>>* out) {

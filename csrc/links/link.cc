@@ -11,6 +11,8 @@ namespace {
 
 thread_local bool t_ringing = false;
 thread_local PeerBell* t_network_bell = nullptr;
+thread_local const std::atomic<uint64_t>* t_arrivals = nullptr;
+thread_local uint64_t t_arrivals_seen = 0;
 
 }  // namespace
 
@@ -19,7 +21,17 @@ void SetNegotiationRinging(bool on, PeerBell* network) {
   t_network_bell = on ? network : nullptr;
 }
 
-bool NegotiationRinging() { return t_ringing; }
+void SetLateRinging(const std::atomic<uint64_t>* arrivals) {
+  t_arrivals = arrivals;
+  t_arrivals_seen = arrivals != nullptr ? arrivals->load(std::memory_order_acquire) : 0;
+}
+
+bool NegotiationRinging() {
+  return t_ringing || (t_arrivals != nullptr &&
+                       t_arrivals->load(std::memory_order_acquire) != t_arrivals_seen);
+}
+
+bool NegotiationMayRing() { return t_ringing || t_arrivals != nullptr; }
 
 PeerBell* NegotiationBell() { return t_network_bell; }
 

@@ -15,6 +15,7 @@
 // (README.md): TCP has a second socket per peer in the same mesh, MPI and Gloo their own tags.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -46,7 +47,13 @@ class PeerBell {
   static constexpr int64_t kBusyNs = 200000;
 };
 void SetNegotiationRinging(bool on, PeerBell* network);
+// A negotiation that keeps in step without ringing (its rank had no work anywhere) rings after
+// all once work arrives for its rank while it waits: `arrivals` (the requests added to the
+// rank's queue) moves from its value now. Inside a host only; null turns it off.
+void SetLateRinging(const std::atomic<uint64_t>* arrivals);
+// Whether a wait of this thread rings now (NegotiationRinging), or may once work arrives.
 bool NegotiationRinging();
+bool NegotiationMayRing();
 PeerBell* NegotiationBell();  // the network bell while ringing is on, else null
 
 class Link {

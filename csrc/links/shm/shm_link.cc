@@ -389,8 +389,9 @@ template <class Ready, class Culprit>
 void ShmLink::WaitUntil(const Ready& ready, const Culprit& culprit, int watch) {
   if (ready()) return;
   const auto start = Clock::now();
-  // A wait of a negotiation that rings for a peer that is in no round: ring it (link.h).
-  bool rang = !NegotiationRinging();
+  // A wait of a negotiation that rings for a peer that is in no round: ring it (link.h); one
+  // that may ring late rings once work arrives for this rank (SetLateRinging).
+  bool rang = !NegotiationMayRing();
   // A peer in a round or busy is looked at again later (it may go idle without coming).
   auto ring_late = [&](Clock::time_point now) {
     if (rang || now - start < std::chrono::microseconds(PeerBell::kRingAfterUs)) return;
@@ -453,7 +454,6 @@ void ShmLink::WaitUntil(const Ready& ready, const Culprit& culprit, int watch) {
   shm::RankControl& mine = control(index_);
   Asleep asleep{mine.sleeping};
   sleeps_.fetch_add(1, std::memory_order_relaxed);
-  if (!rang) rang = RingIfIdle(culprit());
   auto last_progress_check = start;
   while (true) {
     const uint32_t key = mine.doorbell.load(std::memory_order_acquire);
@@ -461,12 +461,15 @@ void ShmLink::WaitUntil(const Ready& ready, const Culprit& culprit, int watch) {
     std::atomic_thread_fence(std::memory_order_seq_cst);
     if (ready()) break;
     if (peers_failed(false)) break;
+    // After the fence: work that arrives from now on wakes this sleep (RoundBells::WorkArrived
+    // rings this rank's own doorbell), work that came before is seen here.
+    if (!rang) rang = RingIfIdle(culprit());
     // Until the peer is rung, short sleeps: it may go idle without coming.
-    long rc = FutexWait(&mine.doorbell, key, rang ? kSleepSliceMs : 1);
+    const bool look_again = !rang && NegotiationRinging();
+    long rc = FutexWait(&mine.doorbell, key, look_again ? 1 : kSleepSliceMs);
     if (rc == 0 || errno == EAGAIN || errno == EINTR) {
       if (ready()) break;
     }
-    if (!rang) rang = RingIfIdle(culprit());
     const auto now = Clock::now();
     if (now - last_progress_check >= std::chrono::milliseconds(kSleepSliceMs)) {
       last_progress_check = now;
