@@ -23,18 +23,19 @@ LINK = LinkProfile(latency_s=20e-6, bus_bytes_per_s=1e9)
 
 
 def brute_force(specs, world_size, batch, micro_batches, memory_limit, levels=(0, 1, 3),
+                links_for=lambda pp, dp, tp: links_by_dimension(LINK, LINK, None, pp, dp, tp),
                 **terms):
     """The fastest plan that fits, by trying every combination: (step, memory, layout).
-    ``terms``: the Settings' exchange_s_per_byte and pipeline_action_s."""
+    ``links_for(pp, dp, tp)``: each layout's links; ``terms``: the Settings'
+    exchange_s_per_byte and pipeline_action_s."""
     best = None
     for pp, dp, tp in factorisations(world_size):
         if pp > len(specs) or batch % dp:
             continue
-        options = [layer_options(s, tp, dp, LINK) for s in specs]
+        links = links_for(pp, dp, tp)
+        options = [layer_options(s, tp, dp, links["tp"]) for s in specs]
         for level in levels if dp > 1 else (0,):
-            setting = Setting(pp, dp, tp, level, micro_batches,
-                              links_by_dimension(LINK, LINK, None, pp, dp, tp), 2, memory_limit,
-                              **terms)
+            setting = Setting(pp, dp, tp, level, micro_batches, links, 2, memory_limit, **terms)
             for cuts in itertools.combinations(range(1, len(specs)), pp - 1):
                 bounds = list(zip((0, *cuts), (*cuts, len(specs))))
                 for chosen in _paths(options, set(cuts)):
@@ -177,6 +178,31 @@ def test_a_calibration_gives_the_profiles_the_link_and_the_terms():
                           pipeline_action_s=0.0)
     assert plain.step_s == pytest.approx(
         search_layers(layers=specs, batch=8, world_size=4, link=LINK).step_s, rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_each_hand_off_takes_the_point_to_point_link_of_its_boundary(seed):
+    """A calibration's point-to-point links (send_inside, send_between) price the pipeline's
+    hand-offs, each boundary its own: on 2 hosts of 2 ranks pp=4's second hand-off crosses the
+    hosts and its first and third do not. The search equals brute force over every cut with
+    those links, and differs from pricing every hand-off on the pp dimension's link."""
+    specs = random_chain(seed, 5)
+    fast = LinkProfile(latency_s=5e-6, bus_bytes_per_s=5e9)
+    slow = LinkProfile(latency_s=200e-6, bus_bytes_per_s=0.05e9)
+    links = {"inside": LINK, "between": slow, "send_inside": fast, "send_between": slow}
+    calibration = Calibration(layers=[], links=links, world_size=4, batch=8, slots_per_host=2)
+    plan = lambda layouts=None, **given: search_layers(
+        layers=specs, batch=8, world_size=4, layouts=layouts, micro_batches=2,
+        calibration=calibration, **given)
+    by_boundary = lambda pp, dp, tp: links_by_dimension(LINK, slow, 2, pp, dp, tp,
+                                                        sends=(fast, slow))
+    assert plan().step_s == pytest.approx(
+        brute_force(specs, 4, 8, 2, None, links_for=by_boundary)[0], rel=1e-9)
+    # Links given in the call replace the calibration's, its point-to-point ones too.
+    on_pp = lambda pp, dp, tp: links_by_dimension(LINK, slow, 2, pp, dp, tp)
+    assert plan(link=LINK, inter_host_link=slow).step_s == pytest.approx(
+        brute_force(specs, 4, 8, 2, None, links_for=on_pp)[0], rel=1e-9)
+    assert plan([(4, 1, 1)]).step_s < plan([(4, 1, 1)], link=LINK, inter_host_link=slow).step_s
 
 
 def mlp(tp_link=LINK):

@@ -84,9 +84,13 @@ class Setting:
         return parameters * self.state_bytes_per_parameter_byte() + gathered + \
             kept * self.in_flight
 
-    def send_s(self, nbytes):
-        """A boundary activation forward and its gradient back, per micro-batch."""
-        return 2 * self.links["pp"].send_s(nbytes / self.dp / self.micro_batches)
+    def send_s(self, nbytes, boundary=0):
+        """A boundary activation forward and its gradient back, per micro-batch: over the
+        point-to-point link of hand-off ``boundary`` (0 after the first stage) where the links
+        have them ("pp_sends", cost_model.links_by_dimension), else the pp dimension's."""
+        hand_offs = self.links.get("pp_sends")
+        link = hand_offs[boundary] if hand_offs else self.links["pp"]
+        return 2 * link.send_s(nbytes / self.dp / self.micro_batches)
 
 
 class _Affine:
@@ -181,10 +185,10 @@ class _Paths:
         return source
 
 
-def _stage_costs(paths, setting, sync, sends, last):
-    """(cost, memory) of stages ending at this layer, for every (j, e, exit state)."""
-    send = 0.0 if last else sends
-    cost = setting.slots * (paths.values[2] / setting.micro_batches + send) + \
+def _stage_costs(paths, setting, sync, last):
+    """(cost, memory) of stages ending at this layer, for every (j, e, exit state), without
+    the hand-off after it (which depends on the stage's number: _cut adds it)."""
+    cost = setting.slots * paths.values[2] / setting.micro_batches + \
         sync(paths.values[3]) + setting.actions_s
     memory = setting.memory_bytes(paths.values[3], paths.largest, paths.values[4])
     if last:   # the model's output is whole
@@ -219,11 +223,13 @@ def _rows_to_drop(paths, bound, limit):
     return drop, bool(too_dear[:drop].any())
 
 
-def _cut(best, back, cost, ranking, i, first_row, stages):
+def _cut(best, back, cost, hand_offs, ranking, i, first_row, stages):
     """best[k, i + 1] for every stage count k: the last stage ends at layer i and starts at
-    one of the rows of ``cost``, first_row onwards."""
+    one of the rows of ``cost``, first_row onwards; stage k hands off over ``hand_offs[k - 1]``
+    (per exit state)."""
     top, rows = min(stages, i + 1), cost.shape[0]
-    total = np.maximum(best[:top, first_row:first_row + rows, :, None], cost)  # (k-1, j, e, exit)
+    cost = cost[None] + hand_offs[:top, None, None, :]                  # (k-1, j, e, exit)
+    total = np.maximum(best[:top, first_row:first_row + rows, :, None], cost)
     merged = np.stack([total[..., :3], total[..., TAGGED:]], axis=-1)  # (.., layout, tagged)
     merged = np.moveaxis(merged, 3, 1).reshape(top, 3, -1)          # (k-1, layout, j e tag)
     flat = np.argmin(merged, axis=2)
@@ -237,7 +243,8 @@ def _cut(best, back, cost, ranking, i, first_row, stages):
 
 
 def cut_search(options, sends, setting, bound=INF):
-    """The DP over (layer, stage count) for layers with ``options`` (Option lists). Returns
+    """The DP over (layer, stage count) for layers with ``options`` (Option lists) and
+    ``sends`` (per layer, the hand-off after it at each boundary, per exit state). Returns
     (step cost, stages, bounded) with stages as [(first, end, entry layout, exit state,
     ranking)], or (inf, None, bounded). Stages costing more than ``bound`` are not considered;
     ``bounded`` says whether that left any out."""
@@ -254,9 +261,13 @@ def cut_search(options, sends, setting, bound=INF):
             if i == 0 or stages > 1:
                 path.start_here()
             path.extend(_Table(options[i], setting, memory_first))
-            evaluated.append(_stage_costs(path, setting, sync, sends[i], i == count - 1))
+            evaluated.append(_stage_costs(path, setting, sync, i == count - 1))
         cost, ranking = _best_stage(evaluated, setting.memory_limit)
-        _cut(best, back, cost, ranking, i, first_row, stages)
+        # The hand-off after stage k (of pp - 1); none after the last layer, nor a pp-th one.
+        hand_offs = np.zeros((stages, STATES))
+        if i < count - 1:
+            hand_offs[:stages - 1] = setting.slots * sends[i]
+        _cut(best, back, cost, hand_offs, ranking, i, first_row, stages)
         drop, by_bound = _rows_to_drop(paths, bound, setting.memory_limit)
         bounded |= by_bound
         if drop:

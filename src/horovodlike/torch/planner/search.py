@@ -14,6 +14,7 @@ fastest plan that fits is returned, with the others' predictions in ``candidates
 
 import dataclasses
 
+import numpy as np
 import torch
 
 from horovodlike.common import basics
@@ -82,9 +83,12 @@ def _micro_batches(given, pp, per_replica):
 
 
 def _sends(specs, setting):
-    """Per layer, the boundary send after it for each exit state."""
-    return [[setting.send_s(spec.output_bytes / (1 if state % TAGGED == R else setting.tp))
-             for state in range(STATES)] for spec in specs]
+    """Per layer, the hand-off after it at each of the pipeline's boundaries, for each exit
+    state: an array (layers, max(pp - 1, 1), states)."""
+    return np.array([[[setting.send_s(spec.output_bytes /
+                                      (1 if state % TAGGED == R else setting.tp), boundary)
+                       for state in range(STATES)] for boundary in range(max(setting.pp - 1, 1))]
+                     for spec in specs])
 
 
 def evaluate(specs, options, stages, setting):
@@ -106,7 +110,7 @@ def evaluate(specs, options, stages, setting):
             state = option.target
         last = number == len(stages) - 1
         send = 0.0 if last else setting.send_s(
-            specs[end - 1].output_bytes / (1 if state % TAGGED == R else setting.tp))
+            specs[end - 1].output_bytes / (1 if state % TAGGED == R else setting.tp), number)
         cost = setting.slots * (time / setting.micro_batches + send) + \
             setting.sync_s(parameters) + update * setting.update_share + setting.actions_s
         results.append((cost, setting.memory_bytes(parameters, largest, kept)))
@@ -207,7 +211,8 @@ def search_layers(model=None, sample_input=None, world_size=None, *, layers=None
     and 3 (fully_shard) to consider for dp > 1. ``memory_limit``: bytes per rank; a plan
     over it is never returned. ``sequence_dim``: the activations' sequence dimension.
     ``calibration``: a Calibration (hvd.calibrate's, or the path of one) whose layer
-    profiles, links and measured terms are used for what is not given. ``exchange_s_per_byte`` and ``pipeline_action_s``:
+    profiles, links and measured terms are used for what is not given (its point-to-point
+    links price the pipeline's hand-offs, each boundary its own, unless links are given). ``exchange_s_per_byte`` and ``pipeline_action_s``:
     as plan() prices them (replicated data parallel's exchange beyond its link per gradient
     byte; a pipeline's forward or backward beyond its compute); 0 without a calibration.
     ``optimizer``: the training's optimizer (a function of a list of parameters), whose step
@@ -218,6 +223,10 @@ def search_layers(model=None, sample_input=None, world_size=None, *, layers=None
         from horovodlike.torch.planner.calibration import Calibration
         calibration = Calibration.load(calibration)
     conditions = calibration.conditions if calibration is not None else {}
+    # Links given in the call replace the calibration's, its point-to-point ones too (plan()).
+    sends = (None, None)
+    if calibration is not None and link is None and inter_host_link is None:
+        sends = (calibration.links.get("send_inside"), calibration.links.get("send_between"))
     if calibration is not None:
         link = link or calibration.links.get("inside")
         inter_host_link = inter_host_link or calibration.links.get("between")
@@ -245,7 +254,7 @@ def search_layers(model=None, sample_input=None, world_size=None, *, layers=None
                              "more ranks to measure one; pass link=LinkProfile(...)")
         link = measure_link()
     links_for = lambda pp, dp, tp: links_by_dimension(link, inter_host_link or link,
-                                                      slots_per_host, pp, dp, tp)
+                                                      slots_per_host, pp, dp, tp, sends=sends)
     settings, rejected = _layouts_and_settings(specs, layouts, batch, links_for, dict(
         micro_batches=micro_batches, zero_levels=zero_levels, memory_limit=memory_limit,
         optimizer_state_factor=optimizer_state_factor, terms=terms))
