@@ -312,9 +312,7 @@ bool ShmLink::RingIfIdle(int peer) {
   return true;
 }
 
-uint32_t ShmLink::round_bell() const {
-  return control(index_).round_bell.load(std::memory_order_acquire);
-}
+uint32_t ShmLink::round_bell() const { return control(index_).round_bell.load(); }
 
 uint32_t ShmLink::WaitForRoundBell(uint32_t seen, int timeout_ms) {
   shm::RankControl& mine = control(index_);
@@ -389,10 +387,10 @@ template <class Ready, class Culprit>
 void ShmLink::WaitUntil(const Ready& ready, const Culprit& culprit, int watch) {
   if (ready()) return;
   const auto start = Clock::now();
-  // A wait of a negotiation that rings for a peer that is in no round: ring it (link.h); one
-  // that may ring late rings once work arrives for this rank (SetLateRinging).
+  // A wait of a negotiation that rings for a peer that is in no round: ring it (link.h), or
+  // once work arrives for this rank (SetLateRinging). A peer in a round or busy is looked at
+  // again later (it may go idle without coming).
   bool rang = !NegotiationMayRing();
-  // A peer in a round or busy is looked at again later (it may go idle without coming).
   auto ring_late = [&](Clock::time_point now) {
     if (rang || now - start < std::chrono::microseconds(PeerBell::kRingAfterUs)) return;
     rang = RingIfIdle(culprit());
@@ -461,10 +459,9 @@ void ShmLink::WaitUntil(const Ready& ready, const Culprit& culprit, int watch) {
     std::atomic_thread_fence(std::memory_order_seq_cst);
     if (ready()) break;
     if (peers_failed(false)) break;
-    // After the fence: work that arrives from now on wakes this sleep (RoundBells::WorkArrived
-    // rings this rank's own doorbell), work that came before is seen here.
+    // After the fence: work arriving later wakes this sleep (RoundBells::WorkArrived), work
+    // that came before is seen here. Until the peer is rung, short sleeps: it may go idle.
     if (!rang) rang = RingIfIdle(culprit());
-    // Until the peer is rung, short sleeps: it may go idle without coming.
     const bool look_again = !rang && NegotiationRinging();
     long rc = FutexWait(&mine.doorbell, key, look_again ? 1 : kSleepSliceMs);
     if (rc == 0 || errno == EAGAIN || errno == EINTR) {
