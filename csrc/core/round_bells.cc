@@ -82,7 +82,7 @@ RoundBells::Negotiating::Negotiating(RoundBells& bells,
   if (ringing_) SetNegotiationRinging(true, bells.network_.get());
   if (late_) {
     bells_.late_waiting_.fetch_add(1, std::memory_order_seq_cst);
-    SetLateRinging(&bells_.queue_.added());
+    SetLateRinging(&bells_.queue_.added(), bells_.queue_.taken());
   }
 }
 
@@ -95,8 +95,8 @@ RoundBells::Negotiating::~Negotiating() {
 }
 
 void RoundBells::WorkArrived() {
-  // The queue's count moved before this looks (release, then this seq_cst load): a
-  // negotiation that began after it sees the new count itself.
+  // The queue's count moved before this looks (both seq_cst): a negotiation that counted
+  // itself in after this look sees the new count in its wait's next check.
   if (late_waiting_.load(std::memory_order_seq_cst) > 0) host_->WakeOwnWaits();
 }
 

@@ -21,14 +21,15 @@ void SetNegotiationRinging(bool on, PeerBell* network) {
   t_network_bell = on ? network : nullptr;
 }
 
-void SetLateRinging(const std::atomic<uint64_t>* arrivals) {
+void SetLateRinging(const std::atomic<uint64_t>* arrivals, uint64_t taken) {
   t_arrivals = arrivals;
-  t_arrivals_seen = arrivals != nullptr ? arrivals->load(std::memory_order_acquire) : 0;
+  t_arrivals_seen = taken;
 }
 
 bool NegotiationRinging() {
+  // seq_cst: pairs with the count's increment and RoundBells::WorkArrived's look (Dekker).
   return t_ringing || (t_arrivals != nullptr &&
-                       t_arrivals->load(std::memory_order_acquire) != t_arrivals_seen);
+                       t_arrivals->load(std::memory_order_seq_cst) != t_arrivals_seen);
 }
 
 bool NegotiationMayRing() { return t_ringing || t_arrivals != nullptr; }

@@ -49,8 +49,9 @@ class PeerBell {
 void SetNegotiationRinging(bool on, PeerBell* network);
 // A negotiation that keeps in step without ringing (its rank had no work anywhere) rings after
 // all once work arrives for its rank while it waits: `arrivals` (the requests added to the
-// rank's queue) moves from its value now. Inside a host only; null turns it off.
-void SetLateRinging(const std::atomic<uint64_t>* arrivals);
+// rank's queue) moves past `taken` (its value when the round took its requests). Inside a
+// host only; null turns it off.
+void SetLateRinging(const std::atomic<uint64_t>* arrivals, uint64_t taken = 0);
 // Whether a wait of this thread rings now (NegotiationRinging), or may once work arrives.
 bool NegotiationRinging();
 bool NegotiationMayRing();
