@@ -18,7 +18,6 @@ namespace {
 constexpr uint64_t kFlagNoUncached = 1;  // set: this rank has no uncached work
 constexpr uint64_t kFlagNoShutdown = 2;  // set: this rank is not shutting down
 constexpr uint64_t kFlagNoStallCheck = 4;  // cleared by the coordinator: stall reports this round
-constexpr uint64_t kFlagIdle = 8;  // set: this rank has no work in any of its sets
 
 // The request a rank would have made for a tensor it did not submit (a joined rank).
 Request RequestFromResponse(const Response& r) {
@@ -147,10 +146,10 @@ bool Controller::HasWork() const {
 }
 
 const Controller::Round& Controller::Negotiate(std::vector<Request>& new_requests,
-                                               bool shutdown_requested, bool busy_elsewhere) {
+                                               bool shutdown_requested) {
   CommitPreviousRound();
   TakeNewRequests(new_requests);
-  const BitLayout layout = WriteBits(shutdown_requested, busy_elsewhere);
+  const BitLayout layout = WriteBits(shutdown_requested);
   const uint64_t tag = StageTensor();
   const uint64_t agreed_tag = AgreeOnBits(layout, tag);
   const uint64_t flags = ReadRound(layout);
@@ -212,7 +211,7 @@ void Controller::TakeNewRequests(std::vector<Request>& new_requests) {
   ReserveRoundStorage(new_requests);
 }
 
-Controller::BitLayout Controller::WriteBits(bool shutdown_requested, bool busy_elsewhere) {
+Controller::BitLayout Controller::WriteBits(bool shutdown_requested) {
   BitLayout layout;
   layout.slots = cache_.num_slots();
   layout.words = (static_cast<size_t>(layout.slots) + 63) / 64;
@@ -224,8 +223,7 @@ Controller::BitLayout Controller::WriteBits(bool shutdown_requested, bool busy_e
             (link_.rank() == kCoordinator &&
                      stall_inspector_.CheckDue(std::chrono::steady_clock::now())
                  ? 0
-                 : kFlagNoStallCheck) |
-            (busy_elsewhere || HasWork() ? 0 : kFlagIdle);
+                 : kFlagNoStallCheck);
   uint64_t* ready = bits.data() + layout.ready();
   uint64_t* not_stale = bits.data() + layout.not_stale();
   uint64_t* not_shutting_down = bits.data() + layout.not_shutting_down();
@@ -291,7 +289,6 @@ uint64_t Controller::ReadRound(const BitLayout& layout) {
   round.ends.clear();
   round.shutdown_ranks.clear();
   round.shutdown = (bits[0] & kFlagNoShutdown) == 0;
-  round.all_idle = (bits[0] & kFlagIdle) != 0;
   for (int r = 0; round.shutdown && r < link_.size(); ++r) {
     if (!bit(layout.not_shutting_down(), r)) round.shutdown_ranks.push_back(r);
   }

@@ -43,9 +43,6 @@ class Controller {
     std::vector<const Response*> parts;
     std::vector<size_t> ends;
     bool shutdown = false;            // some rank asked to shut down
-    // No rank had work in any of its sets when the round began (Negotiate's `busy_elsewhere`
-    // and this set's own requests): the loops may slow down together (runtime.h).
-    bool all_idle = false;
     std::vector<int> shutdown_ranks;  // which ones (ranks of this set)
     // The most parts a round of cached tensors can hold (one per cache slot): callers size
     // their own per-round storage to it. Grows only in rounds that negotiate new tensors.
@@ -65,9 +62,7 @@ class Controller {
   // A round made only of tensors seen before allocates nothing, however many of them it
   // happens to carry: the bit vectors, the list of parts and the cache keep their storage from
   // round to round, sized for every cached tensor when the cache grows (ReserveRoundStorage).
-  // `busy_elsewhere`: this rank has work in another of its sets (Round::all_idle).
-  const Round& Negotiate(std::vector<Request>& new_requests, bool shutdown_requested,
-                         bool busy_elsewhere = false);
+  const Round& Negotiate(std::vector<Request>& new_requests, bool shutdown_requested);
   // Whether this rank has requests of this set not yet executed (negotiated or not).
   bool HasWork() const;
 
@@ -106,7 +101,7 @@ class Controller {
   // Cached tensors become ready bits; the others wait for the coordinator.
   void TakeNewRequests(std::vector<Request>& new_requests);
   // This rank's bit vector; returns its layout.
-  BitLayout WriteBits(bool shutdown_requested, bool busy_elsewhere);
+  BitLayout WriteBits(bool shutdown_requested);
   // The AND over every rank (with the coordinator's proposed parameters, when this set
   // carries them), and the staging tag `staged` (StageTensor's) combined by equality, which
   // it returns: the tag where every rank gave the same, else 0.

@@ -385,9 +385,9 @@ bool Runtime::RunRoundLocked() {
     state.worked = !state.popped.empty();
     const bool shutdown = RunSets(state, &shutdown_ranks);
     // A collective of the global set brings every rank by itself; one of a process set needs
-    // the ranks outside it in a round too. Those slow down only together with the set's ranks
-    // (a round in which some rank had work resets every rank's pace: RunSets), and where a
-    // round bell reaches every rank, to wake them for a set's collective after a pause.
+    // the ranks outside it in a round too, which slow down only where a round bell reaches
+    // every rank: the set's rounds ring them, an idle round of the set's ranks included once
+    // work arrives while it waits for them (late ringing, round_bells.h).
     const bool may_slow = process_sets_.Count() <= 1 || bells_->WakesEveryRank();
     idle_rounds_.store(state.worked || !may_slow ? 0
                                                  : std::min(idle_rounds_.load() + 1, 1 << 20));

@@ -182,10 +182,9 @@ class Runtime {
   // nor wakes up between a training step's collectives to preempt its compute. Work resets it,
   // and a new request wakes the loop at once whatever its cycle; a peer with work waits for
   // this rank's next round only until this rank has the same work, which any collective of
-  // the global set needs. Every rank's pace is reset by a round in which any rank had work
-  // (Controller::Round::all_idle), so the ranks slow down together. A set's collective also
-  // needs the ranks outside it: in a job with process sets the loops slow down only where a
-  // round bell reaches every rank (RoundBells::WakesEveryRank).
+  // the global set needs. A set's collective also needs the ranks outside it: in a job with
+  // process sets the loops slow down only where a round bell reaches every rank, which the
+  // set's rounds ring (RoundBells::WakesEveryRank).
   std::atomic<int> idle_rounds_{0};
   static constexpr int kIdleRoundsAtFullPace = 2;
   static constexpr std::chrono::microseconds kIdleCycleMax{50000};

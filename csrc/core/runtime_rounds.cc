@@ -32,8 +32,7 @@ void Runtime::Loop() {
     // that a peer which submits the last part of the caller's collective finds it there at
     // once (the round waits in the link for the peers without using a core, and their own
     // rounds pace it); otherwise the loop turns only every kDeferredCycle.
-    // The wait counts from the end of the last round, with the pace that round left (work
-    // anywhere resets every rank's: RunSets), so that the ranks' idle rounds come together.
+    // The wait counts from the end of the last round, with the pace that round left.
     const bool caller_waits = deferred_ && waiting_callers_.load(std::memory_order_relaxed) > 0;
     const auto wait = std::max(std::chrono::microseconds(0), LoopCycle() - since_last_round());
     const TensorQueue::Wake wake =
@@ -110,8 +109,7 @@ bool Runtime::RunSets(RoundState& state, std::vector<int>* shutdown_ranks) {
   // Every rank visits its sets in the same (id) order, so each set's members negotiate and
   // execute in step; sets added this round are visited from the next one.
   process_sets_.MemberIds(&state.set_ids);
-  const bool busy = process_sets_.HasWork(state.by_set);
-  const bool work = bells_->active() && busy;
+  const bool work = bells_->active() && process_sets_.HasWork(state.by_set);
   for (int id : state.set_ids) {
     ProcessSet* set = process_sets_.Member(id);
     if (set == nullptr) continue;  // removed earlier in this round
@@ -126,7 +124,7 @@ bool Runtime::RunSets(RoundState& state, std::vector<int>* shutdown_ranks) {
     // Rings the set's silent peers when this rank's work is in other sets (round_bells.h).
     const RoundBells::Negotiating negotiating(*bells_, state.by_set[id], *set->controller, work);
     const Controller::Round& round = set->controller->Negotiate(
-        state.by_set[id], id == 0 && shutdown_requested_.load(), busy);
+        state.by_set[id], id == 0 && shutdown_requested_.load());
     if (timeline_->active()) {
       for (const Response* part : round.parts) timeline_->NegotiateEnd(part->names.at(0));
     }
@@ -135,10 +133,7 @@ bool Runtime::RunSets(RoundState& state, std::vector<int>* shutdown_ranks) {
       std::lock_guard<std::mutex> lock(tuned_mutex_);
       tuned_ = {state.in_force, set->controller->parameters_round()};
     }
-    // Work anywhere in the job keeps every loop at its pace: a set's collective needs the
-    // ranks outside the set in a round too (the global set's `all_idle`).
-    state.worked |= !round.parts.empty() || set->controller->HasWork() ||
-                    (id == 0 && !round.all_idle);
+    state.worked |= !round.parts.empty() || set->controller->HasWork();
     set->executor->Prepare(round.max_parts, round.max_fused_bytes);
     size_t begin = 0;
     for (size_t end : round.ends) {
