@@ -95,21 +95,17 @@ def test_an_idle_job_rings_no_round_bells_and_slows_its_rounds():
             assert float(words[10]) == 50, line  # the cycle, slowed all the way
 
 
-def test_a_rank_outside_every_process_set_slows_down_and_the_sets_rounds_ring_it():
-    """The idle slowing above, in a job with a process set on one host: ranks 0 and 1
-    allreduce in a set while rank 2 has nothing to do, and every one of the set's rounds needs
-    rank 2 in a round of the global set. Rank 2's loop slows down when idle (before, it kept its
-    1 ms cycle in any job with a process set, about 900 rounds a second for nothing), and the
-    set's rounds ring it (an idle round of the set's ranks too once their next call comes while
-    it waits for rank 2: else that call waited up to rank 2's 50 ms cycle)."""
-    result = launch(3, "idle_outsider_worker.py", timeout=90)
+def test_a_rank_outside_every_process_set_keeps_its_loops_pace():
+    """The idle slowing above is for jobs without process sets: here ranks 0 and 1 allreduce in
+    a set while rank 2 has nothing to do, and every one of the set's rounds needs rank 2 in a
+    round of the global set, so rank 2's loop keeps its 1 ms cycle (slowed, a round bell that
+    raced with its own idle round left the set's call waiting up to 50 ms for the next)."""
+    result = launch(3, "idle_outsider_worker.py", timeout=60)
     assert_all_ranks(result, 3, "")
-    lines = result.stdout.splitlines()
-    outsider = [line for line in lines if "OUTSIDER" in line]
-    assert len(outsider) == 1 and float(outsider[0].split()[-1]) == 50, result.stdout[-3000:]
-    pair = [line.split() for line in lines if "PAIR" in line]
-    assert len(pair) == 2, result.stdout[-3000:]
-    assert sum(int(words[words.index("bells") + 1]) for words in pair) > 0, pair
+    outsider = [line for line in result.stdout.splitlines() if "OUTSIDER" in line]
+    assert len(outsider) == 1, result.stdout[-3000:]
+    assert float(outsider[0].split()[-1]) == 1, outsider[0]
+    assert sum("PAIR" in line for line in result.stdout.splitlines()) == 2, result.stdout[-3000:]
 
 
 @pytest.mark.parametrize("variable,value,advice", [

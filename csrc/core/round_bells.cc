@@ -21,9 +21,6 @@ RoundBells::RoundBells(Link& link, const Config& config, TensorQueue& queue) : q
                     (config.round_bell == "auto" && shm != nullptr &&
                      shm->size() == config.size);
   if (host && shm != nullptr && shm->size() > 1) host_ = shm;
-  host_size_ = host_ != nullptr ? host_->size() : 0;
-  job_size_ = config.size;
-  if (host_ != nullptr) queue_.OnAdd([this] { WorkArrived(); });
   Start();
 }
 
@@ -72,32 +69,16 @@ void RoundBells::TookWork() {
   if (host_ != nullptr) host_->TookWork(now);
 }
 
-RoundBells::Negotiating::Negotiating(RoundBells& bells,
+RoundBells::Negotiating::Negotiating(const RoundBells& bells,
                                      const std::vector<Request>& new_requests,
                                      const Controller& controller, bool work_elsewhere)
-    : bells_(bells),
-      ringing_(bells.active() && work_elsewhere && new_requests.empty() &&
-               !controller.HasWork()),
-      late_(!ringing_ && !work_elsewhere && bells.host_ != nullptr) {
+    : ringing_(bells.active() && work_elsewhere && new_requests.empty() &&
+               !controller.HasWork()) {
   if (ringing_) SetNegotiationRinging(true, bells.network_.get());
-  if (late_) {
-    bells_.late_waiting_.fetch_add(1, std::memory_order_seq_cst);
-    SetLateRinging(&bells_.queue_.added(), bells_.queue_.taken());
-  }
 }
 
 RoundBells::Negotiating::~Negotiating() {
   if (ringing_) SetNegotiationRinging(false, nullptr);
-  if (late_) {
-    SetLateRinging(nullptr);
-    bells_.late_waiting_.fetch_sub(1, std::memory_order_relaxed);
-  }
-}
-
-void RoundBells::WorkArrived() {
-  // The queue's count moved before this looks (both seq_cst): a negotiation that counted
-  // itself in after this look sees the new count in its wait's next check.
-  if (late_waiting_.load(std::memory_order_seq_cst) > 0) host_->WakeOwnWaits();
 }
 
 bool RoundBells::Answered() {

@@ -44,26 +44,15 @@ class RoundBells {
   // rank has no work of its own in the set (no `new_requests`, nothing left in `controller`)
   // but has some in another set (`work_elsewhere`), which this set's peers hold back. A rank
   // with no work anywhere keeps in step without ringing: its peers' rounds would find nothing
-  // to do either (an idle job's rounds would ring each other awake every cycle). But when
-  // work arrives for it while its negotiation waits (a caller's collective, held back by this
-  // round), that wait rings after all (SetLateRinging; inside a host): else an idle round
-  // waiting for a peer whose loop has slowed down would hold the new work until that peer's
-  // next cycle.
+  // to do either (an idle job's rounds would ring each other awake every cycle).
   class Negotiating {
    public:
-    Negotiating(RoundBells& bells, const std::vector<Request>& new_requests,
+    Negotiating(const RoundBells& bells, const std::vector<Request>& new_requests,
                 const Controller& controller, bool work_elsewhere);
     ~Negotiating();
    private:
-    RoundBells& bells_;
     bool ringing_;
-    bool late_;
   };
-  // Called after each request added to the queue: wakes a negotiation of this rank that
-  // sleeps and may ring late.
-  void WorkArrived();
-  // Whether a bell reaches every rank and late ringing works: inside a host (the job on one).
-  bool WakesEveryRank() const { return host_ != nullptr && host_size_ == job_size_; }
   // Whether the loop, woken by a bell, need not run a round: one began since it rang (it met
   // the ringing rank's negotiation), or requests are queued, whose caller (or the loop, woken
   // for them) runs one; the loop running a waiting caller's round would cost it two thread
@@ -91,9 +80,6 @@ class RoundBells {
   // PeerBell::kBusyNs of it is let go (the peer that rang cannot see that this rank is busy,
   // as a peer on the host can).
   std::atomic<int64_t> work_ns_{0};
-  std::atomic<int> late_waiting_{0};  // negotiations that may ring late (Negotiating)
-  int host_size_ = 0;
-  int job_size_ = 0;
   std::atomic<bool> stop_{false};
   std::thread host_listener_;
   std::thread network_listener_;

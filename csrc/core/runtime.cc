@@ -384,11 +384,10 @@ bool Runtime::RunRoundLocked() {
     std::vector<int> shutdown_ranks;
     state.worked = !state.popped.empty();
     const bool shutdown = RunSets(state, &shutdown_ranks);
-    // A collective of the global set brings every rank by itself; one of a process set needs
-    // the ranks outside it in a round too, which slow down only where a round bell reaches
-    // every rank: the set's rounds ring them, an idle round of the set's ranks included once
-    // work arrives while it waits for them (late ringing, round_bells.h).
-    const bool may_slow = process_sets_.Count() <= 1 || bells_->WakesEveryRank();
+    // Only in a job without process sets: any collective of the global set brings every rank
+    // by itself, but one of a process set needs the ranks outside it in a round too, including
+    // ranks in no set but the global one (a round bell wakes them, but it may come late).
+    const bool may_slow = process_sets_.Count() <= 1;
     idle_rounds_.store(state.worked || !may_slow ? 0
                                                  : std::min(idle_rounds_.load() + 1, 1 << 20));
     FailRequestsOfRemovedSets(state);

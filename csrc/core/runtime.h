@@ -182,9 +182,8 @@ class Runtime {
   // nor wakes up between a training step's collectives to preempt its compute. Work resets it,
   // and a new request wakes the loop at once whatever its cycle; a peer with work waits for
   // this rank's next round only until this rank has the same work, which any collective of
-  // the global set needs. A set's collective also needs the ranks outside it: in a job with
-  // process sets the loops slow down only where a round bell reaches every rank, which the
-  // set's rounds ring (RoundBells::WakesEveryRank).
+  // the global set needs. Not in a job with process sets: a set's collective also waits for
+  // the ranks outside it.
   std::atomic<int> idle_rounds_{0};
   static constexpr int kIdleRoundsAtFullPace = 2;
   static constexpr std::chrono::microseconds kIdleCycleMax{50000};

@@ -19,12 +19,7 @@ std::chrono::microseconds Runtime::LoopCycle() const {
 
 void Runtime::Loop() {
   using Clock = std::chrono::steady_clock;
-  auto since_last_round = [&] {
-    const int64_t end = last_round_end_ns_.load();
-    if (end == 0) return std::chrono::microseconds(std::chrono::hours(1));  // none yet
-    return std::chrono::duration_cast<std::chrono::microseconds>(
-        Clock::now().time_since_epoch() - std::chrono::nanoseconds(end));
-  };
+  auto wait = LoopCycle();
   while (true) {
     // The cycle time may change between rounds (autotuning). Rounds that waiting callers ran
     // meanwhile count: an idle loop runs one a cycle time after the last round, whoever ran it.
@@ -32,16 +27,22 @@ void Runtime::Loop() {
     // that a peer which submits the last part of the caller's collective finds it there at
     // once (the round waits in the link for the peers without using a core, and their own
     // rounds pace it); otherwise the loop turns only every kDeferredCycle.
-    // The wait counts from the end of the last round, with the pace that round left.
     const bool caller_waits = deferred_ && waiting_callers_.load(std::memory_order_relaxed) > 0;
-    const auto wait = std::max(std::chrono::microseconds(0), LoopCycle() - since_last_round());
     const TensorQueue::Wake wake =
         caller_waits ? TensorQueue::Wake::kNotified : queue_.WaitForWork(wait);
     const auto cycle = LoopCycle();
-    if (wake == TensorQueue::Wake::kTimeout && !shutdown_requested_ &&
-        since_last_round() < cycle) {
-      continue;
+    auto since_last_round = [&] {
+      return std::chrono::duration_cast<std::chrono::microseconds>(
+          Clock::now().time_since_epoch() - std::chrono::nanoseconds(last_round_end_ns_.load()));
+    };
+    if (wake == TensorQueue::Wake::kTimeout && !shutdown_requested_) {
+      const auto since = since_last_round();
+      if (since < cycle) {
+        wait = cycle - since;
+        continue;
+      }
     }
+    wait = cycle;
     std::lock_guard<std::mutex> lock(round_mutex_);
     if (finished_) return;
     // A waiting caller may have run a round while this thread waited for the lock (a long

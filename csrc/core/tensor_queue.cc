@@ -29,17 +29,14 @@ void TensorQueue::Add(TensorEntry entry, bool wake) {
     }
     new_requests_.emplace_back(entry.process_set_id, entry.request);
     entries_.emplace(entry.key, std::move(entry));
-    added_.fetch_add(1, std::memory_order_seq_cst);
   }
   if (wake) cv_.notify_one();
-  if (on_add_) on_add_();
 }
 
 void TensorQueue::PopNewRequests(std::vector<std::pair<int, Request>>* out) {
   out->clear();
   std::lock_guard<std::mutex> lock(mutex_);
   out->swap(new_requests_);
-  taken_.store(added_.load(std::memory_order_relaxed), std::memory_order_relaxed);
 }
 
 TensorQueue::Wake TensorQueue::WaitForWork(std::chrono::microseconds timeout) {

@@ -2,9 +2,7 @@
 // background loop has not yet picked up.
 #pragma once
 
-#include <atomic>
 #include <chrono>
-#include <functional>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
@@ -51,13 +49,6 @@ class TensorQueue {
   void Ring();
   // Whether requests were added since the last PopNewRequests.
   bool HasNewRequests();
-  // Requests added so far, their count when PopNewRequests last took them, and a hook called
-  // after each Add (outside the lock; set before any other thread uses the queue): a round
-  // that waits in a negotiation without ringing rings once the count moves past what the
-  // round took (round_bells.h, RoundBells::WorkArrived).
-  const std::atomic<uint64_t>& added() const { return added_; }
-  uint64_t taken() const { return taken_.load(std::memory_order_relaxed); }
-  void OnAdd(std::function<void()> hook) { on_add_ = std::move(hook); }
   // Removes and returns the entry; false when no such entry exists.
   bool Take(const std::string& name, TensorEntry* entry);
   // The input of an entry in host memory that has an output, left in the queue; null for any
@@ -74,9 +65,6 @@ class TensorQueue {
   bool notified_ = false;
   std::unordered_map<std::string, TensorEntry> entries_;
   std::vector<std::pair<int, Request>> new_requests_;
-  std::atomic<uint64_t> added_{0};
-  std::atomic<uint64_t> taken_{0};
-  std::function<void()> on_add_;
 };
 
 }  // namespace horovodlike

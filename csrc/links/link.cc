@@ -11,8 +11,6 @@ namespace {
 
 thread_local bool t_ringing = false;
 thread_local PeerBell* t_network_bell = nullptr;
-thread_local const std::atomic<uint64_t>* t_arrivals = nullptr;
-thread_local uint64_t t_arrivals_seen = 0;
 
 }  // namespace
 
@@ -21,18 +19,7 @@ void SetNegotiationRinging(bool on, PeerBell* network) {
   t_network_bell = on ? network : nullptr;
 }
 
-void SetLateRinging(const std::atomic<uint64_t>* arrivals, uint64_t taken) {
-  t_arrivals = arrivals;
-  t_arrivals_seen = taken;
-}
-
-bool NegotiationRinging() {
-  // seq_cst: pairs with the count's increment and RoundBells::WorkArrived's look (Dekker).
-  return t_ringing || (t_arrivals != nullptr &&
-                       t_arrivals->load(std::memory_order_seq_cst) != t_arrivals_seen);
-}
-
-bool NegotiationMayRing() { return t_ringing || t_arrivals != nullptr; }
+bool NegotiationRinging() { return t_ringing; }
 
 PeerBell* NegotiationBell() { return t_network_bell; }
 

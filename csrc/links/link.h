@@ -15,7 +15,6 @@
 // (README.md): TCP has a second socket per peer in the same mesh, MPI and Gloo their own tags.
 #pragma once
 
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -47,14 +46,7 @@ class PeerBell {
   static constexpr int64_t kBusyNs = 200000;
 };
 void SetNegotiationRinging(bool on, PeerBell* network);
-// A negotiation that keeps in step without ringing (its rank had no work anywhere) rings after
-// all once work arrives for its rank while it waits: `arrivals` (the requests added to the
-// rank's queue) moves past `taken` (its value when the round took its requests). Inside a
-// host only; null turns it off.
-void SetLateRinging(const std::atomic<uint64_t>* arrivals, uint64_t taken = 0);
-// Whether a wait of this thread rings now (NegotiationRinging), or may once work arrives.
 bool NegotiationRinging();
-bool NegotiationMayRing();
 PeerBell* NegotiationBell();  // the network bell while ringing is on, else null
 
 class Link {

@@ -312,7 +312,9 @@ bool ShmLink::RingIfIdle(int peer) {
   return true;
 }
 
-uint32_t ShmLink::round_bell() const { return control(index_).round_bell.load(); }
+uint32_t ShmLink::round_bell() const {
+  return control(index_).round_bell.load(std::memory_order_acquire);
+}
 
 uint32_t ShmLink::WaitForRoundBell(uint32_t seen, int timeout_ms) {
   shm::RankControl& mine = control(index_);
@@ -387,10 +389,9 @@ template <class Ready, class Culprit>
 void ShmLink::WaitUntil(const Ready& ready, const Culprit& culprit, int watch) {
   if (ready()) return;
   const auto start = Clock::now();
-  // A wait of a negotiation that rings for a peer that is in no round: ring it (link.h), or
-  // once work arrives for this rank (SetLateRinging). A peer in a round or busy is looked at
-  // again later (it may go idle without coming).
-  bool rang = !NegotiationMayRing();
+  // A wait of a negotiation that rings for a peer that is in no round: ring it (link.h).
+  bool rang = !NegotiationRinging();
+  // A peer in a round or busy is looked at again later (it may go idle without coming).
   auto ring_late = [&](Clock::time_point now) {
     if (rang || now - start < std::chrono::microseconds(PeerBell::kRingAfterUs)) return;
     rang = RingIfIdle(culprit());
@@ -452,6 +453,7 @@ void ShmLink::WaitUntil(const Ready& ready, const Culprit& culprit, int watch) {
   shm::RankControl& mine = control(index_);
   Asleep asleep{mine.sleeping};
   sleeps_.fetch_add(1, std::memory_order_relaxed);
+  if (!rang) rang = RingIfIdle(culprit());
   auto last_progress_check = start;
   while (true) {
     const uint32_t key = mine.doorbell.load(std::memory_order_acquire);
@@ -459,14 +461,12 @@ void ShmLink::WaitUntil(const Ready& ready, const Culprit& culprit, int watch) {
     std::atomic_thread_fence(std::memory_order_seq_cst);
     if (ready()) break;
     if (peers_failed(false)) break;
-    // After the fence: work arriving later wakes this sleep (RoundBells::WorkArrived), work
-    // that came before is seen here. Until the peer is rung, short sleeps: it may go idle.
-    if (!rang) rang = RingIfIdle(culprit());
-    const bool look_again = !rang && NegotiationRinging();
-    long rc = FutexWait(&mine.doorbell, key, look_again ? 1 : kSleepSliceMs);
+    // Until the peer is rung, short sleeps: it may go idle without coming.
+    long rc = FutexWait(&mine.doorbell, key, rang ? kSleepSliceMs : 1);
     if (rc == 0 || errno == EAGAIN || errno == EINTR) {
       if (ready()) break;
     }
+    if (!rang) rang = RingIfIdle(culprit());
     const auto now = Clock::now();
     if (now - last_progress_check >= std::chrono::milliseconds(kSleepSliceMs)) {
       last_progress_check = now;

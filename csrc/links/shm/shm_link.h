@@ -113,9 +113,6 @@ class ShmLink : public Link {
   uint32_t round_bell() const;
   uint32_t WaitForRoundBell(uint32_t seen, int timeout_ms);
   void WakeRoundListener();
-  // Wakes this rank's own sleeping waits (a negotiation that may ring late: link.h's
-  // SetLateRinging), which look again.
-  void WakeOwnWaits() { Notify(index_); }
   // For a thread that waits for tagged messages from this link's peers and, in poll(), from
   // peers on other hosts (per_peer_link.h): its poll bell's descriptor (-1: none, then only the
   // poll's own timeout ends such a sleep), and its polling count, which makes the peers ring
