@@ -5,14 +5,15 @@ minimise the predicted step time, each stage within the memory limit.
 A stage of layers j..i-1 entered in layout e and left in layout s costs
     (m + pp - 1) x (T / m + send + 2a) + sync(P) + U
 (the planner's pipeline: m micro-batches take m + pp - 1 slots of a stage's per-micro-batch
-time T/m plus its boundary send forward and back and, with a pipeline, a pipeline action's
-own cost a for its forward and its backward; then the stage's gradients are synchronised over
-dp as its ZeRO level says, on P, its parameter bytes per rank, with the exchange's cost per
-byte beyond the link for replicated data parallel; then the optimizer's step U on the
-parameters the rank updates: its layers' update_s, over dp when ZeRO shards it), and the step
-is the cost of its most expensive stage: cost_model.predict's terms. T, P and U add up over the stage's layers (U is carried in T, at m / (m + pp - 1) of it)
-and sync is affine in P,
-so for every stage start j the cheapest styles of j..i are one sweep over the layers with six
+time T/m plus its boundary send forward and back (over its own boundary's link: the send
+depends on the stage's number) and, with a pipeline, a pipeline action's own cost a for its
+forward and its backward; then the stage's gradients are synchronised over dp as its ZeRO
+level says, on P, its parameter bytes per rank, with the exchange's cost per byte beyond the
+link for replicated data parallel; then the optimizer's step U on the parameters the rank
+updates: its layers' update_s, over dp when ZeRO shards it), and the step is the cost of its
+most expensive stage: cost_model.predict's terms. T, P and U add up over the stage's layers
+(U is carried in T, at m / (m + pp - 1) of it) and sync is affine in P, so for every stage
+start j the cheapest styles of j..i are one sweep over the layers with six
 layout states (see layer_options.py); the cuts are a DP over (layer, stage count) taking, at
 each end i, the best max(previous stages, this stage) over every start j: O(L^2 x pp x
 options) for L layers, O(L x options) without a pipeline.

@@ -212,9 +212,10 @@ def search_layers(model=None, sample_input=None, world_size=None, *, layers=None
     over it is never returned. ``sequence_dim``: the activations' sequence dimension.
     ``calibration``: a Calibration (hvd.calibrate's, or the path of one) whose layer
     profiles, links and measured terms are used for what is not given (its point-to-point
-    links price the pipeline's hand-offs, each boundary its own, unless links are given). ``exchange_s_per_byte`` and ``pipeline_action_s``:
-    as plan() prices them (replicated data parallel's exchange beyond its link per gradient
-    byte; a pipeline's forward or backward beyond its compute); 0 without a calibration.
+    links price the pipeline's hand-offs, each boundary its own, unless links are given).
+    ``exchange_s_per_byte`` and ``pipeline_action_s``: as plan() prices them (replicated data
+    parallel's exchange beyond its link per gradient byte; a pipeline's forward or backward
+    beyond its compute); 0 without a calibration.
     ``optimizer``: the training's optimizer (a function of a list of parameters), whose step
     the profile times per layer (plain SGD when None); LayerSpec.update_s when ``layers``.
     Returns a LayerPlan; raises ValueError when no plan fits.
