@@ -152,7 +152,7 @@ def p2p_worker(args):
 SUBSET_SCENARIOS = {
     "idle": "over the first half of the ranks, the other half waiting in a barrier",
     "busy": "over each half of the ranks at once, each its own process set",
-    "paused": "over the first half of the ranks, a 20 ms pause before each call (the loops "
+    "paused": "over the first half of the ranks, a 20 ms pause before each call (the loops may "
               "slow down), the other half waiting for a point-to-point message; the mean per "
               "call of 30, not the median",
     "global": "over every rank",
