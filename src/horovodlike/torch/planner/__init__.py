@@ -180,12 +180,10 @@ def plan(model, sample_input, world_size, hosts=None, link=None, inter_host_link
         raise ValueError("plan: sample_input must be a tensor whose first dimension is the "
                          f"global batch, got {getattr(sample_input, 'shape', sample_input)!r}")
     in_job = basics.is_initialized() and basics.size() > 1
-    # Links given in the call replace the calibration's, its point-to-point ones too.
-    own_links = calibration is not None and link is None and inter_host_link is None
+    given_links = (link, inter_host_link)
     calibration, hosts, link, inter_host_link, across_link, layers = _from_calibration(
         calibration, hosts, link, inter_host_link, layers)
-    sends = (tuple(calibration.links.get(k) for k in ("send_inside", "send_between"))
-             if own_links else (None, None))
+    sends = calibration.hand_off_links(*given_links) if calibration else (None, None)
     cores = (calibration and calibration.conditions.get("cpus")) or os.cpu_count()
     profiled_here = layers is None
     if layers is None:

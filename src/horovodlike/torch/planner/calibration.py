@@ -28,7 +28,8 @@ from horovodlike.torch.planner.profiling import (LayerProfile, median_time, prof
 class Calibration:
     """Measured layer profiles and links. ``links``: "inside" (ranks of one host) and, with
     several hosts, "between" (one rank per host) and "across" (every rank, several per
-    host). ``slots_per_host``: ranks per host when the job had several hosts, else None."""
+    host); "send_inside" and "send_between", point-to-point messages (measure_links).
+    ``slots_per_host``: ranks per host when the job had several hosts, else None."""
     layers: list
     links: dict
     world_size: int
@@ -57,6 +58,14 @@ class Calibration:
         except (KeyError, TypeError) as error:
             raise ValueError(f"{path} is not a calibration file written by "
                              f"Calibration.save(): {error}") from None
+
+    def hand_off_links(self, link=None, inter_host_link=None):
+        """(send_inside, send_between): the point-to-point links a pipeline's hand-offs take
+        (cost_model.pipeline_sends); (None, None) when the planner was given ``link`` or
+        ``inter_host_link``, which replace the calibration's links, these too."""
+        if link is not None or inter_host_link is not None:
+            return None, None
+        return self.links.get("send_inside"), self.links.get("send_between")
 
 
 def layout_sizes(world_size, batch, micro_batches=None):

@@ -256,6 +256,10 @@ def cut_search(options, sends, setting, bound=INF):
     best = np.full((stages + 1, count + 1, 3), INF)
     best[0, 0, R] = 0.0
     back, first_row, bounded = {}, 0, False
+    # The hand-off after stage k ending at each layer (of pp - 1): none after the last layer,
+    # nor a pp-th one.
+    hand_offs = np.zeros((count, stages, STATES))
+    hand_offs[:-1, :stages - 1] = setting.slots * np.asarray(sends)[:-1, :stages - 1]
     for i in range(count):
         evaluated = []
         for path, memory_first in zip(paths, rankings):
@@ -264,11 +268,7 @@ def cut_search(options, sends, setting, bound=INF):
             path.extend(_Table(options[i], setting, memory_first))
             evaluated.append(_stage_costs(path, setting, sync, i == count - 1))
         cost, ranking = _best_stage(evaluated, setting.memory_limit)
-        # The hand-off after stage k (of pp - 1); none after the last layer, nor a pp-th one.
-        hand_offs = np.zeros((stages, STATES))
-        if i < count - 1:
-            hand_offs[:stages - 1] = setting.slots * sends[i]
-        _cut(best, back, cost, hand_offs, ranking, i, first_row, stages)
+        _cut(best, back, cost, hand_offs[i], ranking, i, first_row, stages)
         drop, by_bound = _rows_to_drop(paths, bound, setting.memory_limit)
         bounded |= by_bound
         if drop:

@@ -224,10 +224,8 @@ def search_layers(model=None, sample_input=None, world_size=None, *, layers=None
         from horovodlike.torch.planner.calibration import Calibration
         calibration = Calibration.load(calibration)
     conditions = calibration.conditions if calibration is not None else {}
-    # Links given in the call replace the calibration's, its point-to-point ones too (plan()).
-    sends = (None, None)
-    if calibration is not None and link is None and inter_host_link is None:
-        sends = (calibration.links.get("send_inside"), calibration.links.get("send_between"))
+    sends = (calibration.hand_off_links(link, inter_host_link) if calibration is not None
+             else (None, None))
     if calibration is not None:
         link = link or calibration.links.get("inside")
         inter_host_link = inter_host_link or calibration.links.get("between")
